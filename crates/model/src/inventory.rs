@@ -1,0 +1,300 @@
+//! The canonical tensor inventory of a checkpoint: every tensor's name, dtype and shape, derived from
+//! the config alone. Loading checks a checkpoint against it, `synth` writes exactly it, and its text
+//! form (`name<TAB>dtype<TAB>shape`, sorted by name) identifies a layout by its sha256.
+
+use safetensors::Dtype;
+use sha2::{Digest, Sha256};
+
+use crate::config::{DrafterConfig, LagunaConfig};
+use crate::nvfp4::{CODES_PER_WORD, GROUP};
+
+/// Which of the two checkpoint layouts of `laguna.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// What `transformers` `save_pretrained` writes: dense stacked experts (`mlp.experts.*`).
+    Hf,
+    /// The NVFP4 runtime layout (`mlp.switch_mlp.*`, `mlp.shared_expert.*`).
+    Runtime,
+}
+
+impl Layout {
+    /// A runtime checkpoint's config carries a `quantization` block; an HF one does not.
+    pub fn of(cfg: &LagunaConfig) -> Layout {
+        if cfg.quantization.is_some() {
+            Layout::Runtime
+        } else {
+            Layout::Hf
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    fn new(name: String, dtype: Dtype, shape: &[usize]) -> Self {
+        TensorSpec {
+            name,
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn nbytes(&self) -> usize {
+        self.numel() * (self.dtype.bitsize() / 8)
+    }
+}
+
+/// Name parts of a SwiGLU projection triple.
+pub const SWIGLU: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// The NVFP4 pair (codes, scales) of a `[rows, cols]` weight, with an optional leading expert axis.
+fn nvfp4_pair(out: &mut Vec<TensorSpec>, base: &str, lead: &[usize], rows: usize, cols: usize) {
+    let shape = |last: usize| [lead, &[rows, last]].concat();
+    out.push(TensorSpec::new(
+        format!("{base}.weight"),
+        Dtype::U32,
+        &shape(cols / CODES_PER_WORD),
+    ));
+    out.push(TensorSpec::new(
+        format!("{base}.scales"),
+        Dtype::U8,
+        &shape(cols / GROUP),
+    ));
+}
+
+/// Every tensor of a target checkpoint in `layout`, sorted by name.
+pub fn target_inventory(c: &LagunaConfig, layout: Layout) -> Vec<TensorSpec> {
+    let bf = Dtype::BF16;
+    let (h, d, kv) = (c.hidden_size, c.head_dim, c.num_key_value_heads);
+    let mut v = vec![
+        TensorSpec::new("model.embed_tokens.weight".into(), bf, &[c.vocab_size, h]),
+        TensorSpec::new("model.norm.weight".into(), bf, &[h]),
+    ];
+    if !c.tie_word_embeddings {
+        v.push(TensorSpec::new("lm_head.weight".into(), bf, &[c.vocab_size, h]));
+    }
+    for i in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let nh = c.heads(i);
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            v.push(TensorSpec::new(format!("{p}.{n}.weight"), bf, &[h]));
+        }
+        let a = format!("{p}.self_attn");
+        v.push(TensorSpec::new(format!("{a}.q_proj.weight"), bf, &[nh * d, h]));
+        v.push(TensorSpec::new(format!("{a}.k_proj.weight"), bf, &[kv * d, h]));
+        v.push(TensorSpec::new(format!("{a}.v_proj.weight"), bf, &[kv * d, h]));
+        v.push(TensorSpec::new(format!("{a}.o_proj.weight"), bf, &[h, nh * d]));
+        v.push(TensorSpec::new(format!("{a}.g_proj.weight"), bf, &[nh, h]));
+        v.push(TensorSpec::new(format!("{a}.q_norm.weight"), bf, &[d]));
+        v.push(TensorSpec::new(format!("{a}.k_norm.weight"), bf, &[d]));
+        let m = format!("{p}.mlp");
+        if !c.is_sparse(i) {
+            let w = c.intermediate_size;
+            v.push(TensorSpec::new(format!("{m}.gate_proj.weight"), bf, &[w, h]));
+            v.push(TensorSpec::new(format!("{m}.up_proj.weight"), bf, &[w, h]));
+            v.push(TensorSpec::new(format!("{m}.down_proj.weight"), bf, &[h, w]));
+            continue;
+        }
+        let (e, mi, si) = (
+            c.num_experts,
+            c.moe_intermediate_size,
+            c.shared_expert_intermediate_size,
+        );
+        v.push(TensorSpec::new(format!("{m}.gate.weight"), bf, &[e, h]));
+        v.push(TensorSpec::new(
+            format!("{m}.gate.e_score_correction_bias"),
+            Dtype::F32,
+            &[e],
+        ));
+        match layout {
+            Layout::Hf => {
+                v.push(TensorSpec::new(
+                    format!("{m}.experts.gate_up_proj"),
+                    bf,
+                    &[e, 2 * mi, h],
+                ));
+                v.push(TensorSpec::new(
+                    format!("{m}.experts.down_proj"),
+                    bf,
+                    &[e, h, mi],
+                ));
+                let s = format!("{m}.shared_experts");
+                v.push(TensorSpec::new(format!("{s}.gate_proj.weight"), bf, &[si, h]));
+                v.push(TensorSpec::new(format!("{s}.up_proj.weight"), bf, &[si, h]));
+                v.push(TensorSpec::new(format!("{s}.down_proj.weight"), bf, &[h, si]));
+            }
+            Layout::Runtime => {
+                let s = format!("{m}.switch_mlp");
+                nvfp4_pair(&mut v, &format!("{s}.gate_proj"), &[e], mi, h);
+                nvfp4_pair(&mut v, &format!("{s}.up_proj"), &[e], mi, h);
+                nvfp4_pair(&mut v, &format!("{s}.down_proj"), &[e], h, mi);
+                let s = format!("{m}.shared_expert");
+                nvfp4_pair(&mut v, &format!("{s}.gate_proj"), &[], si, h);
+                nvfp4_pair(&mut v, &format!("{s}.up_proj"), &[], si, h);
+                nvfp4_pair(&mut v, &format!("{s}.down_proj"), &[], h, si);
+            }
+        }
+    }
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    v
+}
+
+/// Every tensor of a DFlash drafter checkpoint (BF16, never quantised), sorted by name.
+pub fn drafter_inventory(c: &DrafterConfig) -> Vec<TensorSpec> {
+    let bf = Dtype::BF16;
+    let (h, d) = (c.hidden_size, c.head_dim);
+    let (nh, kv, t) = (
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.target_layer_ids.len(),
+    );
+    let mut v = vec![
+        TensorSpec::new("fc.weight".into(), bf, &[h, t * h]),
+        TensorSpec::new("hidden_norm.weight".into(), bf, &[h]),
+        TensorSpec::new("norm.weight".into(), bf, &[h]),
+    ];
+    for j in 0..t {
+        v.push(TensorSpec::new(format!("aux_hidden_norms.{j}.weight"), bf, &[h]));
+    }
+    for i in 0..c.num_hidden_layers {
+        let p = format!("layers.{i}");
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            v.push(TensorSpec::new(format!("{p}.{n}.weight"), bf, &[h]));
+        }
+        let a = format!("{p}.self_attn");
+        v.push(TensorSpec::new(format!("{a}.q_proj.weight"), bf, &[nh * d, h]));
+        v.push(TensorSpec::new(format!("{a}.k_proj.weight"), bf, &[kv * d, h]));
+        v.push(TensorSpec::new(format!("{a}.v_proj.weight"), bf, &[kv * d, h]));
+        v.push(TensorSpec::new(format!("{a}.o_proj.weight"), bf, &[h, nh * d]));
+        v.push(TensorSpec::new(format!("{a}.g_proj.weight"), bf, &[nh, h]));
+        v.push(TensorSpec::new(format!("{a}.q_norm.weight"), bf, &[d]));
+        v.push(TensorSpec::new(format!("{a}.k_norm.weight"), bf, &[d]));
+        let w = c.intermediate_size;
+        v.push(TensorSpec::new(format!("{p}.mlp.gate_proj.weight"), bf, &[w, h]));
+        v.push(TensorSpec::new(format!("{p}.mlp.up_proj.weight"), bf, &[w, h]));
+        v.push(TensorSpec::new(format!("{p}.mlp.down_proj.weight"), bf, &[h, w]));
+    }
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    v
+}
+
+/// safetensors' spelling of a dtype (`BF16`, `F32`, `U32`, `U8`).
+pub fn dtype_name(d: Dtype) -> String {
+    format!("{d:?}")
+}
+
+/// The canonical inventory text: `name\tdtype\tshape\n` per tensor, sorted by name (byte order).
+pub fn inventory_text(specs: &[TensorSpec]) -> String {
+    let mut sorted: Vec<&TensorSpec> = specs.iter().collect();
+    sorted.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+    let mut s = String::new();
+    for t in sorted {
+        let shape: Vec<String> = t.shape.iter().map(|x| x.to_string()).collect();
+        s.push_str(&format!(
+            "{}\t{}\t{}\n",
+            t.name,
+            dtype_name(t.dtype),
+            shape.join(",")
+        ));
+    }
+    s
+}
+
+pub fn inventory_sha256(specs: &[TensorSpec]) -> String {
+    hex::encode(Sha256::digest(inventory_text(specs).as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    fn xs() -> LagunaConfig {
+        LagunaConfig::from_file(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../../shared/fixtures/laguna-xs-2.1/config.json"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn xs21_runtime_inventory_is_the_real_release() {
+        let inv = target_inventory(&xs(), Layout::Runtime);
+        assert_eq!(inv.len(), 912);
+        let mut by_dtype: BTreeMap<String, usize> = BTreeMap::new();
+        for t in &inv {
+            *by_dtype.entry(dtype_name(t.dtype)).or_default() += 1;
+        }
+        assert_eq!(by_dtype["BF16"], 405);
+        assert_eq!(by_dtype["F32"], 39);
+        assert_eq!(by_dtype["U32"], 234);
+        assert_eq!(by_dtype["U8"], 234);
+        let bytes: usize = inv.iter().map(TensorSpec::nbytes).sum();
+        assert_eq!(bytes, 21_561_408_512);
+        let find = |n: &str| inv.iter().find(|t| t.name == n).unwrap().shape.clone();
+        assert_eq!(
+            find("model.layers.1.mlp.switch_mlp.gate_proj.weight"),
+            vec![256, 512, 256]
+        );
+        assert_eq!(
+            find("model.layers.1.mlp.switch_mlp.gate_proj.scales"),
+            vec![256, 512, 128]
+        );
+        assert_eq!(
+            find("model.layers.7.mlp.switch_mlp.down_proj.weight"),
+            vec![256, 2048, 64]
+        );
+        assert_eq!(
+            find("model.layers.7.mlp.switch_mlp.down_proj.scales"),
+            vec![256, 2048, 32]
+        );
+        assert_eq!(
+            find("model.layers.39.mlp.shared_expert.gate_proj.weight"),
+            vec![512, 256]
+        );
+        assert_eq!(
+            find("model.layers.39.mlp.shared_expert.gate_proj.scales"),
+            vec![512, 128]
+        );
+        assert_eq!(find("model.layers.0.self_attn.q_proj.weight"), vec![6144, 2048]);
+        assert_eq!(find("model.layers.1.self_attn.q_proj.weight"), vec![8192, 2048]);
+    }
+
+    #[test]
+    fn inventory_text_is_sorted_tab_separated() {
+        let inv = target_inventory(&xs(), Layout::Runtime);
+        let text = inventory_text(&inv);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 912);
+        assert!(text.ends_with('\n'));
+        let mut sorted = lines.clone();
+        sorted.sort();
+        assert_eq!(lines, sorted);
+        assert!(lines.contains(&"lm_head.weight\tBF16\t100352,2048"));
+        assert!(lines.contains(&"model.layers.1.mlp.gate.e_score_correction_bias\tF32\t256"));
+    }
+
+    #[test]
+    fn xs21_drafter_inventory_has_about_462m_parameters() {
+        let d = DrafterConfig::from_file(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../../shared/fixtures/laguna-xs-2.1/dflash-config.json"),
+        )
+        .unwrap();
+        let inv = drafter_inventory(&d);
+        let params: usize = inv.iter().map(TensorSpec::numel).sum();
+        assert!((450_000_000..475_000_000).contains(&params), "{params}");
+        assert_eq!(
+            inv.iter().find(|t| t.name == "fc.weight").unwrap().shape,
+            vec![2048, 5 * 2048]
+        );
+    }
+}

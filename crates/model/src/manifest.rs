@@ -1,0 +1,255 @@
+//! `MANIFEST`: one line per file of a checkpoint directory, `<sha256> <bytes> <relative path>`,
+//! sorted by path. Its own sha256 is the digest that pins the whole directory.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use indicatif::ProgressBar;
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::write_atomic;
+use crate::error::{Error, Result};
+
+pub const MANIFEST: &str = "MANIFEST";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub sha256: String,
+    pub bytes: u64,
+    pub path: String,
+}
+
+/// What `verify` checked.
+#[derive(Debug)]
+pub struct Verified {
+    pub files: usize,
+    pub bytes: u64,
+    /// sha256 of the MANIFEST file: one digest for the whole directory.
+    pub digest: String,
+}
+
+fn relative_files(dir: &Path) -> Result<Vec<String>> {
+    fn walk(root: &Path, d: &Path, out: &mut Vec<String>) -> Result<()> {
+        for e in std::fs::read_dir(d).map_err(|e| Error::io(d, e))? {
+            let e = e.map_err(|e| Error::io(d, e))?;
+            let p = e.path();
+            let ft = e.file_type().map_err(|e| Error::io(&p, e))?;
+            if ft.is_dir() {
+                walk(root, &p, out)?;
+            } else {
+                let rel = p.strip_prefix(root).expect("walked under root");
+                let rel = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                out.push(rel);
+            }
+        }
+        Ok(())
+    }
+    let mut out = vec![];
+    walk(dir, dir, &mut out)?;
+    out.retain(|p| p != MANIFEST);
+    out.sort();
+    Ok(out)
+}
+
+fn hash_file(path: &Path, progress: &ProgressBar) -> Result<(String, u64)> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+        progress.inc(k as u64);
+    }
+    Ok((hex::encode(h.finalize()), n))
+}
+
+pub fn render(entries: &[Entry]) -> String {
+    entries
+        .iter()
+        .map(|e| format!("{} {} {}\n", e.sha256, e.bytes, e.path))
+        .collect()
+}
+
+pub fn digest_of(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// Hashes every file under `dir` (except MANIFEST) and writes MANIFEST atomically. Returns the digest.
+pub fn write(dir: &Path, progress: &ProgressBar) -> Result<String> {
+    let files = relative_files(dir)?;
+    let mut entries = vec![];
+    for rel in files {
+        if rel.ends_with(".partial") {
+            return Err(Error::Manifest(format!(
+                "{}: an unfinished write is lying in the directory",
+                dir.join(&rel).display()
+            )));
+        }
+        let (sha256, bytes) = hash_file(&dir.join(&rel), progress)?;
+        entries.push(Entry {
+            sha256,
+            bytes,
+            path: rel,
+        });
+    }
+    let text = render(&entries);
+    write_atomic(&dir.join(MANIFEST), text.as_bytes())?;
+    Ok(digest_of(&text))
+}
+
+/// Parses MANIFEST text strictly; `file` names it in errors.
+pub fn parse(text: &str, file: &Path) -> Result<Vec<Entry>> {
+    let mut out: Vec<Entry> = vec![];
+    for (i, line) in text.lines().enumerate() {
+        let bad = |why: &str| {
+            Error::Manifest(format!("{} line {}: {why}: {line:?}", file.display(), i + 1))
+        };
+        let mut parts = line.splitn(3, ' ');
+        let (Some(h), Some(b), Some(p)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad("expected `<sha256> <bytes> <path>`"));
+        };
+        if h.len() != 64 || !h.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
+            return Err(bad("not a lowercase sha256"));
+        }
+        let bytes: u64 = b.parse().map_err(|_| bad("size is not a number"))?;
+        if p.is_empty() || p.starts_with('/') || p.split('/').any(|c| c == ".." || c.is_empty()) {
+            return Err(bad("path must be relative and inside the directory"));
+        }
+        if let Some(prev) = out.last() {
+            if prev.path.as_str() >= p {
+                return Err(bad("paths must be sorted and unique"));
+            }
+        }
+        out.push(Entry {
+            sha256: h.to_string(),
+            bytes,
+            path: p.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Checks every listed file's size and hash, and that no unlisted file is present. The first
+/// problem found is the error, naming the file.
+pub fn verify(dir: &Path, progress: &ProgressBar) -> Result<Verified> {
+    let mpath: PathBuf = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&mpath).map_err(|e| Error::io(&mpath, e))?;
+    let entries = parse(&text, &mpath)?;
+    progress.set_length(entries.iter().map(|e| e.bytes).sum());
+    for e in &entries {
+        let p = dir.join(&e.path);
+        let meta = std::fs::metadata(&p)
+            .map_err(|_| Error::Manifest(format!("{}: missing (listed in MANIFEST)", p.display())))?;
+        if meta.len() != e.bytes {
+            return Err(Error::Manifest(format!(
+                "{}: size {} bytes, MANIFEST says {}",
+                p.display(),
+                meta.len(),
+                e.bytes
+            )));
+        }
+        let (h, _) = hash_file(&p, progress)?;
+        if h != e.sha256 {
+            return Err(Error::Manifest(format!(
+                "{}: sha256 {h} differs from MANIFEST's {}",
+                p.display(),
+                e.sha256
+            )));
+        }
+    }
+    let listed: std::collections::HashSet<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    for rel in relative_files(dir)? {
+        if !listed.contains(rel.as_str()) {
+            return Err(Error::Manifest(format!(
+                "{}: present but not listed in MANIFEST",
+                dir.join(rel).display()
+            )));
+        }
+    }
+    Ok(Verified {
+        files: entries.len(),
+        bytes: entries.iter().map(|e| e.bytes).sum(),
+        digest: digest_of(&text),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("a.txt"), b"hello").unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        std::fs::write(d.path().join("sub/b.bin"), vec![7u8; 3000]).unwrap();
+        d
+    }
+
+    #[test]
+    fn write_then_verify_and_digest_is_stable() {
+        let d = setup();
+        let hidden = ProgressBar::hidden();
+        let dig = write(d.path(), &hidden).unwrap();
+        let text = std::fs::read_to_string(d.path().join(MANIFEST)).unwrap();
+        assert_eq!(
+            text.lines().next().unwrap(),
+            "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824 5 a.txt"
+        );
+        assert!(text.contains(" 3000 sub/b.bin\n"));
+        let v = verify(d.path(), &hidden).unwrap();
+        assert_eq!((v.files, v.bytes), (2, 3005));
+        assert_eq!(v.digest, dig);
+        assert_eq!(write(d.path(), &hidden).unwrap(), dig);
+    }
+
+    #[test]
+    fn verify_names_the_first_bad_file() {
+        let hidden = ProgressBar::hidden();
+        let d = setup();
+        write(d.path(), &hidden).unwrap();
+        std::fs::write(d.path().join("sub/b.bin"), vec![8u8; 3000]).unwrap();
+        let e = verify(d.path(), &hidden).unwrap_err().to_string();
+        assert!(e.contains("sub/b.bin") && e.contains("sha256"), "{e}");
+
+        std::fs::write(d.path().join("sub/b.bin"), vec![7u8; 2999]).unwrap();
+        let e = verify(d.path(), &hidden).unwrap_err().to_string();
+        assert!(e.contains("sub/b.bin") && e.contains("size 2999"), "{e}");
+
+        std::fs::remove_file(d.path().join("sub/b.bin")).unwrap();
+        let e = verify(d.path(), &hidden).unwrap_err().to_string();
+        assert!(e.contains("sub/b.bin") && e.contains("missing"), "{e}");
+
+        let d = setup();
+        write(d.path(), &hidden).unwrap();
+        std::fs::write(d.path().join("extra.safetensors"), b"x").unwrap();
+        let e = verify(d.path(), &hidden).unwrap_err().to_string();
+        assert!(e.contains("extra.safetensors") && e.contains("not listed"), "{e}");
+    }
+
+    #[test]
+    fn malformed_manifests_are_rejected_with_line_numbers() {
+        let p = Path::new("MANIFEST");
+        let good = format!("{} 5 a.txt\n", "a".repeat(64));
+        assert_eq!(parse(&good, p).unwrap().len(), 1);
+        for bad in [
+            format!("{} 5\n", "a".repeat(64)),
+            format!("{} five a.txt\n", "a".repeat(64)),
+            format!("{} 5 a.txt\n", "A".repeat(64)),
+            format!("{} 5 ../etc/passwd\n", "a".repeat(64)),
+            format!("{} 5 /abs\n", "a".repeat(64)),
+            format!("{0} 5 b\n{0} 5 a\n", "a".repeat(64)),
+        ] {
+            let e = parse(&bad, p).unwrap_err().to_string();
+            assert!(e.contains("MANIFEST line"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! `transform IN OUT`: an HF-layout checkpoint to the NVFP4 runtime layout.
+//!
+//! Byte-reproducible: the output depends only on the input bytes (tensors in canonical order, JSON
+//! with sorted keys, no timestamps), is written into a staging directory and renamed when complete.
+//! Routed and shared experts of sparse layers are quantised to NVFP4 (`nvfp4::quantize_row`);
+//! every other tensor becomes BF16 (bit-identical when it already was), the router bias stays F32.
+
+use std::cell::RefCell;
+use std::path::Path;
+
+use indicatif::ProgressBar;
+use safetensors::Dtype;
+use serde_json::{json, Value};
+
+use crate::checkpoint::{
+    f32_bytes, f32_to_bf16_bytes, u32_bytes, write_atomic, write_safetensors, LazyTensor,
+    TensorStore,
+};
+use crate::config::{DrafterConfig, LagunaConfig};
+use crate::error::{Error, Result};
+use crate::inventory::{drafter_inventory, target_inventory, Layout, TensorSpec};
+use crate::nvfp4::quantize_row;
+use crate::synth::{pretty_json, with_staging_dir};
+
+/// Small files copied unchanged from IN to OUT when present.
+const SIDE_FILES: [&str; 4] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+];
+
+/// Where a runtime NVFP4 tensor's values come from in the HF layout.
+struct ExpertSource {
+    hf_name: String,
+    /// Rows `[row0, row0 + rows)` of each of `lead` stacked matrices of `stride` rows.
+    row0: usize,
+    rows: usize,
+    stride: usize,
+    lead: usize,
+    cols: usize,
+}
+
+fn expert_source(c: &LagunaConfig, runtime_name: &str) -> Option<(ExpertSource, bool)> {
+    let (base, is_scales) = if let Some(b) = runtime_name.strip_suffix(".weight") {
+        (b, false)
+    } else {
+        (runtime_name.strip_suffix(".scales")?, true)
+    };
+    let (h, e, mi, si) = (
+        c.hidden_size,
+        c.num_experts,
+        c.moe_intermediate_size,
+        c.shared_expert_intermediate_size,
+    );
+    let src = if let Some((m, proj)) = base.split_once(".switch_mlp.") {
+        let gate_up = format!("{m}.experts.gate_up_proj");
+        match proj {
+            "gate_proj" => ExpertSource { hf_name: gate_up, row0: 0, rows: mi, stride: 2 * mi, lead: e, cols: h },
+            "up_proj" => ExpertSource { hf_name: gate_up, row0: mi, rows: mi, stride: 2 * mi, lead: e, cols: h },
+            "down_proj" => ExpertSource { hf_name: format!("{m}.experts.down_proj"), row0: 0, rows: h, stride: h, lead: e, cols: mi },
+            _ => return None,
+        }
+    } else if let Some((m, proj)) = base.split_once(".shared_expert.") {
+        let (rows, cols) = if proj == "down_proj" { (h, si) } else { (si, h) };
+        ExpertSource { hf_name: format!("{m}.shared_experts.{proj}.weight"), row0: 0, rows, stride: rows, lead: 1, cols }
+    } else {
+        return None;
+    };
+    Some((src, is_scales))
+}
+
+/// Quantises the selected rows; returns packed codes or scale bytes.
+fn quantize_source(store: &TensorStore, s: &ExpertSource, scales_out: bool) -> Result<Vec<u8>> {
+    let all = store.get(&s.hf_name)?.to_f32()?;
+    let mut codes = vec![0u32; s.cols / 8];
+    let mut scales = vec![0u8; s.cols / 16];
+    let mut out = vec![];
+    for x in 0..s.lead {
+        for r in s.row0..s.row0 + s.rows {
+            let at = (x * s.stride + r) * s.cols;
+            let row = &all[at..at + s.cols];
+            if let Some(bad) = row.iter().position(|v| !v.is_finite()) {
+                return Err(Error::tensor(
+                    &s.hf_name,
+                    format!("non-finite value at element {} cannot be quantised", at + bad),
+                ));
+            }
+            quantize_row(row, &mut codes, &mut scales);
+            if scales_out {
+                out.extend_from_slice(&scales);
+            } else {
+                out.extend_from_slice(&u32_bytes(&codes));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn float_bytes(store: &TensorStore, spec: &TensorSpec) -> Result<Vec<u8>> {
+    let v = store.get(&spec.name)?.to_f32()?;
+    Ok(if spec.dtype == Dtype::F32 {
+        f32_bytes(&v)
+    } else {
+        f32_to_bf16_bytes(&v)
+    })
+}
+
+/// Writes `specs` drawn from `store` by `produce`; the first error aborts the file (the writer
+/// cannot fail mid-stream, so the error is kept and reported after the write is discarded).
+fn convert(
+    path: &Path,
+    specs: &[TensorSpec],
+    produce: &dyn Fn(&TensorSpec) -> Result<Vec<u8>>,
+    progress: &ProgressBar,
+) -> Result<()> {
+    let failure: RefCell<Option<Error>> = RefCell::new(None);
+    let tensors = specs
+        .iter()
+        .map(|s| {
+            let failure = &failure;
+            (
+                s.name.clone(),
+                LazyTensor {
+                    dtype: s.dtype,
+                    shape: s.shape.clone(),
+                    produce: Box::new(move || {
+                        let n = s.nbytes();
+                        progress.inc(n as u64);
+                        if failure.borrow().is_some() {
+                            return vec![0; n];
+                        }
+                        match produce(s) {
+                            Ok(b) => b,
+                            Err(e) => {
+                                *failure.borrow_mut() = Some(e);
+                                vec![0; n]
+                            }
+                        }
+                    }),
+                },
+            )
+        })
+        .collect();
+    let written = write_safetensors(path, tensors);
+    if let Some(e) = failure.into_inner() {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    written
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::Config(format!("invalid JSON: {e}")).in_file(path))
+}
+
+/// Converts the HF checkpoint in `input` (and its `drafter/`, if any) into `output`.
+/// Returns the MANIFEST digest of the output.
+pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<String> {
+    let cfg_path = input.join("config.json");
+    let cfg = LagunaConfig::from_file(&cfg_path)?;
+    if cfg.quantization.is_some() {
+        return Err(Error::Checkpoint(format!(
+            "{}: already the runtime layout (its config has `quantization`)",
+            cfg_path.display()
+        )));
+    }
+    let store = TensorStore::open_dir(input)?;
+    store.check(&target_inventory(&cfg, Layout::Hf), true)?;
+    let mut rt_cfg = cfg.clone();
+    rt_cfg.quantization = Some(crate::config::Quantization { group_size: 16, bits: 4 });
+    let specs = target_inventory(&rt_cfg, Layout::Runtime);
+
+    let ddir = input.join("drafter");
+    let drafter = if ddir.join("config.json").exists() {
+        let dcfg = DrafterConfig::from_file(&ddir.join("config.json"))?;
+        dcfg.check_target(&cfg).map_err(|e| e.in_file(&ddir.join("config.json")))?;
+        let dstore = TensorStore::open_dir(&ddir)?;
+        let dspecs = drafter_inventory(&dcfg);
+        dstore.check(&dspecs, true)?;
+        Some((dstore, dspecs))
+    } else {
+        None
+    };
+    let total: usize = specs
+        .iter()
+        .chain(drafter.iter().flat_map(|(_, s)| s))
+        .map(TensorSpec::nbytes)
+        .sum();
+    progress.set_length(total as u64);
+
+    // The original config, kept field for field, plus the quantization blocks.
+    let mut cfg_json = read_json(&cfg_path)?;
+    let q = json!({"group_size": 16, "bits": 4, "mode": "nvfp4"});
+    cfg_json["quantization"] = q.clone();
+    cfg_json["quantization_config"] = q;
+
+    let mut digest = String::new();
+    with_staging_dir(output, |dir| {
+        write_atomic(&dir.join("config.json"), &pretty_json(&cfg_json))?;
+        let produce = |s: &TensorSpec| match expert_source(&rt_cfg, &s.name) {
+            Some((src, is_scales)) => quantize_source(&store, &src, is_scales),
+            None => float_bytes(&store, s),
+        };
+        convert(&dir.join("model.safetensors"), &specs, &produce, progress)?;
+        for f in SIDE_FILES {
+            let p = input.join(f);
+            if p.exists() {
+                let b = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+                write_atomic(&dir.join(f), &b)?;
+            }
+        }
+        if let Some((dstore, dspecs)) = &drafter {
+            let od = dir.join("drafter");
+            std::fs::create_dir(&od).map_err(|e| Error::io(&od, e))?;
+            write_atomic(&od.join("config.json"), &pretty_json(&read_json(&ddir.join("config.json"))?))?;
+            let produce = |s: &TensorSpec| float_bytes(dstore, s);
+            convert(&od.join("model.safetensors"), dspecs, &produce, progress)?;
+        }
+        digest = crate::manifest::write(dir, &ProgressBar::hidden())?;
+        Ok(())
+    })?;
+    Ok(digest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{preset, write_synthetic};
+
+    fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut v = vec![];
+        for rel in ["model.safetensors", "drafter/model.safetensors", "tokenizer.json", "MANIFEST"] {
+            v.push((rel.to_string(), std::fs::read(dir.join(rel)).unwrap()));
+        }
+        v
+    }
+
+    #[test]
+    fn transform_of_hf_synth_equals_runtime_synth_and_is_reproducible() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = preset("tiny").unwrap();
+        let hidden = ProgressBar::hidden();
+        let hf = tmp.path().join("hf");
+        write_synthetic(&hf, &p, 11, Layout::Hf, &hidden).unwrap();
+        let rt = tmp.path().join("rt");
+        write_synthetic(&rt, &p, 11, Layout::Runtime, &hidden).unwrap();
+        let a = tmp.path().join("a");
+        let b = tmp.path().join("b");
+        let da = transform(&hf, &a, &hidden).unwrap();
+        let db = transform(&hf, &b, &hidden).unwrap();
+        assert_eq!(da, db, "transform twice gives the same digest");
+        assert!(files(&a) == files(&b), "transform is byte-reproducible");
+        // The quantisation is lossless on NVFP4-representable experts: same tensors as direct synth.
+        for f in ["model.safetensors", "drafter/model.safetensors"] {
+            let same = std::fs::read(a.join(f)).unwrap() == std::fs::read(rt.join(f)).unwrap();
+            assert!(same, "{f}: transform(HF synth) differs from runtime synth");
+        }
+        crate::manifest::verify(&a, &hidden).unwrap();
+        assert!(!tmp.path().join("a.partial").exists());
+        // Refuses to overwrite, and refuses a runtime-layout input.
+        assert!(transform(&hf, &a, &hidden).unwrap_err().to_string().contains("already exists"));
+        let e = transform(&rt, &tmp.path().join("c"), &hidden).unwrap_err().to_string();
+        assert!(e.contains("already the runtime layout"), "{e}");
+    }
+
+    #[test]
+    fn synth_is_reproducible_and_seed_sensitive() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = preset("tiny").unwrap();
+        let hidden = ProgressBar::hidden();
+        let d1 = write_synthetic(&tmp.path().join("1"), &p, 3, Layout::Runtime, &hidden).unwrap();
+        let d2 = write_synthetic(&tmp.path().join("2"), &p, 3, Layout::Runtime, &hidden).unwrap();
+        let d3 = write_synthetic(&tmp.path().join("3"), &p, 4, Layout::Runtime, &hidden).unwrap();
+        assert_eq!(d1, d2);
+        assert_ne!(d1, d3);
+        assert!(files(&tmp.path().join("1")) == files(&tmp.path().join("2")));
+    }
+
+    #[test]
+    fn transform_rejects_bad_inputs_naming_the_tensor() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = preset("tiny").unwrap();
+        let hidden = ProgressBar::hidden();
+        let hf = tmp.path().join("hf");
+        write_synthetic(&hf, &p, 1, Layout::Hf, &hidden).unwrap();
+        // Truncated safetensors file.
+        let bytes = std::fs::read(hf.join("model.safetensors")).unwrap();
+        let cut = tmp.path().join("cut");
+        std::fs::create_dir(&cut).unwrap();
+        std::fs::copy(hf.join("config.json"), cut.join("config.json")).unwrap();
+        std::fs::write(cut.join("model.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
+        let e = transform(&cut, &tmp.path().join("o1"), &hidden).unwrap_err().to_string();
+        assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
+        assert!(!tmp.path().join("o1").exists() && !tmp.path().join("o1.partial").exists());
+    }
+}
