@@ -140,7 +140,8 @@ impl TensorStore {
             let t = self.get(&spec.name)?;
             t.expect_shape(&spec.shape)?;
             let is_float = |d: Dtype| matches!(d, Dtype::BF16 | Dtype::F16 | Dtype::F32);
-            let dtype_ok = t.dtype == spec.dtype || (float_ok && is_float(spec.dtype) && is_float(t.dtype));
+            let dtype_ok =
+                t.dtype == spec.dtype || (float_ok && is_float(spec.dtype) && is_float(t.dtype));
             if !dtype_ok {
                 return Err(Error::tensor(
                     &spec.name,
@@ -273,7 +274,10 @@ pub fn temp_path(path: &Path) -> PathBuf {
 pub fn write_safetensors(path: &Path, tensors: Vec<(String, LazyTensor<'_>)>) -> Result<()> {
     let tmp = temp_path(path);
     let res = safetensors::serialize_to_file(tensors, None, &tmp).map_err(|e| {
-        Error::Checkpoint(format!("{}: writing safetensors failed: {e}", path.display()))
+        Error::Checkpoint(format!(
+            "{}: writing safetensors failed: {e}",
+            path.display()
+        ))
     });
     if let Err(e) = res {
         let _ = std::fs::remove_file(&tmp);

@@ -150,7 +150,11 @@ impl LagunaConfig {
         m.insert("intermediate_size".into(), json!(self.intermediate_size));
         m.insert(
             "layer_types".into(),
-            json!(self.layer_types.iter().map(|t| t.hf_name()).collect::<Vec<_>>()),
+            json!(self
+                .layer_types
+                .iter()
+                .map(|t| t.hf_name())
+                .collect::<Vec<_>>()),
         );
         m.insert(
             "max_position_embeddings".into(),
@@ -191,9 +195,15 @@ impl LagunaConfig {
             json!(self.num_attention_heads_per_layer),
         );
         m.insert("num_experts".into(), json!(self.num_experts));
-        m.insert("num_experts_per_tok".into(), json!(self.num_experts_per_tok));
+        m.insert(
+            "num_experts_per_tok".into(),
+            json!(self.num_experts_per_tok),
+        );
         m.insert("num_hidden_layers".into(), json!(n));
-        m.insert("num_key_value_heads".into(), json!(self.num_key_value_heads));
+        m.insert(
+            "num_key_value_heads".into(),
+            json!(self.num_key_value_heads),
+        );
         if let Some(q) = self.quantization {
             let qv = json!({"group_size": q.group_size, "bits": q.bits, "mode": "nvfp4"});
             m.insert("quantization".into(), qv.clone());
@@ -212,7 +222,10 @@ impl LagunaConfig {
             json!(self.shared_expert_intermediate_size),
         );
         m.insert("sliding_window".into(), json!(self.sliding_window));
-        m.insert("tie_word_embeddings".into(), json!(self.tie_word_embeddings));
+        m.insert(
+            "tie_word_embeddings".into(),
+            json!(self.tie_word_embeddings),
+        );
         m.insert("torch_dtype".into(), json!("bfloat16"));
         m.insert("vocab_size".into(), json!(self.vocab_size));
         Value::Object(m)
@@ -459,7 +472,10 @@ impl RawLaguna {
         let vocab = positive(self.vocab_size, "vocab_size")?;
         let head_dim = positive(self.head_dim, "head_dim")?;
         if head_dim % 2 != 0 {
-            return Err(Error::field("head_dim", "must be even for rotary embeddings"));
+            return Err(Error::field(
+                "head_dim",
+                "must be even for rotary embeddings",
+            ));
         }
         let kv = positive(self.num_key_value_heads, "num_key_value_heads")?;
         let heads = match self.num_attention_heads_per_layer {
@@ -470,7 +486,9 @@ impl RawLaguna {
             if h == 0 || h % kv != 0 {
                 return Err(Error::field(
                     &format!("num_attention_heads_per_layer[{i}]"),
-                    format!("{h} query heads are not a positive multiple of num_key_value_heads {kv}"),
+                    format!(
+                        "{h} query heads are not a positive multiple of num_key_value_heads {kv}"
+                    ),
                 ));
             }
         }
@@ -737,7 +755,10 @@ impl DrafterConfig {
         }
         let head_dim = positive(r.head_dim, "head_dim")?;
         if head_dim % 2 != 0 {
-            return Err(Error::field("head_dim", "must be even for rotary embeddings"));
+            return Err(Error::field(
+                "head_dim",
+                "must be even for rotary embeddings",
+            ));
         }
         if let Some(lt) = r.layer_types {
             let lt = per_layer(lt, n, "layer_types")?;
@@ -967,7 +988,10 @@ mod tests {
         });
         assert!(e.contains("layer_types") && e.contains("39 entries"), "{e}");
         let e = bad(|v| v["layer_types"][7] = json!("chunked_attention"));
-        assert!(e.contains("layer_types[7]") && e.contains("chunked_attention"), "{e}");
+        assert!(
+            e.contains("layer_types[7]") && e.contains("chunked_attention"),
+            "{e}"
+        );
         let e = bad(|v| v["num_experts_per_tok"] = json!(300));
         assert!(e.contains("num_experts_per_tok"), "{e}");
         let e = bad(|v| v["mlp_layer_types"][2] = json!("moe"));
@@ -976,8 +1000,12 @@ mod tests {
             v.as_object_mut().unwrap().remove("hidden_size");
         });
         assert!(e.contains("hidden_size") && e.contains("missing"), "{e}");
-        let e = bad(|v| v["rope_parameters"]["full_attention"]["partial_rotary_factor"] = json!(0.3));
-        assert!(e.contains("rope_parameters.full_attention.partial_rotary_factor"), "{e}");
+        let e =
+            bad(|v| v["rope_parameters"]["full_attention"]["partial_rotary_factor"] = json!(0.3));
+        assert!(
+            e.contains("rope_parameters.full_attention.partial_rotary_factor"),
+            "{e}"
+        );
         let e = bad(|v| v["rope_parameters"]["full_attention"]["rope_type"] = json!("longrope"));
         assert!(e.contains("rope_type"), "{e}");
         let e = bad(|v| v["eos_token_id"] = json!([2, 100352]));
@@ -1003,7 +1031,10 @@ mod tests {
                 .to_string()
         };
         let e = bad(&|v| v["dflash_config"]["target_layer_ids"][4] = json!(40));
-        assert!(e.contains("target_layer_ids[4]") && e.contains("out of range"), "{e}");
+        assert!(
+            e.contains("target_layer_ids[4]") && e.contains("out of range"),
+            "{e}"
+        );
         let e = bad(&|v| v["num_attention_heads"] = json!(60));
         assert!(e.contains("num_attention_heads"), "{e}");
         let e = bad(&|v| v["block_size"] = json!(32));
@@ -1025,6 +1056,9 @@ mod tests {
         let p = dir.path().join("config.json");
         std::fs::write(&p, "{ not json").unwrap();
         let e = LagunaConfig::from_file(&p).unwrap_err().to_string();
-        assert!(e.contains("config.json") && e.contains("invalid JSON"), "{e}");
+        assert!(
+            e.contains("config.json") && e.contains("invalid JSON"),
+            "{e}"
+        );
     }
 }

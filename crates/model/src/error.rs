@@ -22,6 +22,9 @@ pub enum Error {
     Checkpoint(String),
     #[error("manifest: {0}")]
     Manifest(String),
+    /// Bad arguments to an engine call (token ids, positions, layer ids).
+    #[error("{0}")]
+    Input(String),
 }
 
 impl Error {

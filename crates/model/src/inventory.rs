@@ -78,7 +78,11 @@ pub fn target_inventory(c: &LagunaConfig, layout: Layout) -> Vec<TensorSpec> {
         TensorSpec::new("model.norm.weight".into(), bf, &[h]),
     ];
     if !c.tie_word_embeddings {
-        v.push(TensorSpec::new("lm_head.weight".into(), bf, &[c.vocab_size, h]));
+        v.push(TensorSpec::new(
+            "lm_head.weight".into(),
+            bf,
+            &[c.vocab_size, h],
+        ));
     }
     for i in 0..c.num_hidden_layers {
         let p = format!("model.layers.{i}");
@@ -87,19 +91,43 @@ pub fn target_inventory(c: &LagunaConfig, layout: Layout) -> Vec<TensorSpec> {
             v.push(TensorSpec::new(format!("{p}.{n}.weight"), bf, &[h]));
         }
         let a = format!("{p}.self_attn");
-        v.push(TensorSpec::new(format!("{a}.q_proj.weight"), bf, &[nh * d, h]));
-        v.push(TensorSpec::new(format!("{a}.k_proj.weight"), bf, &[kv * d, h]));
-        v.push(TensorSpec::new(format!("{a}.v_proj.weight"), bf, &[kv * d, h]));
-        v.push(TensorSpec::new(format!("{a}.o_proj.weight"), bf, &[h, nh * d]));
+        v.push(TensorSpec::new(
+            format!("{a}.q_proj.weight"),
+            bf,
+            &[nh * d, h],
+        ));
+        v.push(TensorSpec::new(
+            format!("{a}.k_proj.weight"),
+            bf,
+            &[kv * d, h],
+        ));
+        v.push(TensorSpec::new(
+            format!("{a}.v_proj.weight"),
+            bf,
+            &[kv * d, h],
+        ));
+        v.push(TensorSpec::new(
+            format!("{a}.o_proj.weight"),
+            bf,
+            &[h, nh * d],
+        ));
         v.push(TensorSpec::new(format!("{a}.g_proj.weight"), bf, &[nh, h]));
         v.push(TensorSpec::new(format!("{a}.q_norm.weight"), bf, &[d]));
         v.push(TensorSpec::new(format!("{a}.k_norm.weight"), bf, &[d]));
         let m = format!("{p}.mlp");
         if !c.is_sparse(i) {
             let w = c.intermediate_size;
-            v.push(TensorSpec::new(format!("{m}.gate_proj.weight"), bf, &[w, h]));
+            v.push(TensorSpec::new(
+                format!("{m}.gate_proj.weight"),
+                bf,
+                &[w, h],
+            ));
             v.push(TensorSpec::new(format!("{m}.up_proj.weight"), bf, &[w, h]));
-            v.push(TensorSpec::new(format!("{m}.down_proj.weight"), bf, &[h, w]));
+            v.push(TensorSpec::new(
+                format!("{m}.down_proj.weight"),
+                bf,
+                &[h, w],
+            ));
             continue;
         }
         let (e, mi, si) = (
@@ -126,9 +154,17 @@ pub fn target_inventory(c: &LagunaConfig, layout: Layout) -> Vec<TensorSpec> {
                     &[e, h, mi],
                 ));
                 let s = format!("{m}.shared_experts");
-                v.push(TensorSpec::new(format!("{s}.gate_proj.weight"), bf, &[si, h]));
+                v.push(TensorSpec::new(
+                    format!("{s}.gate_proj.weight"),
+                    bf,
+                    &[si, h],
+                ));
                 v.push(TensorSpec::new(format!("{s}.up_proj.weight"), bf, &[si, h]));
-                v.push(TensorSpec::new(format!("{s}.down_proj.weight"), bf, &[h, si]));
+                v.push(TensorSpec::new(
+                    format!("{s}.down_proj.weight"),
+                    bf,
+                    &[h, si],
+                ));
             }
             Layout::Runtime => {
                 let s = format!("{m}.switch_mlp");
@@ -161,7 +197,11 @@ pub fn drafter_inventory(c: &DrafterConfig) -> Vec<TensorSpec> {
         TensorSpec::new("norm.weight".into(), bf, &[h]),
     ];
     for j in 0..t {
-        v.push(TensorSpec::new(format!("aux_hidden_norms.{j}.weight"), bf, &[h]));
+        v.push(TensorSpec::new(
+            format!("aux_hidden_norms.{j}.weight"),
+            bf,
+            &[h],
+        ));
     }
     for i in 0..c.num_hidden_layers {
         let p = format!("layers.{i}");
@@ -169,17 +209,45 @@ pub fn drafter_inventory(c: &DrafterConfig) -> Vec<TensorSpec> {
             v.push(TensorSpec::new(format!("{p}.{n}.weight"), bf, &[h]));
         }
         let a = format!("{p}.self_attn");
-        v.push(TensorSpec::new(format!("{a}.q_proj.weight"), bf, &[nh * d, h]));
-        v.push(TensorSpec::new(format!("{a}.k_proj.weight"), bf, &[kv * d, h]));
-        v.push(TensorSpec::new(format!("{a}.v_proj.weight"), bf, &[kv * d, h]));
-        v.push(TensorSpec::new(format!("{a}.o_proj.weight"), bf, &[h, nh * d]));
+        v.push(TensorSpec::new(
+            format!("{a}.q_proj.weight"),
+            bf,
+            &[nh * d, h],
+        ));
+        v.push(TensorSpec::new(
+            format!("{a}.k_proj.weight"),
+            bf,
+            &[kv * d, h],
+        ));
+        v.push(TensorSpec::new(
+            format!("{a}.v_proj.weight"),
+            bf,
+            &[kv * d, h],
+        ));
+        v.push(TensorSpec::new(
+            format!("{a}.o_proj.weight"),
+            bf,
+            &[h, nh * d],
+        ));
         v.push(TensorSpec::new(format!("{a}.g_proj.weight"), bf, &[nh, h]));
         v.push(TensorSpec::new(format!("{a}.q_norm.weight"), bf, &[d]));
         v.push(TensorSpec::new(format!("{a}.k_norm.weight"), bf, &[d]));
         let w = c.intermediate_size;
-        v.push(TensorSpec::new(format!("{p}.mlp.gate_proj.weight"), bf, &[w, h]));
-        v.push(TensorSpec::new(format!("{p}.mlp.up_proj.weight"), bf, &[w, h]));
-        v.push(TensorSpec::new(format!("{p}.mlp.down_proj.weight"), bf, &[h, w]));
+        v.push(TensorSpec::new(
+            format!("{p}.mlp.gate_proj.weight"),
+            bf,
+            &[w, h],
+        ));
+        v.push(TensorSpec::new(
+            format!("{p}.mlp.up_proj.weight"),
+            bf,
+            &[w, h],
+        ));
+        v.push(TensorSpec::new(
+            format!("{p}.mlp.down_proj.weight"),
+            bf,
+            &[h, w],
+        ));
     }
     v.sort_by(|a, b| a.name.cmp(&b.name));
     v
@@ -264,8 +332,14 @@ mod tests {
             find("model.layers.39.mlp.shared_expert.gate_proj.scales"),
             vec![512, 128]
         );
-        assert_eq!(find("model.layers.0.self_attn.q_proj.weight"), vec![6144, 2048]);
-        assert_eq!(find("model.layers.1.self_attn.q_proj.weight"), vec![8192, 2048]);
+        assert_eq!(
+            find("model.layers.0.self_attn.q_proj.weight"),
+            vec![6144, 2048]
+        );
+        assert_eq!(
+            find("model.layers.1.self_attn.q_proj.weight"),
+            vec![8192, 2048]
+        );
     }
 
     #[test]

@@ -111,13 +111,21 @@ pub fn parse(text: &str, file: &Path) -> Result<Vec<Entry>> {
     let mut out: Vec<Entry> = vec![];
     for (i, line) in text.lines().enumerate() {
         let bad = |why: &str| {
-            Error::Manifest(format!("{} line {}: {why}: {line:?}", file.display(), i + 1))
+            Error::Manifest(format!(
+                "{} line {}: {why}: {line:?}",
+                file.display(),
+                i + 1
+            ))
         };
         let mut parts = line.splitn(3, ' ');
         let (Some(h), Some(b), Some(p)) = (parts.next(), parts.next(), parts.next()) else {
             return Err(bad("expected `<sha256> <bytes> <path>`"));
         };
-        if h.len() != 64 || !h.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
+        if h.len() != 64
+            || !h
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        {
             return Err(bad("not a lowercase sha256"));
         }
         let bytes: u64 = b.parse().map_err(|_| bad("size is not a number"))?;
@@ -147,8 +155,9 @@ pub fn verify(dir: &Path, progress: &ProgressBar) -> Result<Verified> {
     progress.set_length(entries.iter().map(|e| e.bytes).sum());
     for e in &entries {
         let p = dir.join(&e.path);
-        let meta = std::fs::metadata(&p)
-            .map_err(|_| Error::Manifest(format!("{}: missing (listed in MANIFEST)", p.display())))?;
+        let meta = std::fs::metadata(&p).map_err(|_| {
+            Error::Manifest(format!("{}: missing (listed in MANIFEST)", p.display()))
+        })?;
         if meta.len() != e.bytes {
             return Err(Error::Manifest(format!(
                 "{}: size {} bytes, MANIFEST says {}",
@@ -232,7 +241,10 @@ mod tests {
         write(d.path(), &hidden).unwrap();
         std::fs::write(d.path().join("extra.safetensors"), b"x").unwrap();
         let e = verify(d.path(), &hidden).unwrap_err().to_string();
-        assert!(e.contains("extra.safetensors") && e.contains("not listed"), "{e}");
+        assert!(
+            e.contains("extra.safetensors") && e.contains("not listed"),
+            "{e}"
+        );
     }
 
     #[test]

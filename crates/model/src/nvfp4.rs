@@ -141,7 +141,11 @@ mod tests {
     fn decode_all_codes_times_all_scales_matches_spec_table() {
         let mags = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
         for code in 0u8..16 {
-            let v = if code & 8 != 0 { -mags[(code & 7) as usize] } else { mags[(code & 7) as usize] };
+            let v = if code & 8 != 0 {
+                -mags[(code & 7) as usize]
+            } else {
+                mags[(code & 7) as usize]
+            };
             for sb in 0..=255u8 {
                 let want = e4m3_spec(sb) * v;
                 // One group of 16 copies of the code, dequantised through the packed path.
@@ -271,7 +275,10 @@ mod tests {
             let max = wg.iter().fold(0f32, |m, v| m.max(v.abs()));
             let s = e4m3_decode(scales[g]);
             // The scale is max/6 rounded to 3 mantissa bits: within 1/16 relative.
-            assert!((s - max / 6.0).abs() <= max / 6.0 / 16.0 + 1e-9, "group {g}");
+            assert!(
+                (s - max / 6.0).abs() <= max / 6.0 / 16.0 + 1e-9,
+                "group {g}"
+            );
             for (a, b) in wg.iter().zip(bg) {
                 // Half the widest E2M1 gap (4 -> 6) times the scale.
                 assert!((a - b).abs() <= s * 1.0 + 1e-9, "group {g}: {a} vs {b}");

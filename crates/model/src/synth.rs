@@ -10,7 +10,9 @@ use std::path::Path;
 use indicatif::ProgressBar;
 use safetensors::Dtype;
 
-use crate::checkpoint::{f32_bytes, f32_to_bf16_bytes, u32_bytes, write_atomic, write_safetensors, LazyTensor};
+use crate::checkpoint::{
+    f32_bytes, f32_to_bf16_bytes, u32_bytes, write_atomic, write_safetensors, LazyTensor,
+};
 use crate::config::{DrafterConfig, LagunaConfig};
 use crate::error::{Error, Result};
 use crate::inventory::{drafter_inventory, target_inventory, Layout, TensorSpec};
@@ -219,7 +221,11 @@ fn hf_tensor_bytes(seed: u64, c: &LagunaConfig, spec: &TensorSpec) -> Vec<u8> {
     }
     if let Some(rest) = spec.name.strip_suffix(".weight") {
         if let Some((m, proj)) = rest.split_once(".shared_experts.") {
-            let (rows, cols) = if proj == "down_proj" { (h, si) } else { (si, h) };
+            let (rows, cols) = if proj == "down_proj" {
+                (h, si)
+            } else {
+                (si, h)
+            };
             return f32_to_bf16_bytes(&dequantized(
                 seed,
                 &format!("{m}.shared_expert.{proj}"),
@@ -323,7 +329,12 @@ pub fn write_synthetic(
             &pretty_json(&preset.drafter.to_hf_json()),
         )?;
         let produce = |s: &TensorSpec| runtime_tensor_bytes(seed, s);
-        write_tensors(&ddir.join("model.safetensors"), &d_specs, &produce, progress)?;
+        write_tensors(
+            &ddir.join("model.safetensors"),
+            &d_specs,
+            &produce,
+            progress,
+        )?;
         digest = crate::manifest::write(dir, &ProgressBar::hidden())?;
         Ok(())
     })?;
@@ -341,13 +352,22 @@ mod tests {
         assert!(t.layer_types.contains(&crate::config::LayerType::Full));
         assert!(t.layer_types.contains(&crate::config::LayerType::Sliding));
         let heads: std::collections::BTreeSet<_> = t.num_attention_heads_per_layer.iter().collect();
-        assert!(heads.len() > 1, "full and sliding layers differ in head count");
-        assert!(matches!(t.rope_full.scaling, crate::config::RopeScaling::Yarn(_)));
+        assert!(
+            heads.len() > 1,
+            "full and sliding layers differ in head count"
+        );
+        assert!(matches!(
+            t.rope_full.scaling,
+            crate::config::RopeScaling::Yarn(_)
+        ));
         assert!(t.rope_full.partial_rotary_factor < 1.0);
         assert!(!t.is_sparse(0) && t.is_sparse(1));
         assert!(t.num_experts_per_tok >= 2 && t.shared_expert_intermediate_size > 0);
         assert!(t.sliding_window <= 64);
-        let params: usize = target_inventory(t, Layout::Hf).iter().map(TensorSpec::numel).sum();
+        let params: usize = target_inventory(t, Layout::Hf)
+            .iter()
+            .map(TensorSpec::numel)
+            .sum();
         assert!((1_000_000..10_000_000).contains(&params), "{params}");
         assert_eq!(preset("xs2.1").unwrap().target.num_hidden_layers, 40);
         assert!(preset("huge").is_err());

@@ -48,7 +48,14 @@ pub fn synthetic_tokenizer_json(cfg: &LagunaConfig, mask_token_id: u32) -> Resul
     };
     name_once(cfg.bos_token_id, "<|bos|>");
     for (k, &e) in cfg.eos_token_ids.iter().enumerate() {
-        name_once(Some(e), &if k == 0 { "<|eos|>".to_string() } else { format!("<|eos_{k}|>") });
+        name_once(
+            Some(e),
+            &if k == 0 {
+                "<|eos|>".to_string()
+            } else {
+                format!("<|eos_{k}|>")
+            },
+        );
     }
     name_once(cfg.pad_token_id, "<|pad|>");
     name_once(Some(mask_token_id), "<|mask|>");
@@ -78,7 +85,12 @@ pub fn synthetic_tokenizer_json(cfg: &LagunaConfig, mask_token_id: u32) -> Resul
         vocab.push((tok, id));
     }
     let bpe = BPE::builder()
-        .vocab_and_merges(vocab.into_iter().collect::<tokenizers::models::bpe::Vocab>(), vec![])
+        .vocab_and_merges(
+            vocab
+                .into_iter()
+                .collect::<tokenizers::models::bpe::Vocab>(),
+            vec![],
+        )
         .build()
         .map_err(|e| Error::Checkpoint(format!("building the synthetic tokenizer: {e}")))?;
     let mut tok = Tokenizer::new(bpe);
@@ -108,9 +120,15 @@ mod tests {
         let text = "Hello, wörld!\n\tfn main() {}";
         let enc = tok.encode(text, false).unwrap();
         assert_eq!(enc.get_ids().len(), text.len(), "one token per byte");
-        assert!(enc.get_ids().iter().all(|&i| (i as usize) < p.target.vocab_size));
+        assert!(enc
+            .get_ids()
+            .iter()
+            .all(|&i| (i as usize) < p.target.vocab_size));
         assert_eq!(tok.decode(enc.get_ids(), true).unwrap(), text);
         // Deterministic output.
-        assert_eq!(json, synthetic_tokenizer_json(&p.target, p.drafter.mask_token_id).unwrap());
+        assert_eq!(
+            json,
+            synthetic_tokenizer_json(&p.target, p.drafter.mask_token_id).unwrap()
+        );
     }
 }

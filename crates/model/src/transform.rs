@@ -56,14 +56,46 @@ fn expert_source(c: &LagunaConfig, runtime_name: &str) -> Option<(ExpertSource, 
     let src = if let Some((m, proj)) = base.split_once(".switch_mlp.") {
         let gate_up = format!("{m}.experts.gate_up_proj");
         match proj {
-            "gate_proj" => ExpertSource { hf_name: gate_up, row0: 0, rows: mi, stride: 2 * mi, lead: e, cols: h },
-            "up_proj" => ExpertSource { hf_name: gate_up, row0: mi, rows: mi, stride: 2 * mi, lead: e, cols: h },
-            "down_proj" => ExpertSource { hf_name: format!("{m}.experts.down_proj"), row0: 0, rows: h, stride: h, lead: e, cols: mi },
+            "gate_proj" => ExpertSource {
+                hf_name: gate_up,
+                row0: 0,
+                rows: mi,
+                stride: 2 * mi,
+                lead: e,
+                cols: h,
+            },
+            "up_proj" => ExpertSource {
+                hf_name: gate_up,
+                row0: mi,
+                rows: mi,
+                stride: 2 * mi,
+                lead: e,
+                cols: h,
+            },
+            "down_proj" => ExpertSource {
+                hf_name: format!("{m}.experts.down_proj"),
+                row0: 0,
+                rows: h,
+                stride: h,
+                lead: e,
+                cols: mi,
+            },
             _ => return None,
         }
     } else if let Some((m, proj)) = base.split_once(".shared_expert.") {
-        let (rows, cols) = if proj == "down_proj" { (h, si) } else { (si, h) };
-        ExpertSource { hf_name: format!("{m}.shared_experts.{proj}.weight"), row0: 0, rows, stride: rows, lead: 1, cols }
+        let (rows, cols) = if proj == "down_proj" {
+            (h, si)
+        } else {
+            (si, h)
+        };
+        ExpertSource {
+            hf_name: format!("{m}.shared_experts.{proj}.weight"),
+            row0: 0,
+            rows,
+            stride: rows,
+            lead: 1,
+            cols,
+        }
     } else {
         return None;
     };
@@ -83,7 +115,10 @@ fn quantize_source(store: &TensorStore, s: &ExpertSource, scales_out: bool) -> R
             if let Some(bad) = row.iter().position(|v| !v.is_finite()) {
                 return Err(Error::tensor(
                     &s.hf_name,
-                    format!("non-finite value at element {} cannot be quantised", at + bad),
+                    format!(
+                        "non-finite value at element {} cannot be quantised",
+                        at + bad
+                    ),
                 ));
             }
             quantize_row(row, &mut codes, &mut scales);
@@ -170,13 +205,17 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
     let store = TensorStore::open_dir(input)?;
     store.check(&target_inventory(&cfg, Layout::Hf), true)?;
     let mut rt_cfg = cfg.clone();
-    rt_cfg.quantization = Some(crate::config::Quantization { group_size: 16, bits: 4 });
+    rt_cfg.quantization = Some(crate::config::Quantization {
+        group_size: 16,
+        bits: 4,
+    });
     let specs = target_inventory(&rt_cfg, Layout::Runtime);
 
     let ddir = input.join("drafter");
     let drafter = if ddir.join("config.json").exists() {
         let dcfg = DrafterConfig::from_file(&ddir.join("config.json"))?;
-        dcfg.check_target(&cfg).map_err(|e| e.in_file(&ddir.join("config.json")))?;
+        dcfg.check_target(&cfg)
+            .map_err(|e| e.in_file(&ddir.join("config.json")))?;
         let dstore = TensorStore::open_dir(&ddir)?;
         let dspecs = drafter_inventory(&dcfg);
         dstore.check(&dspecs, true)?;
@@ -215,7 +254,10 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
         if let Some((dstore, dspecs)) = &drafter {
             let od = dir.join("drafter");
             std::fs::create_dir(&od).map_err(|e| Error::io(&od, e))?;
-            write_atomic(&od.join("config.json"), &pretty_json(&read_json(&ddir.join("config.json"))?))?;
+            write_atomic(
+                &od.join("config.json"),
+                &pretty_json(&read_json(&ddir.join("config.json"))?),
+            )?;
             let produce = |s: &TensorSpec| float_bytes(dstore, s);
             convert(&od.join("model.safetensors"), dspecs, &produce, progress)?;
         }
@@ -232,7 +274,12 @@ mod tests {
 
     fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
         let mut v = vec![];
-        for rel in ["model.safetensors", "drafter/model.safetensors", "tokenizer.json", "MANIFEST"] {
+        for rel in [
+            "model.safetensors",
+            "drafter/model.safetensors",
+            "tokenizer.json",
+            "MANIFEST",
+        ] {
             v.push((rel.to_string(), std::fs::read(dir.join(rel)).unwrap()));
         }
         v
@@ -261,8 +308,13 @@ mod tests {
         crate::manifest::verify(&a, &hidden).unwrap();
         assert!(!tmp.path().join("a.partial").exists());
         // Refuses to overwrite, and refuses a runtime-layout input.
-        assert!(transform(&hf, &a, &hidden).unwrap_err().to_string().contains("already exists"));
-        let e = transform(&rt, &tmp.path().join("c"), &hidden).unwrap_err().to_string();
+        assert!(transform(&hf, &a, &hidden)
+            .unwrap_err()
+            .to_string()
+            .contains("already exists"));
+        let e = transform(&rt, &tmp.path().join("c"), &hidden)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("already the runtime layout"), "{e}");
     }
 
@@ -292,8 +344,13 @@ mod tests {
         std::fs::create_dir(&cut).unwrap();
         std::fs::copy(hf.join("config.json"), cut.join("config.json")).unwrap();
         std::fs::write(cut.join("model.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
-        let e = transform(&cut, &tmp.path().join("o1"), &hidden).unwrap_err().to_string();
-        assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
+        let e = transform(&cut, &tmp.path().join("o1"), &hidden)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("model.safetensors") && e.contains("truncated"),
+            "{e}"
+        );
         assert!(!tmp.path().join("o1").exists() && !tmp.path().join("o1.partial").exists());
     }
 }

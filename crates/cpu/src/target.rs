@@ -1,0 +1,356 @@
+//! The Laguna target model on the CPU: weights loaded to f32 from either checkpoint layout, and
+//! the one forward entry point that prefill, decode, DFlash verify and teacher-forced replay use.
+
+use std::path::Path;
+
+use fastdecode_model::checkpoint::TensorStore;
+use fastdecode_model::config::{LagunaConfig, LayerType};
+use fastdecode_model::inventory::{target_inventory, Layout};
+use fastdecode_model::nvfp4::dequantize_row;
+use fastdecode_model::rope::Rope;
+use fastdecode_model::{Error, Result};
+
+use crate::kv_cache::{KvCache, LayerKv};
+use crate::layers::{normed, Attention, Ffn, Linear, Mlp, Moe, Projected};
+
+pub struct DecoderLayer {
+    pub input_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    pub attn: Attention,
+    pub ffn: Ffn,
+}
+
+pub struct TargetModel {
+    pub cfg: LagunaConfig,
+    pub embed: Vec<f32>,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: Vec<f32>,
+    pub lm_head: Linear,
+    pub eps: f32,
+}
+
+/// What one forward returns.
+#[derive(Debug)]
+pub struct ForwardOut {
+    /// `rows × vocab` logits, one row per input token.
+    pub logits: Vec<f32>,
+    /// `rows × taps × hidden`: the output of each requested decoder layer (after its residual
+    /// add, before the final norm), in the order the layers were requested.
+    pub taps: Vec<f32>,
+}
+
+/// Reads a named tensor as f32 with its expected shape.
+pub(crate) fn read(store: &TensorStore, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    let t = store.get(name)?;
+    t.expect_shape(shape)?;
+    t.to_f32()
+}
+
+pub(crate) fn linear(store: &TensorStore, name: &str, out: usize, inp: usize) -> Result<Linear> {
+    Ok(Linear {
+        w: read(store, name, &[out, inp])?,
+        out,
+        inp,
+    })
+}
+
+/// Dequantises NVFP4 `base.{weight,scales}` of shape `[lead.., rows, cols]` into f32.
+fn nvfp4(
+    store: &TensorStore,
+    base: &str,
+    lead: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<f32>> {
+    let codes = store.get(&format!("{base}.weight"))?.to_u32()?;
+    let scales = store.get(&format!("{base}.scales"))?.to_u8()?;
+    let mut out = vec![0f32; lead * rows * cols];
+    for r in 0..lead * rows {
+        dequantize_row(
+            &codes[r * cols / 8..(r + 1) * cols / 8],
+            &scales[r * cols / 16..(r + 1) * cols / 16],
+            &mut out[r * cols..(r + 1) * cols],
+        );
+    }
+    Ok(out)
+}
+
+fn split_linears(all: Vec<f32>, n: usize, out: usize, inp: usize) -> Vec<Linear> {
+    all.chunks_exact(out * inp)
+        .take(n)
+        .map(|c| Linear {
+            w: c.to_vec(),
+            out,
+            inp,
+        })
+        .collect()
+}
+
+fn load_moe(store: &TensorStore, c: &LagunaConfig, m: &str, layout: Layout) -> Result<Moe> {
+    let (h, e, mi, si) = (
+        c.hidden_size,
+        c.num_experts,
+        c.moe_intermediate_size,
+        c.shared_expert_intermediate_size,
+    );
+    let (experts, shared) = match layout {
+        Layout::Runtime => {
+            let s = format!("{m}.switch_mlp");
+            let gate = split_linears(nvfp4(store, &format!("{s}.gate_proj"), e, mi, h)?, e, mi, h);
+            let up = split_linears(nvfp4(store, &format!("{s}.up_proj"), e, mi, h)?, e, mi, h);
+            let down = split_linears(nvfp4(store, &format!("{s}.down_proj"), e, h, mi)?, e, h, mi);
+            let experts = gate
+                .into_iter()
+                .zip(up)
+                .zip(down)
+                .map(|((gate, up), down)| Mlp { gate, up, down })
+                .collect();
+            let s = format!("{m}.shared_expert");
+            let shared = Mlp {
+                gate: Linear {
+                    w: nvfp4(store, &format!("{s}.gate_proj"), 1, si, h)?,
+                    out: si,
+                    inp: h,
+                },
+                up: Linear {
+                    w: nvfp4(store, &format!("{s}.up_proj"), 1, si, h)?,
+                    out: si,
+                    inp: h,
+                },
+                down: Linear {
+                    w: nvfp4(store, &format!("{s}.down_proj"), 1, h, si)?,
+                    out: h,
+                    inp: si,
+                },
+            };
+            (experts, shared)
+        }
+        Layout::Hf => {
+            // gate_up_proj is [E, 2I, hidden] with the gate rows first, then the up rows.
+            let gu = read(store, &format!("{m}.experts.gate_up_proj"), &[e, 2 * mi, h])?;
+            let down = read(store, &format!("{m}.experts.down_proj"), &[e, h, mi])?;
+            let per = mi * h;
+            let experts = (0..e)
+                .map(|x| Mlp {
+                    gate: Linear {
+                        w: gu[2 * x * per..(2 * x + 1) * per].to_vec(),
+                        out: mi,
+                        inp: h,
+                    },
+                    up: Linear {
+                        w: gu[(2 * x + 1) * per..(2 * x + 2) * per].to_vec(),
+                        out: mi,
+                        inp: h,
+                    },
+                    down: Linear {
+                        w: down[x * h * mi..(x + 1) * h * mi].to_vec(),
+                        out: h,
+                        inp: mi,
+                    },
+                })
+                .collect();
+            let s = format!("{m}.shared_experts");
+            let shared = Mlp {
+                gate: linear(store, &format!("{s}.gate_proj.weight"), si, h)?,
+                up: linear(store, &format!("{s}.up_proj.weight"), si, h)?,
+                down: linear(store, &format!("{s}.down_proj.weight"), h, si)?,
+            };
+            (experts, shared)
+        }
+    };
+    Ok(Moe {
+        router: linear(store, &format!("{m}.gate.weight"), e, h)?,
+        bias: read(store, &format!("{m}.gate.e_score_correction_bias"), &[e])?,
+        experts,
+        shared,
+        top_k: c.num_experts_per_tok,
+        routed_scaling: c.moe_routed_scaling_factor as f32,
+        norm_topk: c.norm_topk_prob,
+        softcap: c.moe_router_logit_softcapping as f32,
+    })
+}
+
+impl TargetModel {
+    /// Loads `dir/config.json` and the checkpoint in `dir`, in whichever layout its config says
+    /// (runtime when it has `quantization`, else HF), checking every tensor against the inventory.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
+        let store = TensorStore::open_dir(dir)?;
+        Self::from_store(cfg, &store)
+    }
+
+    pub fn from_store(c: LagunaConfig, store: &TensorStore) -> Result<Self> {
+        let layout = Layout::of(&c);
+        // HF checkpoints may be saved in f32 or f16; the runtime layout is exact about dtypes.
+        store.check(&target_inventory(&c, layout), layout == Layout::Hf)?;
+        let (h, d, kv, v) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_key_value_heads,
+            c.vocab_size,
+        );
+        let eps = c.rms_norm_eps as f32;
+        let mut layers = vec![];
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let nh = c.heads(i);
+            let attn = Attention {
+                q: linear(store, &format!("{a}.q_proj.weight"), nh * d, h)?,
+                k: linear(store, &format!("{a}.k_proj.weight"), kv * d, h)?,
+                v: linear(store, &format!("{a}.v_proj.weight"), kv * d, h)?,
+                o: linear(store, &format!("{a}.o_proj.weight"), h, nh * d)?,
+                g: linear(store, &format!("{a}.g_proj.weight"), nh, h)?,
+                q_norm: read(store, &format!("{a}.q_norm.weight"), &[d])?,
+                k_norm: read(store, &format!("{a}.k_norm.weight"), &[d])?,
+                heads: nh,
+                kv_heads: kv,
+                head_dim: d,
+                rope: Rope::new(c.rope(i), d),
+                window: (c.layer_types[i] == LayerType::Sliding).then_some(c.sliding_window),
+            };
+            let m = format!("{p}.mlp");
+            let ffn = if c.is_sparse(i) {
+                Ffn::Moe(Box::new(load_moe(store, &c, &m, layout)?))
+            } else {
+                let w = c.intermediate_size;
+                Ffn::Dense(Mlp {
+                    gate: linear(store, &format!("{m}.gate_proj.weight"), w, h)?,
+                    up: linear(store, &format!("{m}.up_proj.weight"), w, h)?,
+                    down: linear(store, &format!("{m}.down_proj.weight"), h, w)?,
+                })
+            };
+            layers.push(DecoderLayer {
+                input_norm: read(store, &format!("{p}.input_layernorm.weight"), &[h])?,
+                post_norm: read(store, &format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                attn,
+                ffn,
+            });
+        }
+        let embed = read(store, "model.embed_tokens.weight", &[v, h])?;
+        let lm_head = if c.tie_word_embeddings {
+            Linear {
+                w: embed.clone(),
+                out: v,
+                inp: h,
+            }
+        } else {
+            linear(store, "lm_head.weight", v, h)?
+        };
+        Ok(TargetModel {
+            norm: read(store, "model.norm.weight", &[h])?,
+            embed,
+            layers,
+            lm_head,
+            eps,
+            cfg: c,
+        })
+    }
+
+    /// An empty KV cache sized for verify blocks of up to `max_block` rows.
+    pub fn new_cache(&self, max_block: usize) -> KvCache {
+        let kv_dim = self.cfg.num_key_value_heads * self.cfg.head_dim;
+        KvCache::new(
+            self.layers
+                .iter()
+                .map(|l| LayerKv::new(kv_dim, l.attn.window.map(|w| w + max_block)))
+                .collect(),
+        )
+    }
+
+    pub fn embed_row(&self, token: u32) -> &[f32] {
+        let h = self.cfg.hidden_size;
+        &self.embed[token as usize * h..(token as usize + 1) * h]
+    }
+
+    /// Logits of one final hidden state (before the final norm).
+    pub fn logits(&self, hidden: &[f32], norm: &[f32]) -> Vec<f32> {
+        self.lm_head.forward(&normed(hidden, norm, self.eps))
+    }
+
+    /// The forward entry point: rows `tokens` at absolute `positions`, which must continue the
+    /// cache (`positions[i] = cache.len() + i`). Appends the rows' keys and values to the cache and
+    /// returns the logits of every row plus the hidden states of the `taps` layers.
+    pub fn forward(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        positions: &[usize],
+        taps: &[usize],
+    ) -> Result<ForwardOut> {
+        let c = &self.cfg;
+        let (n, h) = (tokens.len(), c.hidden_size);
+        let p0 = cache.len();
+        if positions.len() != n || positions.iter().enumerate().any(|(i, &p)| p != p0 + i) {
+            return Err(Error::Input(format!(
+                "forward: positions {positions:?} do not continue the KV cache of length {p0}"
+            )));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::Input(format!(
+                "forward: token id {t} is outside the vocabulary (0..{})",
+                c.vocab_size
+            )));
+        }
+        if let Some(&l) = taps.iter().find(|&&l| l >= c.num_hidden_layers) {
+            return Err(Error::Input(format!(
+                "forward: tap layer {l} is out of range 0..{}",
+                c.num_hidden_layers
+            )));
+        }
+        let mut x: Vec<Vec<f32>> = tokens.iter().map(|&t| self.embed_row(t).to_vec()).collect();
+        let mut tap_out = vec![0f32; n * taps.len() * h];
+        for (li, layer) in self.layers.iter().enumerate() {
+            let proj: Vec<Projected> = x
+                .iter()
+                .zip(positions)
+                .map(|(row, &pos)| {
+                    layer
+                        .attn
+                        .project(&normed(row, &layer.input_norm, self.eps), pos, self.eps)
+                })
+                .collect();
+            let kv = &cache.layers[li];
+            for (r, p) in proj.iter().enumerate() {
+                let pos = p0 + r;
+                // Keys in position order: cached ones first, then this forward's own rows.
+                let keys: Vec<(&[f32], &[f32])> = (layer.attn.first_visible(pos)..=pos)
+                    .map(|q| {
+                        if q >= p0 {
+                            (proj[q - p0].k.as_slice(), proj[q - p0].v.as_slice())
+                        } else {
+                            (kv.key(q), kv.value(q))
+                        }
+                    })
+                    .collect();
+                let attn = layer.attn.attend(p, &keys);
+                for (a, b) in x[r].iter_mut().zip(attn) {
+                    *a += b;
+                }
+            }
+            let kv = &mut cache.layers[li];
+            for (r, p) in proj.iter().enumerate() {
+                kv.write(p0 + r, &p.k, &p.v);
+            }
+            for (r, row) in x.iter_mut().enumerate() {
+                let y = layer.ffn.forward(&normed(row, &layer.post_norm, self.eps));
+                for (a, b) in row.iter_mut().zip(y) {
+                    *a += b;
+                }
+                for (t, _) in taps.iter().enumerate().filter(|(_, &l)| l == li) {
+                    let at = (r * taps.len() + t) * h;
+                    tap_out[at..at + h].copy_from_slice(row);
+                }
+            }
+        }
+        cache.advance(n);
+        let mut logits = Vec::with_capacity(n * c.vocab_size);
+        for row in &x {
+            logits.extend(self.logits(row, &self.norm));
+        }
+        Ok(ForwardOut {
+            logits,
+            taps: tap_out,
+        })
+    }
+}

@@ -1,0 +1,121 @@
+//! The seam between decoding policy and compute: a target backend runs the one forward entry point
+//! over its own KV cache; a draft source proposes blocks. The CPU reference implements both.
+
+use std::sync::Arc;
+
+use fastdecode_cpu::{DrafterContext, DrafterModel, KvCache, TargetModel};
+use fastdecode_model::{LagunaConfig, Result};
+
+pub use fastdecode_cpu::ForwardOut;
+
+/// A target model with its KV cache.
+pub trait TargetBackend {
+    fn config(&self) -> &LagunaConfig;
+    /// Runs rows `tokens` at `positions` (continuing the cache), appends their K/V and returns the
+    /// logits of every row and the hidden states of the `taps` layers.
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        positions: &[usize],
+        taps: &[usize],
+    ) -> Result<ForwardOut>;
+    /// Positions held in the KV cache.
+    fn kv_len(&self) -> usize;
+    /// Rollback to `len` positions (DFlash rejection): a change of logical length only.
+    fn truncate(&mut self, len: usize);
+    /// Forget everything (a new prompt).
+    fn reset(&mut self);
+}
+
+/// Proposes draft tokens for a DFlash round.
+pub trait DraftSource {
+    /// Target layers whose hidden states `commit` needs (empty if none).
+    fn tap_layers(&self) -> &[usize];
+    /// Drafts `k - 1` tokens to follow `bonus`, which sits at position `position`.
+    fn propose(&mut self, bonus: u32, position: usize, k: usize) -> Result<Vec<u32>>;
+    /// The target committed these rows (their tapped hidden states, `rows × taps × hidden`).
+    fn commit(&mut self, taps: &[f32]) -> Result<()>;
+    /// Forget all context (a new prompt).
+    fn reset(&mut self);
+}
+
+/// The CPU reference target.
+pub struct CpuTarget {
+    pub model: Arc<TargetModel>,
+    cache: KvCache,
+    max_block: usize,
+}
+
+impl CpuTarget {
+    pub fn new(model: Arc<TargetModel>, max_block: usize) -> Self {
+        let cache = model.new_cache(max_block);
+        CpuTarget {
+            model,
+            cache,
+            max_block,
+        }
+    }
+}
+
+impl TargetBackend for CpuTarget {
+    fn config(&self) -> &LagunaConfig {
+        &self.model.cfg
+    }
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        positions: &[usize],
+        taps: &[usize],
+    ) -> Result<ForwardOut> {
+        self.model.forward(&mut self.cache, tokens, positions, taps)
+    }
+    fn kv_len(&self) -> usize {
+        self.cache.len()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.cache.truncate(len)
+    }
+    fn reset(&mut self) {
+        self.cache = self.model.new_cache(self.max_block);
+    }
+}
+
+/// The trained DFlash drafter on the CPU, borrowing the target's embedding and lm_head.
+pub struct CpuDrafter {
+    target: Arc<TargetModel>,
+    drafter: DrafterModel,
+    ctx: DrafterContext,
+}
+
+impl CpuDrafter {
+    pub fn new(target: Arc<TargetModel>, drafter: DrafterModel) -> Result<Self> {
+        drafter.cfg.check_target(&target.cfg)?;
+        let ctx = drafter.new_context();
+        Ok(CpuDrafter {
+            target,
+            drafter,
+            ctx,
+        })
+    }
+}
+
+impl DraftSource for CpuDrafter {
+    fn tap_layers(&self) -> &[usize] {
+        &self.drafter.cfg.target_layer_ids
+    }
+    fn propose(&mut self, bonus: u32, position: usize, k: usize) -> Result<Vec<u32>> {
+        if position != self.ctx.len() {
+            return Err(fastdecode_model::Error::Input(format!(
+                "drafter: bonus at position {position} but context covers 0..{}",
+                self.ctx.len()
+            )));
+        }
+        Ok(self.drafter.draft(&self.target, &self.ctx, bonus, k))
+    }
+    fn commit(&mut self, taps: &[f32]) -> Result<()> {
+        self.drafter.extend_context(&mut self.ctx, taps)
+    }
+    fn reset(&mut self) {
+        self.ctx = self.drafter.new_context();
+    }
+}

@@ -1,0 +1,153 @@
+//! Greedy decoding: prefill, then rounds. A round with block size K verifies `[bonus, d1..d(K-1)]`
+//! in one target forward and keeps the longest agreeing prefix (`dflash.md`); K = 1 is serial
+//! decoding. Output is the target's greedy choice at every position, whatever the drafts.
+
+use std::time::Instant;
+
+use crate::backend::{DraftSource, TargetBackend};
+use fastdecode_cpu::ops::argmax;
+use fastdecode_model::{Error, Result};
+
+/// What a round did, for observers (tests check KV bookkeeping through this).
+pub struct RoundReport<'a> {
+    pub block_size: usize,
+    pub accepted_drafts: usize,
+    pub emitted: &'a [u32],
+    pub kv_len: usize,
+    /// Prompt tokens plus emitted tokens already run through the target (all but the bonus).
+    pub committed: usize,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Generation {
+    /// The new tokens (the first comes from the prefill).
+    pub tokens: Vec<u32>,
+    pub rounds: usize,
+    pub accepted_drafts: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    /// Whether generation ended on a stop token.
+    pub stopped: bool,
+}
+
+impl Generation {
+    /// Mean tokens emitted per round (accepted drafts + 1).
+    pub fn tokens_per_round(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            (self.rounds + self.accepted_drafts) as f64 / self.rounds as f64
+        }
+    }
+}
+
+pub struct DecodeOptions<'a> {
+    pub max_new_tokens: usize,
+    /// 1 = serial.
+    pub block_size: usize,
+    pub stop_tokens: &'a [u32],
+}
+
+fn row(logits: &[f32], vocab: usize, r: usize) -> &[f32] {
+    &logits[r * vocab..(r + 1) * vocab]
+}
+
+/// Prefill `prompt`, then decode greedily. `source` is required when `block_size > 1`.
+pub fn generate(
+    target: &mut dyn TargetBackend,
+    mut source: Option<&mut dyn DraftSource>,
+    prompt: &[u32],
+    opts: &DecodeOptions,
+    on_round: &mut dyn FnMut(&RoundReport),
+) -> Result<Generation> {
+    let k_max = opts.block_size;
+    if prompt.is_empty() {
+        return Err(Error::Input(
+            "the prompt must have at least one token".into(),
+        ));
+    }
+    if k_max == 0 || k_max > fastdecode_model::config::MAX_BLOCK_SIZE {
+        return Err(Error::Input(format!(
+            "block size {k_max} is outside 1..={}",
+            fastdecode_model::config::MAX_BLOCK_SIZE
+        )));
+    }
+    if k_max > 1 && source.is_none() {
+        return Err(Error::Input("block size > 1 needs a draft source".into()));
+    }
+    let vocab = target.config().vocab_size;
+    let taps: Vec<usize> = source
+        .as_ref()
+        .map(|s| s.tap_layers().to_vec())
+        .unwrap_or_default();
+    target.reset();
+    if let Some(s) = source.as_mut() {
+        s.reset();
+    }
+    let mut g = Generation::default();
+    if opts.max_new_tokens == 0 {
+        return Ok(g);
+    }
+    let t0 = Instant::now();
+    let positions: Vec<usize> = (0..prompt.len()).collect();
+    let out = target.forward(prompt, &positions, &taps)?;
+    let mut bonus = argmax(row(&out.logits, vocab, prompt.len() - 1)) as u32;
+    if let Some(s) = source.as_mut() {
+        s.commit(&out.taps)?;
+    }
+    g.prefill_seconds = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    g.tokens.push(bonus);
+    g.stopped = opts.stop_tokens.contains(&bonus);
+    while g.tokens.len() < opts.max_new_tokens && !g.stopped {
+        let o = target.kv_len();
+        // No point verifying rows past the requested length; output is the same either way.
+        let k = k_max.min(opts.max_new_tokens - g.tokens.len());
+        let mut rows = vec![bonus];
+        if k > 1 {
+            let s = source.as_mut().expect("checked above");
+            let drafts = s.propose(bonus, o, k)?;
+            if drafts.len() != k - 1 || drafts.iter().any(|&d| d as usize >= vocab) {
+                return Err(Error::Input(format!(
+                    "draft source returned {} tokens for a block of {k}, or a token outside the vocabulary",
+                    drafts.len()
+                )));
+            }
+            rows.extend(drafts);
+        }
+        let positions: Vec<usize> = (o..o + k).collect();
+        let out = target.forward(&rows, &positions, &taps)?;
+        let choices: Vec<u32> = (0..k)
+            .map(|j| argmax(row(&out.logits, vocab, j)) as u32)
+            .collect();
+        let mut a = 0;
+        while a + 1 < k && rows[a + 1] == choices[a] {
+            a += 1;
+        }
+        let mut emitted = &choices[..=a];
+        if let Some(stop_at) = emitted.iter().position(|t| opts.stop_tokens.contains(t)) {
+            emitted = &emitted[..=stop_at];
+            g.stopped = true;
+        }
+        // Rows 0..emitted.len() are now committed; the rest leave the cache.
+        let kept = emitted.len();
+        target.truncate(o + kept);
+        if let Some(s) = source.as_mut() {
+            let per_row = taps.len() * target.config().hidden_size;
+            s.commit(&out.taps[..kept * per_row])?;
+        }
+        g.tokens.extend_from_slice(emitted);
+        g.rounds += 1;
+        g.accepted_drafts += a;
+        bonus = choices[a];
+        on_round(&RoundReport {
+            block_size: k,
+            accepted_drafts: a,
+            emitted,
+            kv_len: target.kv_len(),
+            committed: prompt.len() + g.tokens.len() - 1,
+        });
+    }
+    g.decode_seconds = t1.elapsed().as_secs_f64();
+    Ok(g)
+}

@@ -1,0 +1,13 @@
+//! Decoding on top of a backend: serial greedy and DFlash rounds, draft sources, tokenizer and
+//! model directories.
+
+pub mod backend;
+pub mod decode;
+pub mod model_dir;
+pub mod oracle;
+pub mod tokenizer;
+
+pub use backend::{CpuDrafter, CpuTarget, DraftSource, TargetBackend};
+pub use decode::{generate, DecodeOptions, Generation, RoundReport};
+pub use model_dir::LoadedModel;
+pub use oracle::Oracle;
