@@ -1,1 +1,61 @@
-fn main() {}
+//! `fastdecode`: the one command-line entry point.
+
+mod bench;
+mod generate;
+mod model_cmds;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "fastdecode",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FASTDECODE_GIT_COMMIT"), ")"),
+    about = "An exact, fast inference engine for Laguna mixture-of-experts models, with DFlash speculative decoding.",
+    long_about = "An exact, fast inference engine for Laguna mixture-of-experts models.\n\n\
+        Model directories hold config.json, *.safetensors (HF or NVFP4 runtime layout), an optional \
+        tokenizer.json, an optional drafter/ (DFlash drafter) and a MANIFEST. Commands that take \
+        --model use the bundled default model when it is omitted."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write a synthetic checkpoint (target + drafter + tokenizer + MANIFEST) with seeded random weights.
+    Synth(model_cmds::SynthArgs),
+    /// Convert an HF-layout checkpoint to the NVFP4 runtime layout (byte-reproducible).
+    Transform(model_cmds::TransformArgs),
+    /// Print a model's summary, or its canonical tensor inventory.
+    Inspect(model_cmds::InspectArgs),
+    /// Check every file of a model directory against its MANIFEST and print the directory digest.
+    Verify(model_cmds::VerifyArgs),
+    /// Generate text greedily, serially or with DFlash speculative decoding.
+    Generate(generate::GenerateArgs),
+    /// Measure prefill and decode speed, serial and DFlash, and the drafts' acceptance.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    // Die quietly on a closed pipe (`fastdecode inspect ... | head`) like other Unix tools,
+    // instead of panicking on the failed write.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Synth(a) => model_cmds::synth(a),
+        Cmd::Transform(a) => model_cmds::transform(a),
+        Cmd::Inspect(a) => model_cmds::inspect(a),
+        Cmd::Verify(a) => model_cmds::verify(a),
+        Cmd::Generate(a) => generate::run(a),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -130,7 +130,7 @@ impl DrafterModel {
     pub fn extend_context(&self, ctx: &mut DrafterContext, taps: &[f32]) -> Result<()> {
         let h = self.cfg.hidden_size;
         let t = self.cfg.target_layer_ids.len();
-        if taps.len() % (t * h) != 0 {
+        if !taps.len().is_multiple_of(t * h) {
             return Err(Error::Input(format!(
                 "drafter context: {} floats is not a whole number of rows of {t} taps × {h}",
                 taps.len()

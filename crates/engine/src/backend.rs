@@ -83,12 +83,12 @@ impl TargetBackend for CpuTarget {
 /// The trained DFlash drafter on the CPU, borrowing the target's embedding and lm_head.
 pub struct CpuDrafter {
     target: Arc<TargetModel>,
-    drafter: DrafterModel,
+    drafter: Arc<DrafterModel>,
     ctx: DrafterContext,
 }
 
 impl CpuDrafter {
-    pub fn new(target: Arc<TargetModel>, drafter: DrafterModel) -> Result<Self> {
+    pub fn new(target: Arc<TargetModel>, drafter: Arc<DrafterModel>) -> Result<Self> {
         drafter.cfg.check_target(&target.cfg)?;
         let ctx = drafter.new_context();
         Ok(CpuDrafter {

@@ -5,9 +5,11 @@ pub mod backend;
 pub mod decode;
 pub mod model_dir;
 pub mod oracle;
+pub mod session;
 pub mod tokenizer;
 
 pub use backend::{CpuDrafter, CpuTarget, DraftSource, TargetBackend};
 pub use decode::{generate, DecodeOptions, Generation, RoundReport};
 pub use model_dir::LoadedModel;
 pub use oracle::Oracle;
+pub use session::{DraftPlan, DraftSpec};

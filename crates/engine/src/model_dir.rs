@@ -13,7 +13,7 @@ use crate::tokenizer::TextTokenizer;
 pub struct LoadedModel {
     pub dir: PathBuf,
     pub target: Arc<TargetModel>,
-    pub drafter: Option<DrafterModel>,
+    pub drafter: Option<Arc<DrafterModel>>,
     pub tokenizer: Option<TextTokenizer>,
 }
 
@@ -32,7 +32,7 @@ impl LoadedModel {
             d.cfg
                 .check_target(&target.cfg)
                 .map_err(|e| e.in_file(&ddir.join("config.json")))?;
-            Some(d)
+            Some(Arc::new(d))
         } else {
             None
         };

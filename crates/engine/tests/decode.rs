@@ -187,11 +187,7 @@ fn dflash_with_the_drafter_equals_serial() {
     let p = prompt(16, c.vocab_size);
     let reference = serial(&m, &p, NEW_TOKENS);
     for k in [1, 2, 3, 4, 8, 16] {
-        let mut d = CpuDrafter::new(
-            Arc::clone(&m.target),
-            fastdecode_cpu::DrafterModel::load(&m.dir.join("drafter")).unwrap(),
-        )
-        .unwrap();
+        let mut d = CpuDrafter::new(Arc::clone(&m.target), m.drafter.clone().unwrap()).unwrap();
         check_dflash(&m, &reference, &p, k, &mut d, &format!("K={k} drafter"));
     }
 }

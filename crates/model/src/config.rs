@@ -372,7 +372,7 @@ fn parse_rope(m: &Map<String, Value>, name: &str, head_dim: usize) -> Result<Rop
     }
     let prf = get_f64(m, "partial_rotary_factor", name)?.unwrap_or(1.0);
     let rot = head_dim as f64 * prf;
-    if !(prf > 0.0 && prf <= 1.0) || rot.fract() != 0.0 || (rot as usize) % 2 != 0 {
+    if !(prf > 0.0 && prf <= 1.0) || rot.fract() != 0.0 || !(rot as usize).is_multiple_of(2) {
         return Err(Error::field(
             &format!("{name}.partial_rotary_factor"),
             format!("{prf} must be in (0, 1] and give an even number of rotated dims of head_dim {head_dim}"),

@@ -121,7 +121,7 @@ pub fn nvfp4_code_word(key: u64, i: u64) -> u32 {
             w &= !(0xF << (4 * j));
         }
     }
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         let j = ((b >> 32) & 7) as u32;
         w |= 7 << (4 * j);
     }

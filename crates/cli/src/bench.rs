@@ -1,0 +1,279 @@
+//! `fastdecode bench`: prefill and decode speed, serial and DFlash, and draft acceptance.
+//! Every DFlash run is checked token for token against the serial run of the same prompt.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use fastdecode_engine::model_dir::default_model_dir;
+use fastdecode_engine::session::{dflash, max_block, serial};
+use fastdecode_engine::{DraftPlan, DraftSpec, Generation, LoadedModel};
+use fastdecode_model::manifest;
+
+use crate::generate::Backend;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Model directory; the bundled default model when omitted.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt length when prompts are random token ids (no --prompts).
+    #[arg(long, default_value_t = 64)]
+    prompt_tokens: usize,
+    /// A text file of prompts, one per line (needs the model's tokenizer); default: one random prompt.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Use at most this many prompts from --prompts.
+    #[arg(long, default_value_t = 20)]
+    max_prompts: usize,
+    /// New tokens per prompt (end-of-sequence tokens are ignored so every run has this length).
+    #[arg(long, default_value_t = 128)]
+    decode_tokens: usize,
+    /// DFlash block sizes to measure; default: the drafter's block size (8 for the oracle).
+    #[arg(long, value_delimiter = ',')]
+    block_sizes: Option<Vec<usize>>,
+    /// DFlash draft source: `drafter` or `oracle:P`.
+    #[arg(long, default_value = "drafter")]
+    draft: DraftSpec,
+    /// Timed repeats of every run; speeds are the median over repeats.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Seed for random prompts and the oracle.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn spread(v: &mut [f64]) -> serde_json::Value {
+    let med = median(v);
+    json!({"median": med, "min": v.first().copied().unwrap_or(0.0), "max": v.last().copied().unwrap_or(0.0)})
+}
+
+fn prompts(a: &BenchArgs, model: &LoadedModel) -> Result<Vec<Vec<u32>>> {
+    match &a.prompts {
+        Some(path) => {
+            let tok = model.tokenizer.as_ref().with_context(|| {
+                format!(
+                    "{}: no tokenizer.json to encode --prompts",
+                    model.dir.display()
+                )
+            })?;
+            let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+            let mut out = vec![];
+            for line in text
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .take(a.max_prompts)
+            {
+                out.push(tok.encode(line)?);
+            }
+            if out.is_empty() {
+                bail!("{}: no prompts", path.display());
+            }
+            Ok(out)
+        }
+        None => {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+            let v = model.target.cfg.vocab_size as u32;
+            Ok(vec![(0..a.prompt_tokens.max(1))
+                .map(|_| rng.random_range(0..v))
+                .collect()])
+        }
+    }
+}
+
+fn digest(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join(manifest::MANIFEST))
+        .ok()
+        .map(|t| manifest::digest_of(&t))
+}
+
+struct Totals {
+    tokens: usize,
+    decode_s: f64,
+    prefill_s: f64,
+    rounds: usize,
+    accepted: usize,
+}
+
+impl Totals {
+    fn new() -> Self {
+        Totals {
+            tokens: 0,
+            decode_s: 0.0,
+            prefill_s: 0.0,
+            rounds: 0,
+            accepted: 0,
+        }
+    }
+    fn add(&mut self, g: &Generation) {
+        // The first new token comes from the prefill; decode speed counts the rest.
+        self.tokens += g.tokens.len() - 1;
+        self.decode_s += g.decode_seconds;
+        self.prefill_s += g.prefill_seconds;
+        self.rounds += g.rounds;
+        self.accepted += g.accepted_drafts;
+    }
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.decode_tokens < 2 || a.repeats == 0 {
+        bail!("--decode-tokens must be at least 2 and --repeats at least 1");
+    }
+    let dir = match &a.model {
+        Some(d) => d.clone(),
+        None => default_model_dir()?,
+    };
+    let model = LoadedModel::load(&dir)?;
+    let ps = prompts(&a, &model)?;
+    let ks = match &a.block_sizes {
+        Some(k) => k.clone(),
+        None => vec![match (a.draft, &model.drafter) {
+            (DraftSpec::Drafter, Some(d)) => d.cfg.block_size,
+            _ => 8,
+        }],
+    };
+    for &k in &ks {
+        if k < 2 || k > max_block(&model, a.draft) {
+            bail!(
+                "block size {k} is outside 2..={} for the {} source",
+                max_block(&model, a.draft),
+                a.draft
+            );
+        }
+    }
+    let runs = (ps.len() * a.repeats * (1 + ks.len())) as u64;
+    let pb = ProgressBar::new(runs);
+    pb.set_style(
+        ProgressStyle::with_template("bench [{bar:30}] {pos}/{len} runs {msg}")
+            .expect("static")
+            .progress_chars("=> "),
+    );
+    // Serial first: its tokens are the oracle's truth and the exactness reference.
+    let mut serial_tps = vec![];
+    let mut serial_prefill = vec![];
+    let mut truth: Vec<Vec<u32>> = vec![];
+    for r in 0..a.repeats {
+        let mut t = Totals::new();
+        for (i, p) in ps.iter().enumerate() {
+            pb.set_message("serial");
+            let g = serial(&model, p, a.decode_tokens, &[])?;
+            if r == 0 {
+                truth.push(g.tokens.clone());
+            } else if g.tokens != truth[i] {
+                bail!("serial decoding is not deterministic: prompt {i} differs between repeats");
+            }
+            t.add(&g);
+            pb.inc(1);
+        }
+        serial_tps.push(t.tokens as f64 / t.decode_s);
+        serial_prefill.push(t.prefill_s / ps.len() as f64 * 1e3);
+    }
+    let serial_med = median(&mut serial_tps.clone());
+    let mut dflash_rows = vec![];
+    for &k in &ks {
+        let mut tps = vec![];
+        let mut last = Totals::new();
+        for _ in 0..a.repeats {
+            let mut t = Totals::new();
+            for (i, p) in ps.iter().enumerate() {
+                pb.set_message(format!("dflash K={k}"));
+                let plan = DraftPlan {
+                    block_size: k,
+                    source: a.draft,
+                    seed: a.seed + i as u64,
+                };
+                let g = dflash(&model, p, a.decode_tokens, &[], plan, Some(&truth[i]))?;
+                if g.tokens != truth[i] {
+                    bail!("DFlash K={k} output differs from serial output on prompt {i}: this is a bug");
+                }
+                t.add(&g);
+                pb.inc(1);
+            }
+            tps.push(t.tokens as f64 / t.decode_s);
+            last = t;
+        }
+        let med = median(&mut tps.clone());
+        dflash_rows.push(json!({
+            "block_size": k,
+            "draft": a.draft.to_string(),
+            "decode_tokens_per_s": spread(&mut tps),
+            "rounds": last.rounds,
+            "accepted_drafts": last.accepted,
+            "tokens_per_round": (last.rounds + last.accepted) as f64 / last.rounds as f64,
+            "acceptance_rate": last.accepted as f64 / (last.rounds * (k - 1)) as f64,
+            "speedup_vs_serial": med / serial_med,
+            "identical_to_serial": true,
+        }));
+    }
+    pb.finish_and_clear();
+    let out = json!({
+        "fastdecode": concat!(env!("CARGO_PKG_VERSION"), " ", env!("FASTDECODE_GIT_COMMIT")),
+        "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        "backend": "cpu",
+        "threads": 1,
+        "model": dir.display().to_string(),
+        "model_digest": digest(&dir),
+        "prompts": ps.len(),
+        "mean_prompt_tokens": ps.iter().map(Vec::len).sum::<usize>() as f64 / ps.len() as f64,
+        "decode_tokens": a.decode_tokens,
+        "repeats": a.repeats,
+        "serial": {
+            "decode_tokens_per_s": spread(&mut serial_tps),
+            "decode_ms_per_token": 1e3 / serial_med,
+            "prefill_ms": spread(&mut serial_prefill),
+        },
+        "dflash": dflash_rows,
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "model {} ({} prompts, {} new tokens, median of {} repeats, cpu)",
+        dir.display(),
+        ps.len(),
+        a.decode_tokens,
+        a.repeats
+    );
+    println!(
+        "{:<22} {:>12} {:>10} {:>12} {:>10} {:>9}",
+        "run", "tokens/s", "speed-up", "tok/round", "accept", "rounds"
+    );
+    println!(
+        "{:<22} {:>12.1} {:>10} {:>12} {:>10} {:>9}",
+        "serial", serial_med, "1.00x", "1.00", "-", "-"
+    );
+    for r in &dflash_rows {
+        println!(
+            "{:<22} {:>12.1} {:>9.2}x {:>12.2} {:>9.1}% {:>9}",
+            format!("dflash K={} {}", r["block_size"], a.draft),
+            r["decode_tokens_per_s"]["median"].as_f64().unwrap_or(0.0),
+            r["speedup_vs_serial"].as_f64().unwrap_or(0.0),
+            r["tokens_per_round"].as_f64().unwrap_or(0.0),
+            100.0 * r["acceptance_rate"].as_f64().unwrap_or(0.0),
+            r["rounds"],
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! `fastdecode generate`: greedy text generation, serial or DFlash.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+use fastdecode_engine::model_dir::default_model_dir;
+use fastdecode_engine::session::{dflash, serial};
+use fastdecode_engine::{DraftPlan, DraftSpec, Generation, LoadedModel};
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Backend {
+    /// The f32 reference engine (any machine).
+    Cpu,
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Model directory; the bundled default model when omitted.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt text (needs the model's tokenizer.json).
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Number of new tokens (fewer if an end-of-sequence token comes first).
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// DFlash block size K (1 = serial decoding; at most the drafter's block size, 16 for the oracle).
+    #[arg(long, default_value_t = 1)]
+    block_size: usize,
+    /// DFlash draft source: `drafter` (the model's drafter/) or `oracle:P` (the true greedy token
+    /// with probability P, else a wrong one).
+    #[arg(long, default_value = "drafter")]
+    draft: DraftSpec,
+    /// Seed of the oracle's coin flips.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also run serial decoding, check the outputs are identical and report both speeds.
+    #[arg(long)]
+    compare: bool,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn stats(label: &str, g: &Generation) -> String {
+    let n = g.tokens.len();
+    let tps = if g.decode_seconds > 0.0 {
+        (n.saturating_sub(1)) as f64 / g.decode_seconds
+    } else {
+        0.0
+    };
+    let mut s = format!(
+        "{label}: {n} tokens, prefill {:.1} ms, decode {:.1} tokens/s",
+        g.prefill_seconds * 1e3,
+        tps
+    );
+    if g.accepted_drafts > 0 || label != "serial" {
+        s += &format!(
+            ", {} rounds, {} accepted drafts, {:.2} tokens per round",
+            g.rounds,
+            g.accepted_drafts,
+            g.tokens_per_round()
+        );
+    }
+    s
+}
+
+fn gen_json(g: &Generation) -> serde_json::Value {
+    let n = g.tokens.len();
+    json!({
+        "rounds": g.rounds,
+        "accepted_drafts": g.accepted_drafts,
+        "tokens_per_round": g.tokens_per_round(),
+        "prefill_ms": g.prefill_seconds * 1e3,
+        "decode_tokens_per_s": if g.decode_seconds > 0.0 { (n.saturating_sub(1)) as f64 / g.decode_seconds } else { 0.0 },
+    })
+}
+
+pub fn run(a: GenerateArgs) -> Result<()> {
+    let dir = match a.model {
+        Some(d) => d,
+        None => default_model_dir()?,
+    };
+    let model = LoadedModel::load(&dir)?;
+    let prompt = match (&a.prompt, &a.prompt_ids) {
+        (Some(text), _) => model
+            .tokenizer
+            .as_ref()
+            .with_context(|| format!("{}: no tokenizer.json; use --prompt-ids", dir.display()))?
+            .encode(text)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => bail!("give --prompt or --prompt-ids"),
+    };
+    let stop: Vec<u32> = if a.ignore_eos {
+        vec![]
+    } else {
+        model.target.cfg.eos_token_ids.clone()
+    };
+    let need_serial = a.block_size == 1 || a.compare || matches!(a.draft, DraftSpec::Oracle(_));
+    let serial_run = if need_serial {
+        Some(serial(&model, &prompt, a.max_new_tokens, &stop)?)
+    } else {
+        None
+    };
+    let dflash_run = if a.block_size > 1 {
+        let plan = DraftPlan {
+            block_size: a.block_size,
+            source: a.draft,
+            seed: a.seed,
+        };
+        let truth = serial_run.as_ref().map(|g| g.tokens.as_slice());
+        let g = dflash(&model, &prompt, a.max_new_tokens, &stop, plan, truth)?;
+        if let Some(s) = &serial_run {
+            if s.tokens != g.tokens {
+                bail!("DFlash output differs from serial output: this is a bug, please report it");
+            }
+        }
+        Some(g)
+    } else {
+        None
+    };
+    let main = dflash_run
+        .as_ref()
+        .or(serial_run.as_ref())
+        .expect("one run happened");
+    let text = model
+        .tokenizer
+        .as_ref()
+        .map(|t| t.decode(&main.tokens))
+        .transpose()?;
+    if a.json {
+        let mut out = json!({
+            "model": dir.display().to_string(),
+            "prompt_tokens": prompt.len(),
+            "tokens": main.tokens,
+            "block_size": a.block_size,
+            "rounds": main.rounds,
+            "accepted_drafts": main.accepted_drafts,
+            "stopped_at_eos": main.stopped,
+        });
+        if let Some(t) = &text {
+            out["text"] = json!(t);
+        }
+        if a.block_size > 1 {
+            out["draft"] = json!(a.draft.to_string());
+            out["dflash"] = gen_json(dflash_run.as_ref().expect("block size > 1"));
+        }
+        if let Some(s) = &serial_run {
+            out["serial"] = gen_json(s);
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    match &text {
+        Some(t) => println!("{t}"),
+        None => println!(
+            "{}",
+            main.tokens
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+    if let Some(s) = &serial_run {
+        eprintln!("{}", stats("serial", s));
+    }
+    if let Some(d) = &dflash_run {
+        eprintln!(
+            "{}",
+            stats(&format!("dflash K={} {}", a.block_size, a.draft), d)
+        );
+        if let Some(s) = &serial_run {
+            eprintln!(
+                "identical output; DFlash decode speed-up {:.2}x",
+                s.decode_seconds / d.decode_seconds.max(1e-12)
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,125 @@
+//! Ready-made decode runs over a loaded CPU model: serial, or DFlash with a named draft source.
+
+use std::str::FromStr;
+
+use fastdecode_model::{Error, Result};
+
+use crate::backend::{CpuDrafter, CpuTarget, DraftSource};
+use crate::decode::{generate, DecodeOptions, Generation};
+use crate::model_dir::LoadedModel;
+use crate::oracle::Oracle;
+
+/// Where DFlash drafts come from: `drafter` (the model's trained drafter) or `oracle:P`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DraftSpec {
+    Drafter,
+    Oracle(f64),
+}
+
+impl FromStr for DraftSpec {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "drafter" {
+            return Ok(DraftSpec::Drafter);
+        }
+        if let Some(p) = s.strip_prefix("oracle:") {
+            let p: f64 = p
+                .parse()
+                .map_err(|_| format!("oracle probability {p:?} is not a number"))?;
+            if !(0.0..=1.0).contains(&p) {
+                return Err(format!("oracle probability {p} is not in [0, 1]"));
+            }
+            return Ok(DraftSpec::Oracle(p));
+        }
+        Err(format!(
+            "unknown draft source {s:?} (expected drafter or oracle:P)"
+        ))
+    }
+}
+
+impl std::fmt::Display for DraftSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DraftSpec::Drafter => write!(f, "drafter"),
+            DraftSpec::Oracle(p) => write!(f, "oracle:{p}"),
+        }
+    }
+}
+
+/// Largest block any source here supports: the drafter's trained block size, 16 for the oracle.
+pub fn max_block(model: &LoadedModel, spec: DraftSpec) -> usize {
+    match (spec, &model.drafter) {
+        (DraftSpec::Drafter, Some(d)) => d.cfg.block_size,
+        _ => fastdecode_model::config::MAX_BLOCK_SIZE,
+    }
+}
+
+pub fn serial(
+    model: &LoadedModel,
+    prompt: &[u32],
+    max_new: usize,
+    stop: &[u32],
+) -> Result<Generation> {
+    let mut t = CpuTarget::new(model.target.clone(), 1);
+    let opts = DecodeOptions {
+        max_new_tokens: max_new,
+        block_size: 1,
+        stop_tokens: stop,
+    };
+    generate(&mut t, None, prompt, &opts, &mut |_| {})
+}
+
+/// How a DFlash run drafts: block size, source, and the oracle's seed.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftPlan {
+    pub block_size: usize,
+    pub source: DraftSpec,
+    pub seed: u64,
+}
+
+/// DFlash per `plan`. The oracle needs `truth`: the serial greedy tokens of this prompt.
+pub fn dflash(
+    model: &LoadedModel,
+    prompt: &[u32],
+    max_new: usize,
+    stop: &[u32],
+    plan: DraftPlan,
+    truth: Option<&[u32]>,
+) -> Result<Generation> {
+    let (k, spec, seed) = (plan.block_size, plan.source, plan.seed);
+    if k > max_block(model, spec) {
+        return Err(Error::Input(format!(
+            "block size {k} is above the {spec} source's maximum {}",
+            max_block(model, spec)
+        )));
+    }
+    let mut source: Box<dyn DraftSource> = match spec {
+        DraftSpec::Drafter => {
+            let d = model.drafter.as_ref().ok_or_else(|| {
+                Error::Input(format!(
+                    "{}: this model has no drafter/ (use --draft oracle:P)",
+                    model.dir.display()
+                ))
+            })?;
+            Box::new(CpuDrafter::new(model.target.clone(), d.clone())?)
+        }
+        DraftSpec::Oracle(p) => {
+            let truth = truth
+                .ok_or_else(|| Error::Input("the oracle needs the serial greedy tokens".into()))?;
+            Box::new(Oracle::new(
+                truth.to_vec(),
+                prompt.len(),
+                p,
+                model.target.cfg.vocab_size,
+                seed,
+            )?)
+        }
+    };
+    let mut t = CpuTarget::new(model.target.clone(), k);
+    let opts = DecodeOptions {
+        max_new_tokens: max_new,
+        block_size: k,
+        stop_tokens: stop,
+    };
+    generate(&mut t, Some(source.as_mut()), prompt, &opts, &mut |_| {})
+}
