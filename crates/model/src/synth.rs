@@ -374,6 +374,26 @@ mod tests {
     }
 
     #[test]
+    fn xs21_preset_is_the_shared_fixture_verbatim() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/fixtures/laguna-xs-2.1");
+        for f in ["config.json", "dflash-config.json"] {
+            let fixture = std::fs::read(fixtures.join(f))
+                .expect("the shared fixtures sit beside the checkout");
+            let preset = std::fs::read(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("presets/xs2.1")
+                    .join(f),
+            )
+            .unwrap();
+            assert!(
+                fixture == preset,
+                "presets/xs2.1/{f} differs from the fixture"
+            );
+        }
+    }
+
+    #[test]
     fn generator_is_a_pure_function_of_seed_name_index() {
         let k = tensor_key(5, "a");
         assert_eq!(uniform(k, 17), uniform(tensor_key(5, "a"), 17));
