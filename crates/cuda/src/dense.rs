@@ -1,0 +1,174 @@
+//! Launch wrappers of `kernels/dense.cu`. Shapes are checked here, before any launch.
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+use crate::device::Gpu;
+use crate::error::{CudaError, Result};
+
+/// Rows one GEMV launch can carry (the kernel keeps one accumulator per row in registers).
+pub const GEMV_MAX_ROWS: usize = 16;
+
+fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(CudaError::Shape(msg()))
+    }
+}
+
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per) as u32
+}
+
+impl Gpu {
+    /// `x[r] = embed[tokens[r]]` in f32.
+    pub fn embed_rows(
+        &self,
+        embed: &CudaSlice<bf16>,
+        tokens: &CudaSlice<i32>,
+        x: &mut CudaSlice<f32>,
+        hidden: usize,
+    ) -> Result<()> {
+        let rows = tokens.len();
+        check(x.len() >= rows * hidden, || {
+            format!("embed_rows: x holds {} < {rows}×{hidden}", x.len())
+        })?;
+        let f = self.function("dense", "embed_rows")?;
+        let h = hidden as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument types and sizes match the kernel signature; shapes checked above.
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(embed)
+                .arg(tokens)
+                .arg(x)
+                .arg(&h)
+                .launch(cfg)
+        }?;
+        Ok(())
+    }
+
+    /// RMSNorm of `rows` rows of width `n`.
+    pub fn rms_norm_rows(
+        &self,
+        x: &CudaView<f32>,
+        w: &CudaView<bf16>,
+        out: &mut CudaViewMut<f32>,
+        n: usize,
+        rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        check(
+            x.len() >= rows * n && out.len() >= rows * n && w.len() == n,
+            || format!("rms_norm_rows: bad shapes for {rows}×{n}"),
+        )?;
+        let f = self.function("dense", "rms_norm_rows")?;
+        let nn = n as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as above.
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(x)
+                .arg(w)
+                .arg(out)
+                .arg(&nn)
+                .arg(&eps)
+                .launch(cfg)
+        }?;
+        Ok(())
+    }
+
+    /// `y[r] (+)= x[r] · Wᵀ` for any number of rows (launched 16 rows at a time).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_bf16(
+        &self,
+        w: &CudaView<bf16>,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        out: usize,
+        inp: usize,
+        rows: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        check(inp.is_multiple_of(8), || {
+            format!("gemv_bf16: input width {inp} is not a multiple of 8")
+        })?;
+        check(w.len() == out * inp, || {
+            format!(
+                "gemv_bf16: weight has {} elements, expected {out}×{inp}",
+                w.len()
+            )
+        })?;
+        check(x.len() >= rows * inp && y.len() >= rows * out, || {
+            format!("gemv_bf16: activations too small for {rows} rows")
+        })?;
+        let f = self.function("dense", "gemv_bf16")?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks(out, 8), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (o, i, acc) = (out as i32, inp as i32, accumulate as i32);
+        for start in (0..rows).step_by(GEMV_MAX_ROWS) {
+            let n = (rows - start).min(GEMV_MAX_ROWS);
+            let xs = x.slice(start * inp..(start + n) * inp);
+            let mut ys = y.slice_mut(start * out..(start + n) * out);
+            let nr = n as i32;
+            // SAFETY: as above.
+            unsafe {
+                self.stream
+                    .launch_builder(&f)
+                    .arg(w)
+                    .arg(&xs)
+                    .arg(&mut ys)
+                    .arg(&o)
+                    .arg(&i)
+                    .arg(&nr)
+                    .arg(&acc)
+                    .launch(cfg)
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Argmax of each row of `logits` (`rows × vocab`), ties to the lowest index.
+    pub fn argmax_rows(
+        &self,
+        logits: &CudaView<f32>,
+        vocab: usize,
+        rows: usize,
+        out: &mut CudaViewMut<i32>,
+    ) -> Result<()> {
+        check(logits.len() >= rows * vocab && out.len() >= rows, || {
+            "argmax_rows: bad shapes".into()
+        })?;
+        let f = self.function("dense", "argmax_rows")?;
+        let v = vocab as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as above.
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(logits)
+                .arg(&v)
+                .arg(out)
+                .launch(cfg)
+        }?;
+        Ok(())
+    }
+}

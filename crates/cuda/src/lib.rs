@@ -1,0 +1,10 @@
+//! The CUDA backend: kernels in `kernels/*.cu`, compiled by NVRTC at run time and cached on disk;
+//! each kernel has a CPU twin in `fastdecode-cpu` and a comparison test (`tests/kernels.rs`, run on
+//! a GPU machine with `--ignored`).
+
+pub mod dense;
+pub mod device;
+pub mod error;
+
+pub use device::Gpu;
+pub use error::{CudaError, Result};
