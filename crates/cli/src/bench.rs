@@ -50,6 +50,9 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// CUDA only: generate a preset's synthetic weights directly in GPU memory (e.g. xs2.1).
+    #[arg(long, conflicts_with = "model")]
+    synthetic: Option<String>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -137,6 +140,20 @@ impl Totals {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.backend == Backend::Cuda {
+        return crate::cuda_bench::run(crate::cuda_bench::CudaBenchArgs {
+            model: a.model.as_deref(),
+            synthetic: a.synthetic.as_deref(),
+            seed: a.seed,
+            prompt_tokens: a.prompt_tokens,
+            decode_tokens: a.decode_tokens,
+            repeats: a.repeats.max(5),
+            json: a.json,
+        });
+    }
+    if a.synthetic.is_some() {
+        bail!("--synthetic needs --backend cuda (the CPU backend reads a model directory; make one with `fastdecode synth`)");
+    }
     if a.decode_tokens < 2 || a.repeats == 0 {
         bail!("--decode-tokens must be at least 2 and --repeats at least 1");
     }

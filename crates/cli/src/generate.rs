@@ -14,6 +14,8 @@ use fastdecode_engine::{DraftPlan, DraftSpec, Generation, LoadedModel};
 pub enum Backend {
     /// The f32 reference engine (any machine).
     Cpu,
+    /// The GPU engine (NVIDIA, CUDA driver and NVRTC at run time).
+    Cuda,
 }
 
 #[derive(Args)]
@@ -92,6 +94,9 @@ fn gen_json(g: &Generation) -> serde_json::Value {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
+    if a.backend == Backend::Cuda {
+        bail!("generate --backend cuda is not wired yet; use `fastdecode bench --backend cuda` or `fastdecode check`");
+    }
     let dir = match a.model {
         Some(d) => d,
         None => default_model_dir()?,

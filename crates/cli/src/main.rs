@@ -1,6 +1,8 @@
 //! `fastdecode`: the one command-line entry point.
 
 mod bench;
+mod check;
+mod cuda_bench;
 mod generate;
 mod model_cmds;
 
@@ -35,6 +37,8 @@ enum Cmd {
     Generate(generate::GenerateArgs),
     /// Measure prefill and decode speed, serial and DFlash, and the drafts' acceptance.
     Bench(bench::BenchArgs),
+    /// Compare a GPU backend with the CPU reference: logits and teacher-forced greedy agreement.
+    Check(check::CheckArgs),
 }
 
 fn main() {
@@ -53,6 +57,7 @@ fn main() {
         Cmd::Verify(a) => model_cmds::verify(a),
         Cmd::Generate(a) => generate::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Check(a) => check::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

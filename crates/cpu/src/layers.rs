@@ -64,7 +64,7 @@ pub struct Projected {
 
 impl Attention {
     /// Normalise each head of `x` with `w` and rotate it at `pos`.
-    fn norm_rope_heads(&self, x: &mut [f32], w: &[f32], eps: f32, pos: usize) {
+    pub fn norm_rope_heads(&self, x: &mut [f32], w: &[f32], eps: f32, pos: usize) {
         let d = self.head_dim;
         let half = self.rope.rotary_dim / 2;
         let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);

@@ -14,7 +14,12 @@ use crate::error::{CudaError, Result};
 const COMMON: &str = include_str!("../kernels/common.cuh");
 
 /// The kernel modules: name and source. Each is compiled once per process (and cached on disk).
-pub const MODULES: &[(&str, &str)] = &[("dense", include_str!("../kernels/dense.cu"))];
+pub const MODULES: &[(&str, &str)] = &[
+    ("dense", include_str!("../kernels/dense.cu")),
+    ("attention", include_str!("../kernels/attention.cu")),
+    ("moe", include_str!("../kernels/moe.cu")),
+    ("synth", include_str!("../kernels/synth.cu")),
+];
 
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,

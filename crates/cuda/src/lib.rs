@@ -5,6 +5,12 @@
 pub mod dense;
 pub mod device;
 pub mod error;
+pub mod model;
+pub mod ops;
+pub mod target;
+pub mod weights;
 
 pub use device::Gpu;
 pub use error::{CudaError, Result};
+pub use model::CudaModel;
+pub use target::{CudaTarget, GpuForwardOut};

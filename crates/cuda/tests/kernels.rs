@@ -189,3 +189,462 @@ fn rms_norm_embed_and_argmax_match_cpu() {
         }
     }
 }
+
+use fastdecode_cpu::layers::{Attention, Linear, Mlp, Moe, Projected};
+use fastdecode_model::config::{RopeParams, RopeScaling, YarnParams};
+use fastdecode_model::rope::Rope;
+
+fn linear(rng: &mut ChaCha8Rng, out: usize, inp: usize) -> Linear {
+    // bf16-representable weights so the GPU's bf16 copy is exact.
+    let w: Vec<f32> = rand_vec(rng, out * inp, (3.0 / inp as f32).sqrt())
+        .iter()
+        .map(|&x| bf16::from_f32(x).to_f32())
+        .collect();
+    Linear { w, out, inp }
+}
+
+fn identity(n: usize) -> Linear {
+    let mut w = vec![0f32; n * n];
+    for i in 0..n {
+        w[i * n + i] = 1.0;
+    }
+    Linear { w, out: n, inp: n }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn attention_kernels_match_cpu_for_sliding_ring_and_full_yarn() {
+    use fastdecode_cuda::ops::DevRope;
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let (heads, kv_heads, d) = (6usize, 2usize, 48usize);
+    let yarn = RopeParams {
+        theta: 5e5,
+        partial_rotary_factor: 0.5,
+        scaling: RopeScaling::Yarn(YarnParams {
+            factor: 32.0,
+            original_max_position_embeddings: 1024,
+            beta_fast: 64.0,
+            beta_slow: 1.0,
+            attention_factor: None,
+            truncate: true,
+        }),
+    };
+    let default = RopeParams {
+        theta: 1e4,
+        partial_rotary_factor: 1.0,
+        scaling: RopeScaling::Default,
+    };
+    for (params, window, ring) in [(&default, 13usize, 13 + 16), (&yarn, 0, 0)] {
+        let rope = Rope::new(params, d);
+        let attn = Attention {
+            q: identity(heads * d),
+            k: identity(kv_heads * d),
+            v: identity(kv_heads * d),
+            o: identity(heads * d),
+            g: identity(heads),
+            q_norm: (0..d)
+                .map(|i| bf16::from_f32(1.0 + 0.01 * i as f32).to_f32())
+                .collect(),
+            k_norm: (0..d)
+                .map(|i| bf16::from_f32(0.9 + 0.02 * i as f32).to_f32())
+                .collect(),
+            heads,
+            kv_heads,
+            head_dim: d,
+            rope: rope.clone(),
+            window: (window > 0).then_some(window),
+        };
+        // Positions 0..40 in blocks of at most 16 rows (a ring of window + 16 slots holds any
+        // block of up to 16 rows without overwriting a key an earlier row of the block still sees).
+        let total = 40usize;
+        let kvd = kv_heads * d;
+        let slots = if ring > 0 { ring } else { total };
+        let mut ck = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
+        let mut cv = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
+        let drope = DevRope {
+            inv_freq: g.stream.clone_htod(&rope.inv_freq).unwrap(),
+            rot_dim: rope.rotary_dim,
+            scaling: rope.attention_scaling,
+        };
+        let qn = g
+            .stream
+            .clone_htod(
+                &attn
+                    .q_norm
+                    .iter()
+                    .map(|&x| bf16::from_f32(x))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        let kn = g
+            .stream
+            .clone_htod(
+                &attn
+                    .k_norm
+                    .iter()
+                    .map(|&x| bf16::from_f32(x))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        let mut cpu_k: Vec<Vec<f32>> = vec![];
+        let mut cpu_v: Vec<Vec<f32>> = vec![];
+        for block in [(0usize, 16usize), (16, 30), (30, 35), (35, 40)] {
+            let n = block.1 - block.0;
+            let (mut q, mut k) = (
+                rand_vec(&mut rng, n * heads * d, 2.0),
+                rand_vec(&mut rng, n * kvd, 2.0),
+            );
+            let v = rand_vec(&mut rng, n * kvd, 1.0);
+            let gl = rand_vec(&mut rng, n * heads, 3.0);
+            let pos: Vec<i32> = (block.0..block.1).map(|p| p as i32).collect();
+            let dpos = g.stream.clone_htod(&pos).unwrap();
+            let mut dq = g.stream.clone_htod(&q).unwrap();
+            let mut dk = g.stream.clone_htod(&k).unwrap();
+            g.qk_norm_rope(
+                &mut dq.as_view_mut(),
+                &qn,
+                &dpos.as_view(),
+                &drope,
+                heads,
+                d,
+                n,
+                1e-6,
+            )
+            .unwrap();
+            g.qk_norm_rope(
+                &mut dk.as_view_mut(),
+                &kn,
+                &dpos.as_view(),
+                &drope,
+                kv_heads,
+                d,
+                n,
+                1e-6,
+            )
+            .unwrap();
+            for r in 0..n {
+                attn.norm_rope_heads(
+                    &mut q[r * heads * d..(r + 1) * heads * d],
+                    &attn.q_norm,
+                    1e-6,
+                    block.0 + r,
+                );
+                attn.norm_rope_heads(
+                    &mut k[r * kvd..(r + 1) * kvd],
+                    &attn.k_norm,
+                    1e-6,
+                    block.0 + r,
+                );
+            }
+            let gq = g.stream.clone_dtoh(&dq).unwrap();
+            assert!(
+                max_rel(&gq, &q) < 2e-6,
+                "qk_norm_rope q: {}",
+                max_rel(&gq, &q)
+            );
+            let gk = g.stream.clone_dtoh(&dk).unwrap();
+            // Attention reads the GPU's own k (same values up to rounding) from the cache.
+            let slot_of: Vec<i32> = (block.0..block.1)
+                .map(|p| {
+                    if ring > 0 {
+                        (p % ring) as i32
+                    } else {
+                        p as i32
+                    }
+                })
+                .collect();
+            let dslot = g.stream.clone_htod(&slot_of).unwrap();
+            let dv = g.stream.clone_htod(&v).unwrap();
+            g.kv_store(
+                &dk.as_view(),
+                &dv.as_view(),
+                &mut ck,
+                &mut cv,
+                &dslot.as_view(),
+                kvd,
+                n,
+            )
+            .unwrap();
+            let dg = g.stream.clone_htod(&gl).unwrap();
+            let mut dout = g.stream.alloc_zeros::<f32>(n * heads * d).unwrap();
+            let max_keys = if window > 0 { window } else { block.1 };
+            g.attend(
+                &dq.as_view(),
+                &ck,
+                &cv,
+                &dg.as_view(),
+                &dpos.as_view(),
+                &mut dout.as_view_mut(),
+                heads,
+                kv_heads,
+                d,
+                window,
+                ring,
+                n,
+                max_keys,
+            )
+            .unwrap();
+            let got = g.stream.clone_dtoh(&dout).unwrap();
+            for r in 0..n {
+                cpu_k.push(gk[r * kvd..(r + 1) * kvd].to_vec());
+                cpu_v.push(v[r * kvd..(r + 1) * kvd].to_vec());
+            }
+            for r in 0..n {
+                let p = block.0 + r;
+                let proj = Projected {
+                    q: gq[r * heads * d..(r + 1) * heads * d].to_vec(),
+                    k: vec![],
+                    v: vec![],
+                    gate: gl[r * heads..(r + 1) * heads]
+                        .iter()
+                        .map(|&x| fastdecode_cpu::ops::softplus(x))
+                        .collect(),
+                };
+                let keys: Vec<(&[f32], &[f32])> = (attn.first_visible(p)..=p)
+                    .map(|j| (cpu_k[j].as_slice(), cpu_v[j].as_slice()))
+                    .collect();
+                let want = attn.attend(&proj, &keys);
+                let e = max_rel(&got[r * heads * d..(r + 1) * heads * d], &want);
+                assert!(e < 1e-5, "attend window {window} position {p}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn moe_kernels_match_cpu() {
+    use fastdecode_cuda::ops::DevNvfp4;
+    use fastdecode_model::nvfp4::{dequantize_row, quantize_row};
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let (e, k, hid, inter, sh) = (20usize, 3usize, 96usize, 48usize, 32usize);
+    // NVFP4 weights: quantise random rows, keep codes/scales for the GPU and dequantised f32 for the CPU.
+    let mut quant = |rows: usize, cols: usize| {
+        let w = rand_vec(&mut rng, rows * cols, (3.0 / cols as f32).sqrt());
+        let (mut codes, mut scales, mut deq) = (
+            vec![0u32; rows * cols / 8],
+            vec![0u8; rows * cols / 16],
+            vec![0f32; rows * cols],
+        );
+        for r in 0..rows {
+            quantize_row(
+                &w[r * cols..(r + 1) * cols],
+                &mut codes[r * cols / 8..(r + 1) * cols / 8],
+                &mut scales[r * cols / 16..(r + 1) * cols / 16],
+            );
+            dequantize_row(
+                &codes[r * cols / 8..(r + 1) * cols / 8],
+                &scales[r * cols / 16..(r + 1) * cols / 16],
+                &mut deq[r * cols..(r + 1) * cols],
+            );
+        }
+        (
+            DevNvfp4 {
+                codes: g.stream.clone_htod(&codes).unwrap(),
+                scales: g.stream.clone_htod(&scales).unwrap(),
+            },
+            deq,
+        )
+    };
+    let (gd, gq) = quant(e * inter, hid);
+    let (ud, uq) = quant(e * inter, hid);
+    let (dd, dq) = quant(e * hid, inter);
+    let (sgd, sgq) = quant(sh, hid);
+    let (sud, suq) = quant(sh, hid);
+    let (sdd, sdq) = quant(hid, sh);
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let router = linear(&mut rng, e, hid);
+    let bias = rand_vec(&mut rng, e, 0.05);
+    let lin = |w: &[f32], out: usize, inp: usize| Linear {
+        w: w.to_vec(),
+        out,
+        inp,
+    };
+    let moe = Moe {
+        router: Linear {
+            w: router.w.clone(),
+            out: e,
+            inp: hid,
+        },
+        bias: bias.clone(),
+        experts: (0..e)
+            .map(|x| Mlp {
+                gate: lin(&gq[x * inter * hid..(x + 1) * inter * hid], inter, hid),
+                up: lin(&uq[x * inter * hid..(x + 1) * inter * hid], inter, hid),
+                down: lin(&dq[x * hid * inter..(x + 1) * hid * inter], hid, inter),
+            })
+            .collect(),
+        shared: Mlp {
+            gate: lin(&sgq, sh, hid),
+            up: lin(&suq, sh, hid),
+            down: lin(&sdq, hid, sh),
+        },
+        top_k: k,
+        routed_scaling: 2.5,
+        norm_topk: true,
+        softcap: 0.0,
+    };
+    let rows = 7;
+    let xn = rand_vec(&mut rng, rows * hid, 1.0);
+    let resid = rand_vec(&mut rng, rows * hid, 1.0);
+    let dxn = g.stream.clone_htod(&xn).unwrap();
+    let drouter = g
+        .stream
+        .clone_htod(
+            &router
+                .w
+                .iter()
+                .map(|&x| bf16::from_f32(x))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    let dbias = g.stream.clone_htod(&bias).unwrap();
+    let mut rl = g.stream.alloc_zeros::<f32>(rows * e).unwrap();
+    g.gemv_bf16(
+        &drouter.as_view(),
+        &dxn.as_view(),
+        &mut rl.as_view_mut(),
+        e,
+        hid,
+        rows,
+        false,
+    )
+    .unwrap();
+    let mut ids = g.stream.alloc_zeros::<i32>(rows * k).unwrap();
+    let mut wts = g.stream.alloc_zeros::<f32>(rows * k).unwrap();
+    g.router_topk(
+        &rl.as_view(),
+        &dbias,
+        &mut ids.as_view_mut(),
+        &mut wts.as_view_mut(),
+        e,
+        k,
+        true,
+        0.0,
+        rows,
+    )
+    .unwrap();
+    let (gids, gw) = (
+        g.stream.clone_dtoh(&ids).unwrap(),
+        g.stream.clone_dtoh(&wts).unwrap(),
+    );
+    for r in 0..rows {
+        let want = moe.route(&xn[r * hid..(r + 1) * hid]);
+        for (s, (eid, w)) in want.iter().enumerate() {
+            assert_eq!(gids[r * k + s] as usize, *eid, "row {r} slot {s}");
+            assert!((gw[r * k + s] - w).abs() < 1e-5);
+        }
+    }
+    let mut h = g.stream.alloc_zeros::<f32>(rows * k * inter).unwrap();
+    let mut hs = g.stream.alloc_zeros::<f32>(rows * sh).unwrap();
+    g.nvfp4_gate_up(
+        &gd,
+        &ud,
+        &dxn.as_view(),
+        Some(&ids.as_view()),
+        &mut h.as_view_mut(),
+        inter,
+        hid,
+        rows,
+        k,
+    )
+    .unwrap();
+    g.nvfp4_gate_up(
+        &sgd,
+        &sud,
+        &dxn.as_view(),
+        None,
+        &mut hs.as_view_mut(),
+        sh,
+        hid,
+        rows,
+        1,
+    )
+    .unwrap();
+    let mut dx = g.stream.clone_htod(&resid).unwrap();
+    g.nvfp4_down_combine(
+        &dd,
+        &sdd,
+        &h.as_view(),
+        &hs.as_view(),
+        &ids.as_view(),
+        &wts.as_view(),
+        &mut dx.as_view_mut(),
+        hid,
+        inter,
+        sh,
+        k,
+        2.5,
+        rows,
+    )
+    .unwrap();
+    let got = g.stream.clone_dtoh(&dx).unwrap();
+    for r in 0..rows {
+        let y = moe.forward(&xn[r * hid..(r + 1) * hid]);
+        let want: Vec<f32> = resid[r * hid..(r + 1) * hid]
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| a + b)
+            .collect();
+        let e = max_rel(&got[r * hid..(r + 1) * hid], &want);
+        assert!(e < 1e-5, "moe row {r}: {e}");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn synthetic_weights_on_device_equal_synth_bytes() {
+    use fastdecode_cuda::weights::WeightSource;
+    use fastdecode_model::inventory::{target_inventory, Layout};
+    use fastdecode_model::synth::{preset, write_synthetic};
+    let g = gpu();
+    let p = preset("tiny").unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    write_synthetic(
+        &dir,
+        &p,
+        7,
+        Layout::Runtime,
+        &indicatif::ProgressBar::hidden(),
+    )
+    .unwrap();
+    let store = fastdecode_model::checkpoint::TensorStore::open_dir(&dir).unwrap();
+    let specs = target_inventory(&p.target, Layout::Runtime);
+    let src = WeightSource::synthetic(7, &specs);
+    for s in &specs {
+        let want = store.get(&s.name).unwrap().data.to_vec();
+        let got: Vec<u8> = match s.dtype {
+            safetensors::Dtype::BF16 => g
+                .stream
+                .clone_dtoh(&src.bf16(&g, &s.name).unwrap())
+                .unwrap()
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            safetensors::Dtype::F32 => g
+                .stream
+                .clone_dtoh(&src.f32(&g, &s.name).unwrap())
+                .unwrap()
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            safetensors::Dtype::U32 => g
+                .stream
+                .clone_dtoh(&src.u32(&g, &s.name).unwrap())
+                .unwrap()
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            safetensors::Dtype::U8 => g.stream.clone_dtoh(&src.u8(&g, &s.name).unwrap()).unwrap(),
+            other => panic!("unexpected dtype {other:?}"),
+        };
+        assert!(
+            got == want,
+            "{}: device-generated bytes differ from synth",
+            s.name
+        );
+    }
+}

@@ -2,6 +2,7 @@
 //! model directories.
 
 pub mod backend;
+pub mod cuda_backend;
 pub mod decode;
 pub mod model_dir;
 pub mod oracle;

@@ -25,6 +25,9 @@ pub enum Error {
     /// Bad arguments to an engine call (token ids, positions, layer ids).
     #[error("{0}")]
     Input(String),
+    /// A compute backend failed (GPU driver, kernel launch, device memory).
+    #[error("backend: {0}")]
+    Backend(String),
 }
 
 impl Error {

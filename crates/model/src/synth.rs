@@ -87,7 +87,7 @@ pub fn uniform(key: u64, i: u64) -> f32 {
 }
 
 /// How a float tensor is drawn: `center + amplitude · uniform`.
-fn float_law(name: &str, shape: &[usize]) -> (f32, f32) {
+pub fn float_law(name: &str, shape: &[usize]) -> (f32, f32) {
     if name.ends_with("norm.weight") || name.contains("norms.") {
         (1.0, 0.1)
     } else if name.ends_with("e_score_correction_bias") {

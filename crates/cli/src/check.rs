@@ -1,0 +1,126 @@
+//! `fastdecode check --backend cuda`: the GPU against the CPU reference on a small model.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rand::{Rng, SeedableRng};
+
+use fastdecode_cpu::ops::{argmax, top2};
+use fastdecode_cuda::{CudaModel, Gpu};
+use fastdecode_engine::cuda_backend::CudaBackend;
+use fastdecode_engine::model_dir::default_model_dir;
+use fastdecode_engine::session::serial;
+use fastdecode_engine::{CpuTarget, LoadedModel, TargetBackend};
+use fastdecode_model::checkpoint::TensorStore;
+
+#[derive(Args)]
+pub struct CheckArgs {
+    /// Backend to check against the CPU reference (only `cuda`).
+    #[arg(long, default_value = "cuda")]
+    backend: String,
+    /// A small runtime-layout model (the CPU reference must fit in memory); default: the bundled one.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Teacher-forced positions to compare (spread over several sequences).
+    #[arg(long, default_value_t = 2048)]
+    positions: usize,
+    /// A disagreement is tolerated only where the CPU's top-2 logit gap is below this.
+    #[arg(long, default_value_t = 0.05)]
+    near_tie: f32,
+    /// Seed for the random prompts.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+pub fn run(a: CheckArgs) -> Result<()> {
+    if a.backend != "cuda" {
+        bail!(
+            "--backend {}: only `cuda` can be checked against the CPU reference",
+            a.backend
+        );
+    }
+    let dir = match a.model {
+        Some(d) => d,
+        None => default_model_dir()?,
+    };
+    let cpu = LoadedModel::load(&dir)?;
+    let gpu = Arc::new(Gpu::open(0)?);
+    let store = TensorStore::open_dir(&dir)?;
+    let model = Arc::new(
+        CudaModel::upload(gpu.clone(), cpu.target.cfg.clone(), &store)
+            .with_context(|| format!("uploading {}", dir.display()))?,
+    );
+    let c = &cpu.target.cfg;
+    let v = c.vocab_size;
+    let seq_len = (4 * c.sliding_window).max(256).min(2048);
+    let n_seq = a.positions.div_ceil(seq_len);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+    let (mut agree, mut near, mut hard, mut total) = (0usize, 0usize, 0usize, 0usize);
+    let mut max_abs = 0f32;
+    let mut max_gap_at_disagreement = 0f32;
+    for s in 0..n_seq {
+        let prompt: Vec<u32> = (0..16).map(|_| rng.random_range(0..v as u32)).collect();
+        let cont = serial(&cpu, &prompt, seq_len - prompt.len() + 1, &[])?.tokens;
+        let seq: Vec<u32> = prompt
+            .iter()
+            .chain(&cont[..seq_len - prompt.len()])
+            .copied()
+            .collect();
+        let positions: Vec<usize> = (0..seq.len()).collect();
+        let mut ct = CpuTarget::new(cpu.target.clone(), 16);
+        let want = ct.forward(&seq, &positions, &[])?.logits;
+        // GPU: the first half as chunked prefill, the rest one row at a time (the decode path).
+        let mut gt = CudaBackend::new(model.clone(), 16, seq.len())?;
+        let half = seq.len() / 2;
+        let mut got = gt.forward(&seq[..half], &positions[..half], &[])?.logits;
+        for i in half..seq.len() {
+            got.extend(gt.forward(&seq[i..=i], &[i], &[])?.logits);
+        }
+        for p in 0..seq.len() {
+            let (w, g) = (&want[p * v..(p + 1) * v], &got[p * v..(p + 1) * v]);
+            for (x, y) in w.iter().zip(g) {
+                max_abs = max_abs.max((x - y).abs());
+            }
+            total += 1;
+            if argmax(w) == argmax(g) {
+                agree += 1;
+            } else {
+                let t = top2(w);
+                let gap = t[0].1 - t[1].1;
+                max_gap_at_disagreement = max_gap_at_disagreement.max(gap);
+                if gap < a.near_tie {
+                    near += 1;
+                } else {
+                    hard += 1;
+                }
+            }
+        }
+        eprintln!("sequence {}/{n_seq}: {} positions", s + 1, seq.len());
+    }
+    println!(
+        "check: cuda ({}, {}) against the CPU reference on {}",
+        gpu.name,
+        gpu.arch(),
+        dir.display()
+    );
+    println!("{:<44} {:>12}", "teacher-forced positions", total);
+    println!("{:<44} {:>12}", "argmax agreements", agree);
+    println!(
+        "{:<44} {:>12}",
+        format!("disagreements at CPU near-ties (gap < {})", a.near_tie),
+        near
+    );
+    println!("{:<44} {:>12}", "disagreements elsewhere (failures)", hard);
+    println!("{:<44} {:>12.3e}", "max |Δ logit|", max_abs);
+    println!(
+        "{:<44} {:>12.3e}",
+        "largest CPU top-2 gap at a disagreement", max_gap_at_disagreement
+    );
+    if hard > 0 || total < a.positions {
+        bail!("cuda disagrees with the CPU reference at {hard} positions that are not near-ties");
+    }
+    println!("ok");
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! `fastdecode bench --backend cuda`: prefill and serial decode on the GPU, against the copy
+//! bandwidth measured in the same process (the roofline of a bandwidth-bound decoder).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use fastdecode_cuda::{CudaModel, Gpu};
+use fastdecode_engine::cuda_backend::CudaBackend;
+use fastdecode_engine::{generate, DecodeOptions, TargetBackend};
+use fastdecode_model::checkpoint::TensorStore;
+use fastdecode_model::config::LagunaConfig;
+use fastdecode_model::inventory::{target_inventory, Layout, TensorSpec};
+
+/// Bytes one serial decode step reads at context `ctx`: every weight a token touches once (the
+/// top-k routed experts of each sparse layer, not all of them) plus the KV cache it attends over.
+pub fn bytes_per_token(c: &LagunaConfig, ctx: usize, kv_bytes_per_value: usize) -> usize {
+    let specs = target_inventory(c, Layout::Runtime);
+    let mut total = 0usize;
+    for s in &specs {
+        let n = &s.name;
+        if n.contains(".switch_mlp.") {
+            total += s.nbytes() / c.num_experts * c.num_experts_per_tok;
+        } else if n == "model.embed_tokens.weight" {
+            total += s.nbytes() / c.vocab_size; // one row
+        } else {
+            total += s.nbytes();
+        }
+    }
+    let kvd = c.num_key_value_heads * c.head_dim;
+    for i in 0..c.num_hidden_layers {
+        let keys = if c.layer_types[i] == fastdecode_model::LayerType::Sliding {
+            ctx.min(c.sliding_window)
+        } else {
+            ctx
+        };
+        total += 2 * keys * kvd * kv_bytes_per_value;
+    }
+    total
+}
+
+fn spec_bytes(specs: &[TensorSpec]) -> usize {
+    specs.iter().map(TensorSpec::nbytes).sum()
+}
+
+/// Device-to-device copy bandwidth (bytes read + written per second), median of 10 copies of 2 GiB.
+fn copy_bandwidth(gpu: &Gpu) -> Result<f64> {
+    let n = 1usize << 29; // 2 GiB of f32
+    let src = gpu.stream.alloc_zeros::<f32>(n)?;
+    let mut dst = gpu.stream.alloc_zeros::<f32>(n)?;
+    gpu.stream.memcpy_dtod(&src, &mut dst)?;
+    gpu.stream.synchronize()?;
+    let mut times = vec![];
+    for _ in 0..10 {
+        let t = Instant::now();
+        gpu.stream.memcpy_dtod(&src, &mut dst)?;
+        gpu.stream.synchronize()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * (n * 4) as f64 / times[times.len() / 2])
+}
+
+pub struct CudaBenchArgs<'a> {
+    pub model: Option<&'a std::path::Path>,
+    pub synthetic: Option<&'a str>,
+    pub seed: u64,
+    pub prompt_tokens: usize,
+    pub decode_tokens: usize,
+    pub repeats: usize,
+    pub json: bool,
+}
+
+pub fn run(a: CudaBenchArgs) -> Result<()> {
+    let gpu = Arc::new(Gpu::open(0)?);
+    let t_load = Instant::now();
+    let (model, label) = match (a.synthetic, a.model) {
+        (Some(p), _) => {
+            let preset = fastdecode_model::synth::preset(p)?;
+            (
+                CudaModel::synthetic(gpu.clone(), preset.target, a.seed)?,
+                format!("synthetic {p} seed {}", a.seed),
+            )
+        }
+        (None, Some(dir)) => {
+            let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
+            let store = TensorStore::open_dir(dir)?;
+            (
+                CudaModel::upload(gpu.clone(), cfg, &store)?,
+                dir.display().to_string(),
+            )
+        }
+        (None, None) => bail!("--backend cuda needs --model DIR or --synthetic PRESET"),
+    };
+    gpu.stream.synchronize()?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let model = Arc::new(model);
+    let c = model.cfg.clone();
+    let bw = copy_bandwidth(&gpu).context("measuring copy bandwidth")?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+    let prompt: Vec<u32> = (0..a.prompt_tokens)
+        .map(|_| rng.random_range(0..c.vocab_size as u32))
+        .collect();
+    let ctx = a.prompt_tokens + a.decode_tokens;
+    let mut target = CudaBackend::new(model.clone(), 1, ctx + 16)?;
+    // Warm-up: compiles and loads every kernel module.
+    let opts = DecodeOptions {
+        max_new_tokens: 4,
+        block_size: 1,
+        stop_tokens: &[],
+    };
+    generate(
+        &mut target,
+        None,
+        &prompt[..a.prompt_tokens.min(16)],
+        &opts,
+        &mut |_| {},
+    )?;
+    let mut prefill_ms = vec![];
+    let mut decode_ms = vec![];
+    let mut tokens0: Option<Vec<u32>> = None;
+    for _ in 0..a.repeats {
+        target.reset();
+        let positions: Vec<usize> = (0..prompt.len()).collect();
+        let t = Instant::now();
+        target.forward(&prompt, &positions, &[])?;
+        prefill_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let opts = DecodeOptions {
+            max_new_tokens: a.decode_tokens,
+            block_size: 1,
+            stop_tokens: &[],
+        };
+        let g = generate(&mut target, None, &prompt, &opts, &mut |_| {})?;
+        decode_ms.push(g.decode_seconds * 1e3 / (g.tokens.len() - 1) as f64);
+        match &tokens0 {
+            None => tokens0 = Some(g.tokens),
+            Some(t0) if *t0 != g.tokens => {
+                bail!("cuda decoding is not deterministic across repeats")
+            }
+            _ => {}
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (pm, dm) = (med(&mut prefill_ms), med(&mut decode_ms));
+    let bpt = bytes_per_token(&c, a.prompt_tokens + a.decode_tokens / 2, 4);
+    let floor_ms = bpt as f64 / bw * 1e3;
+    let out = json!({
+        "fastdecode": concat!(env!("CARGO_PKG_VERSION"), " ", env!("FASTDECODE_GIT_COMMIT")),
+        "backend": "cuda",
+        "gpu": gpu.name,
+        "arch": gpu.arch(),
+        "model": label,
+        "weights_bytes": spec_bytes(&target_inventory(&c, Layout::Runtime)),
+        "load_seconds": load_s,
+        "prompt_tokens": a.prompt_tokens,
+        "decode_tokens": a.decode_tokens,
+        "repeats": a.repeats,
+        "prefill_ms": {"median": pm, "min": prefill_ms[0], "max": prefill_ms[prefill_ms.len() - 1]},
+        "decode_ms_per_token": {"median": dm, "min": decode_ms[0], "max": decode_ms[decode_ms.len() - 1]},
+        "bytes_per_token": bpt,
+        "copy_bandwidth_bytes_per_s": bw,
+        "roofline_ms_per_token": floor_ms,
+        "fraction_of_roofline": floor_ms / dm,
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("{} on {} ({}), {label}", "cuda", gpu.name, gpu.arch());
+        println!(
+            "prefill {} tokens: {pm:.2} ms (median of {})",
+            a.prompt_tokens, a.repeats
+        );
+        println!(
+            "decode: {dm:.3} ms/token (median; {:.3}–{:.3}), {:.1} tokens/s",
+            decode_ms[0],
+            decode_ms[decode_ms.len() - 1],
+            1e3 / dm
+        );
+        println!("bytes/token {bpt}, copy bandwidth {:.2} TB/s, roofline {floor_ms:.3} ms/token, achieved {:.1} %", bw / 1e12, 100.0 * floor_ms / dm);
+    }
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! The Laguna target on the GPU: weights uploaded from a runtime checkpoint, a KV cache in device
+//! memory, and the same forward entry point as the CPU reference (`forward(tokens, positions,
+//! taps)` → logits of every row + tapped hidden states).
+//!
+//! Rows are processed in chunks of at most `chunk` rows; every kernel computes a row the same way
+//! whatever the chunk holds, so chunking (and K-row verifies) never changes a row's bits.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use half::bf16;
+
+use fastdecode_model::checkpoint::TensorStore;
+use fastdecode_model::config::{LagunaConfig, LayerType};
+use fastdecode_model::inventory::{target_inventory, Layout};
+use fastdecode_model::rope::Rope;
+
+use crate::device::Gpu;
+use crate::error::{CudaError, Result};
+use crate::ops::{DevNvfp4, DevRope};
+use crate::weights::WeightSource;
+
+pub struct DevMoe {
+    pub router: CudaSlice<bf16>,
+    pub bias: CudaSlice<f32>,
+    pub gate: DevNvfp4,
+    pub up: DevNvfp4,
+    pub down: DevNvfp4,
+    pub shared_gate: DevNvfp4,
+    pub shared_up: DevNvfp4,
+    pub shared_down: DevNvfp4,
+}
+
+pub enum DevFfn {
+    Dense {
+        gate: CudaSlice<bf16>,
+        up: CudaSlice<bf16>,
+        down: CudaSlice<bf16>,
+    },
+    Moe(Box<DevMoe>),
+}
+
+pub struct DevLayer {
+    pub input_norm: CudaSlice<bf16>,
+    pub post_norm: CudaSlice<bf16>,
+    pub q: CudaSlice<bf16>,
+    pub k: CudaSlice<bf16>,
+    pub v: CudaSlice<bf16>,
+    pub o: CudaSlice<bf16>,
+    pub g: CudaSlice<bf16>,
+    pub q_norm: CudaSlice<bf16>,
+    pub k_norm: CudaSlice<bf16>,
+    pub rope: DevRope,
+    pub heads: usize,
+    /// 0 = full attention.
+    pub window: usize,
+    pub ffn: DevFfn,
+}
+
+pub struct CudaModel {
+    pub gpu: Arc<Gpu>,
+    pub cfg: LagunaConfig,
+    pub embed: CudaSlice<bf16>,
+    pub lm_head: CudaSlice<bf16>,
+    pub norm: CudaSlice<bf16>,
+    pub layers: Vec<DevLayer>,
+}
+
+fn bf16s(store: &WeightSource, name: &str, gpu: &Gpu) -> Result<CudaSlice<bf16>> {
+    store.bf16(gpu, name)
+}
+
+fn nvfp4(store: &WeightSource, base: &str, gpu: &Gpu) -> Result<DevNvfp4> {
+    Ok(DevNvfp4 {
+        codes: store.u32(gpu, &format!("{base}.weight"))?,
+        scales: store.u8(gpu, &format!("{base}.scales"))?,
+    })
+}
+
+impl CudaModel {
+    /// Uploads a runtime-layout checkpoint (checked against the inventory first).
+    pub fn upload(gpu: Arc<Gpu>, cfg: LagunaConfig, store: &TensorStore) -> Result<CudaModel> {
+        if Layout::of(&cfg) != Layout::Runtime {
+            return Err(CudaError::Shape(format!(
+                "{}: the CUDA backend runs the NVFP4 runtime layout; convert with `fastdecode transform`",
+                store.dir().display()
+            )));
+        }
+        store.check(&target_inventory(&cfg, Layout::Runtime), false)?;
+        Self::build(gpu, cfg, &WeightSource::Store(store))
+    }
+
+    /// Generates `synth`'s weights for `cfg` (runtime layout) directly in GPU memory.
+    pub fn synthetic(gpu: Arc<Gpu>, mut cfg: LagunaConfig, seed: u64) -> Result<CudaModel> {
+        cfg.quantization
+            .get_or_insert(fastdecode_model::config::Quantization {
+                group_size: 16,
+                bits: 4,
+            });
+        let specs = target_inventory(&cfg, Layout::Runtime);
+        Self::build(gpu, cfg, &WeightSource::synthetic(seed, &specs))
+    }
+
+    fn build(gpu: Arc<Gpu>, cfg: LagunaConfig, store: &WeightSource) -> Result<CudaModel> {
+        check_shapes(&cfg)?;
+        let g = gpu.as_ref();
+        let mut layers = vec![];
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let m = format!("{p}.mlp");
+            let rope = Rope::new(cfg.rope(i), cfg.head_dim);
+            let ffn = if cfg.is_sparse(i) {
+                DevFfn::Moe(Box::new(DevMoe {
+                    router: bf16s(store, &format!("{m}.gate.weight"), g)?,
+                    bias: store.f32(g, &format!("{m}.gate.e_score_correction_bias"))?,
+                    gate: nvfp4(store, &format!("{m}.switch_mlp.gate_proj"), g)?,
+                    up: nvfp4(store, &format!("{m}.switch_mlp.up_proj"), g)?,
+                    down: nvfp4(store, &format!("{m}.switch_mlp.down_proj"), g)?,
+                    shared_gate: nvfp4(store, &format!("{m}.shared_expert.gate_proj"), g)?,
+                    shared_up: nvfp4(store, &format!("{m}.shared_expert.up_proj"), g)?,
+                    shared_down: nvfp4(store, &format!("{m}.shared_expert.down_proj"), g)?,
+                }))
+            } else {
+                DevFfn::Dense {
+                    gate: bf16s(store, &format!("{m}.gate_proj.weight"), g)?,
+                    up: bf16s(store, &format!("{m}.up_proj.weight"), g)?,
+                    down: bf16s(store, &format!("{m}.down_proj.weight"), g)?,
+                }
+            };
+            layers.push(DevLayer {
+                input_norm: bf16s(store, &format!("{p}.input_layernorm.weight"), g)?,
+                post_norm: bf16s(store, &format!("{p}.post_attention_layernorm.weight"), g)?,
+                q: bf16s(store, &format!("{a}.q_proj.weight"), g)?,
+                k: bf16s(store, &format!("{a}.k_proj.weight"), g)?,
+                v: bf16s(store, &format!("{a}.v_proj.weight"), g)?,
+                o: bf16s(store, &format!("{a}.o_proj.weight"), g)?,
+                g: bf16s(store, &format!("{a}.g_proj.weight"), g)?,
+                q_norm: bf16s(store, &format!("{a}.q_norm.weight"), g)?,
+                k_norm: bf16s(store, &format!("{a}.k_norm.weight"), g)?,
+                rope: DevRope {
+                    inv_freq: g.stream.clone_htod(&rope.inv_freq)?,
+                    rot_dim: rope.rotary_dim,
+                    scaling: rope.attention_scaling,
+                },
+                heads: cfg.heads(i),
+                window: if cfg.layer_types[i] == LayerType::Sliding {
+                    cfg.sliding_window
+                } else {
+                    0
+                },
+                ffn,
+            });
+        }
+        let lm = if cfg.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
+        Ok(CudaModel {
+            embed: bf16s(store, "model.embed_tokens.weight", g)?,
+            lm_head: bf16s(store, lm, g)?,
+            norm: bf16s(store, "model.norm.weight", g)?,
+            layers,
+            cfg,
+            gpu,
+        })
+    }
+}
+
+/// The kernels' shape requirements, checked once at load.
+fn check_shapes(c: &LagunaConfig) -> Result<()> {
+    let mut widths = vec![
+        ("hidden_size", c.hidden_size),
+        ("intermediate_size", c.intermediate_size),
+    ];
+    for i in 0..c.num_hidden_layers {
+        widths.push((
+            "num_attention_heads_per_layer × head_dim",
+            c.heads(i) * c.head_dim,
+        ));
+    }
+    for (name, w) in widths {
+        if w % 8 != 0 {
+            return Err(CudaError::Shape(format!(
+                "{name} = {w} must be a multiple of 8 for the CUDA GEMV"
+            )));
+        }
+    }
+    if c.head_dim > 512 || c.num_experts_per_tok > 64 {
+        return Err(CudaError::Shape(
+            "head_dim above 512 or top-k above 64 is not supported by the CUDA kernels".into(),
+        ));
+    }
+    Ok(())
+}
