@@ -26,7 +26,8 @@ pub struct BenchArgs {
     /// Prompt length when prompts are random token ids (no --prompts).
     #[arg(long, default_value_t = 64)]
     prompt_tokens: usize,
-    /// A text file of prompts, one per line (needs the model's tokenizer); default: one random prompt.
+    /// Prompts: a text file, one per line (needs the model's tokenizer), or a `.json` traces file
+    /// (`prompts[].prompt_ids`, e.g. assets/traces/); default: one random prompt.
     #[arg(long)]
     prompts: Option<PathBuf>,
     /// Use at most this many prompts from --prompts.
@@ -74,6 +75,34 @@ fn spread(v: &mut [f64]) -> serde_json::Value {
 
 fn prompts(a: &BenchArgs, model: &LoadedModel) -> Result<Vec<Vec<u32>>> {
     match &a.prompts {
+        Some(path) if path.extension().is_some_and(|e| e == "json") => {
+            // Greedy traces (`assets/traces/*.json`): their prompt ids, e.g. held-out prompts.
+            #[derive(serde::Deserialize)]
+            struct P {
+                prompt_ids: Vec<u32>,
+            }
+            #[derive(serde::Deserialize)]
+            struct T {
+                prompts: Vec<P>,
+            }
+            let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+            let t: T = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{}: not a traces file with prompts[].prompt_ids",
+                    path.display()
+                )
+            })?;
+            let out: Vec<Vec<u32>> = t
+                .prompts
+                .into_iter()
+                .take(a.max_prompts)
+                .map(|p| p.prompt_ids)
+                .collect();
+            if out.is_empty() || out.iter().any(Vec::is_empty) {
+                bail!("{}: no prompts, or an empty one", path.display());
+            }
+            Ok(out)
+        }
         Some(path) => {
             let tok = model.tokenizer.as_ref().with_context(|| {
                 format!(

@@ -30,8 +30,10 @@ pub fn bytes_bar(what: &str) -> ProgressBar {
 pub enum LayoutArg {
     /// NVFP4 experts (`switch_mlp`, `shared_expert`), what the engine runs.
     Runtime,
-    /// What HF transformers `save_pretrained` writes (BF16 stacked experts).
+    /// laguna.md's HF layout: BF16 stacked experts (`mlp.experts.gate_up_proj`).
     Hf,
+    /// What HF transformers 5.x `save_pretrained` writes: one BF16 tensor per expert.
+    HfSaved,
 }
 
 #[derive(Args)]
@@ -55,6 +57,7 @@ pub fn synth(a: SynthArgs) -> Result<()> {
     let layout = match a.layout {
         LayoutArg::Runtime => Layout::Runtime,
         LayoutArg::Hf => Layout::Hf,
+        LayoutArg::HfSaved => Layout::HfSaved,
     };
     let pb = bytes_bar("synth");
     let digest = write_synthetic(&a.out, &p, a.seed, layout, &pb)?;
@@ -106,14 +109,12 @@ fn summary(cfg: &LagunaConfig, d: Option<&DrafterConfig>, t: &[TensorSpec], layo
         .map(TensorSpec::numel)
         .sum();
     let bytes: usize = t.iter().map(TensorSpec::nbytes).sum();
-    println!(
-        "layout        {}",
-        if layout == Layout::Runtime {
-            "runtime (NVFP4 experts)"
-        } else {
-            "HF"
-        }
-    );
+    let name = match layout {
+        Layout::Runtime => "runtime (NVFP4 experts)",
+        Layout::Hf => "HF (stacked experts, as laguna.md names them)",
+        Layout::HfSaved => "HF as transformers saves it (one tensor per expert)",
+    };
+    println!("layout        {name}");
     println!("tensors       {} ({bytes} bytes of tensor data)", t.len());
     println!("parameters    {params}");
     println!("inventory     sha256:{}", inventory_sha256(t));
@@ -176,7 +177,14 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             PRESETS.join(", ")
         ),
     };
-    let layout = Layout::of(&cfg);
+    let layout = match &a.dir {
+        // An HF directory may hold laguna.md's stacked experts or transformers' per-expert files.
+        Some(dir) if Layout::of(&cfg).is_hf() => {
+            let store = fastdecode_model::checkpoint::TensorStore::open_dir(dir)?;
+            Layout::detect(&cfg, store.names())
+        }
+        _ => Layout::of(&cfg),
+    };
     if a.inventory {
         let specs = if a.drafter {
             drafter_inventory(drafter.as_ref().context("this model has no drafter")?)
@@ -209,9 +217,20 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
 pub struct VerifyArgs {
     /// Directory with a MANIFEST file.
     dir: PathBuf,
+    /// Write the MANIFEST instead (hash every file under DIR), then print the digest.
+    #[arg(long)]
+    write: bool,
 }
 
 pub fn verify(a: VerifyArgs) -> Result<()> {
+    if a.write {
+        let pb = bytes_bar("hash");
+        let digest = manifest::write(&a.dir, &pb);
+        pb.finish_and_clear();
+        println!("wrote {}", a.dir.join(manifest::MANIFEST).display());
+        println!("digest sha256:{}", digest?);
+        return Ok(());
+    }
     let pb = bytes_bar("verify");
     let v = manifest::verify(&a.dir, &pb);
     pb.finish_and_clear();

@@ -125,6 +125,25 @@ fn load_moe(store: &TensorStore, c: &LagunaConfig, m: &str, layout: Layout) -> R
             };
             (experts, shared)
         }
+        Layout::HfSaved => {
+            let experts = (0..e)
+                .map(|x| {
+                    let p = format!("{m}.experts.{x}");
+                    Ok(Mlp {
+                        gate: linear(store, &format!("{p}.gate_proj.weight"), mi, h)?,
+                        up: linear(store, &format!("{p}.up_proj.weight"), mi, h)?,
+                        down: linear(store, &format!("{p}.down_proj.weight"), h, mi)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let s = format!("{m}.shared_expert");
+            let shared = Mlp {
+                gate: linear(store, &format!("{s}.gate_proj.weight"), si, h)?,
+                up: linear(store, &format!("{s}.up_proj.weight"), si, h)?,
+                down: linear(store, &format!("{s}.down_proj.weight"), h, si)?,
+            };
+            (experts, shared)
+        }
         Layout::Hf => {
             // gate_up_proj is [E, 2I, hidden] with the gate rows first, then the up rows.
             let gu = read(store, &format!("{m}.experts.gate_up_proj"), &[e, 2 * mi, h])?;
@@ -158,9 +177,14 @@ fn load_moe(store: &TensorStore, c: &LagunaConfig, m: &str, layout: Layout) -> R
             (experts, shared)
         }
     };
+    let bias = if layout == Layout::HfSaved {
+        format!("{m}.experts.e_score_correction_bias")
+    } else {
+        format!("{m}.gate.e_score_correction_bias")
+    };
     Ok(Moe {
         router: linear(store, &format!("{m}.gate.weight"), e, h)?,
-        bias: read(store, &format!("{m}.gate.e_score_correction_bias"), &[e])?,
+        bias: read(store, &bias, &[e])?,
         experts,
         shared,
         top_k: c.num_experts_per_tok,
@@ -180,9 +204,9 @@ impl TargetModel {
     }
 
     pub fn from_store(c: LagunaConfig, store: &TensorStore) -> Result<Self> {
-        let layout = Layout::of(&c);
+        let layout = Layout::detect(&c, store.names());
         // HF checkpoints may be saved in f32 or f16; the runtime layout is exact about dtypes.
-        store.check(&target_inventory(&c, layout), layout == Layout::Hf)?;
+        store.check(&target_inventory(&c, layout), layout.is_hf())?;
         let (h, d, kv, v) = (
             c.hidden_size,
             c.head_dim,

@@ -512,13 +512,15 @@ impl RawLaguna {
                 .collect::<Result<Vec<_>>>()?,
             None => return Err(Error::field("mlp_layer_types", "is missing")),
         };
+        // transformers' Laguna gates per head only for `true` or "per-head"; any other value
+        // (even "per_head") gives per-element gates there, which this engine does not implement.
         match &self.gating {
             None | Some(Value::Bool(true)) => {}
-            Some(Value::String(s)) if s == "per-head" || s == "per_head" => {}
+            Some(Value::String(s)) if s == "per-head" => {}
             Some(other) => {
                 return Err(Error::field(
                     "gating",
-                    format!("unsupported gating {other} (only per-head attention gates)"),
+                    format!("unsupported gating {other} (only true or \"per-head\": per-head attention gates)"),
                 ))
             }
         }
@@ -1014,6 +1016,8 @@ mod tests {
         assert!(e.contains("gating_types[0]"), "{e}");
         let e = bad(|v| v["quantization"]["mode"] = json!("mxfp4"));
         assert!(e.contains("quantization.mode"), "{e}");
+        let e = bad(|v| v["gating"] = json!("per_head"));
+        assert!(e.contains("gating"), "{e}");
         let e = bad(|v| v["model_type"] = json!("llama"));
         assert!(e.contains("model_type"), "{e}");
     }

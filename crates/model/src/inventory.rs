@@ -8,23 +8,45 @@ use sha2::{Digest, Sha256};
 use crate::config::{DrafterConfig, LagunaConfig};
 use crate::nvfp4::{CODES_PER_WORD, GROUP};
 
-/// Which of the two checkpoint layouts of `laguna.md`.
+/// Checkpoint layouts: the two of `laguna.md`, plus the per-expert form HF transformers actually
+/// writes to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// What `transformers` `save_pretrained` writes: dense stacked experts (`mlp.experts.*`).
+    /// `laguna.md`'s HF layout (transformers' in-memory state dict): stacked experts
+    /// `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I],
+    /// `mlp.shared_experts.*`, `mlp.gate.e_score_correction_bias`.
     Hf,
+    /// What transformers 5.x `save_pretrained` writes for Laguna: one tensor per expert
+    /// `mlp.experts.{e}.{gate,up,down}_proj.weight`, `mlp.shared_expert.*` (singular) and
+    /// `mlp.experts.e_score_correction_bias` (in the model dtype); `from_pretrained` fuses these
+    /// into the `Hf` names on load.
+    HfSaved,
     /// The NVFP4 runtime layout (`mlp.switch_mlp.*`, `mlp.shared_expert.*`).
     Runtime,
 }
 
 impl Layout {
-    /// A runtime checkpoint's config carries a `quantization` block; an HF one does not.
+    /// A runtime checkpoint's config carries a `quantization` block; an HF one does not (its
+    /// expert naming is told apart by `detect`).
     pub fn of(cfg: &LagunaConfig) -> Layout {
         if cfg.quantization.is_some() {
             Layout::Runtime
         } else {
             Layout::Hf
         }
+    }
+
+    /// The layout of a checkpoint with this config and these tensor names.
+    pub fn detect<'a>(cfg: &LagunaConfig, mut names: impl Iterator<Item = &'a str>) -> Layout {
+        match Layout::of(cfg) {
+            Layout::Runtime => Layout::Runtime,
+            _ if names.any(|n| n.contains(".mlp.experts.0.")) => Layout::HfSaved,
+            _ => Layout::Hf,
+        }
+    }
+
+    pub fn is_hf(self) -> bool {
+        self != Layout::Runtime
     }
 }
 
@@ -154,6 +176,42 @@ pub fn target_inventory(c: &LagunaConfig, layout: Layout) -> Vec<TensorSpec> {
                     &[e, h, mi],
                 ));
                 let s = format!("{m}.shared_experts");
+                v.push(TensorSpec::new(
+                    format!("{s}.gate_proj.weight"),
+                    bf,
+                    &[si, h],
+                ));
+                v.push(TensorSpec::new(format!("{s}.up_proj.weight"), bf, &[si, h]));
+                v.push(TensorSpec::new(
+                    format!("{s}.down_proj.weight"),
+                    bf,
+                    &[h, si],
+                ));
+            }
+            Layout::HfSaved => {
+                // The bias lives under `experts` here. transformers saves it in the model dtype;
+                // any float dtype is accepted when reading HF checkpoints.
+                v.pop();
+                v.push(TensorSpec::new(
+                    format!("{m}.experts.e_score_correction_bias"),
+                    Dtype::F32,
+                    &[e],
+                ));
+                for x in 0..e {
+                    let p = format!("{m}.experts.{x}");
+                    v.push(TensorSpec::new(
+                        format!("{p}.gate_proj.weight"),
+                        bf,
+                        &[mi, h],
+                    ));
+                    v.push(TensorSpec::new(format!("{p}.up_proj.weight"), bf, &[mi, h]));
+                    v.push(TensorSpec::new(
+                        format!("{p}.down_proj.weight"),
+                        bf,
+                        &[h, mi],
+                    ));
+                }
+                let s = format!("{m}.shared_expert");
                 v.push(TensorSpec::new(
                     format!("{s}.gate_proj.weight"),
                     bf,

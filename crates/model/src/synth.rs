@@ -219,8 +219,32 @@ fn hf_tensor_bytes(seed: u64, c: &LagunaConfig, spec: &TensorSpec) -> Vec<u8> {
             mi,
         ));
     }
+    if let Some(m) = spec.name.strip_suffix(".experts.e_score_correction_bias") {
+        // HfSaved: the same values as the runtime bias, under its HF name.
+        let rt = TensorSpec {
+            name: format!("{m}.gate.e_score_correction_bias"),
+            ..spec.clone()
+        };
+        return runtime_tensor_bytes(seed, &rt);
+    }
     if let Some(rest) = spec.name.strip_suffix(".weight") {
-        if let Some((m, proj)) = rest.split_once(".shared_experts.") {
+        // HfSaved per-expert tensors: one expert's slice of the stacked values.
+        if let Some((m, tail)) = rest.split_once(".experts.") {
+            if let Some((x, proj)) = tail.split_once('.') {
+                let x: usize = x.parse().expect("inventory names carry expert indices");
+                let (rows, cols) = if proj == "down_proj" {
+                    (h, mi)
+                } else {
+                    (mi, h)
+                };
+                let all = dequantized(seed, &format!("{m}.switch_mlp.{proj}"), &[e], rows, cols);
+                return f32_to_bf16_bytes(&all[x * rows * cols..(x + 1) * rows * cols]);
+            }
+        }
+        let shared = rest
+            .split_once(".shared_experts.")
+            .or_else(|| rest.split_once(".shared_expert."));
+        if let Some((m, proj)) = shared {
             let (rows, cols) = if proj == "down_proj" {
                 (h, si)
             } else {
@@ -303,7 +327,7 @@ pub fn write_synthetic(
     progress: &ProgressBar,
 ) -> Result<String> {
     let mut target = preset.target.clone();
-    if layout == Layout::Hf {
+    if layout.is_hf() {
         target.quantization = None;
     }
     let t_specs = target_inventory(&target, layout);
@@ -315,7 +339,7 @@ pub fn write_synthetic(
         write_atomic(&dir.join("config.json"), &pretty_json(&target.to_hf_json()))?;
         let produce = |s: &TensorSpec| match layout {
             Layout::Runtime => runtime_tensor_bytes(seed, s),
-            Layout::Hf => hf_tensor_bytes(seed, &target, s),
+            Layout::Hf | Layout::HfSaved => hf_tensor_bytes(seed, &target, s),
         };
         write_tensors(&dir.join("model.safetensors"), &t_specs, &produce, progress)?;
         write_atomic(

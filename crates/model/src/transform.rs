@@ -30,18 +30,18 @@ const SIDE_FILES: [&str; 4] = [
     "generation_config.json",
 ];
 
-/// Where a runtime NVFP4 tensor's values come from in the HF layout.
+/// Where a runtime NVFP4 tensor's values come from in an HF layout: rows `[row0, row0 + rows)` of
+/// each listed tensor, concatenated (one segment per expert), each row `cols` wide.
 struct ExpertSource {
-    hf_name: String,
-    /// Rows `[row0, row0 + rows)` of each of `lead` stacked matrices of `stride` rows.
-    row0: usize,
-    rows: usize,
-    stride: usize,
-    lead: usize,
+    segments: Vec<(String, usize, usize)>,
     cols: usize,
 }
 
-fn expert_source(c: &LagunaConfig, runtime_name: &str) -> Option<(ExpertSource, bool)> {
+fn expert_source(
+    c: &LagunaConfig,
+    layout: Layout,
+    runtime_name: &str,
+) -> Option<(ExpertSource, bool)> {
     let (base, is_scales) = if let Some(b) = runtime_name.strip_suffix(".weight") {
         (b, false)
     } else {
@@ -54,46 +54,33 @@ fn expert_source(c: &LagunaConfig, runtime_name: &str) -> Option<(ExpertSource, 
         c.shared_expert_intermediate_size,
     );
     let src = if let Some((m, proj)) = base.split_once(".switch_mlp.") {
-        let gate_up = format!("{m}.experts.gate_up_proj");
-        match proj {
-            "gate_proj" => ExpertSource {
-                hf_name: gate_up,
-                row0: 0,
-                rows: mi,
-                stride: 2 * mi,
-                lead: e,
-                cols: h,
-            },
-            "up_proj" => ExpertSource {
-                hf_name: gate_up,
-                row0: mi,
-                rows: mi,
-                stride: 2 * mi,
-                lead: e,
-                cols: h,
-            },
-            "down_proj" => ExpertSource {
-                hf_name: format!("{m}.experts.down_proj"),
-                row0: 0,
-                rows: h,
-                stride: h,
-                lead: e,
-                cols: mi,
-            },
-            _ => return None,
-        }
+        let cols = if proj == "down_proj" { mi } else { h };
+        let segments = (0..e)
+            .map(|x| match (layout, proj) {
+                (Layout::HfSaved, _) => (
+                    format!("{m}.experts.{x}.{proj}.weight"),
+                    0,
+                    if proj == "down_proj" { h } else { mi },
+                ),
+                (_, "gate_proj") => (format!("{m}.experts.gate_up_proj"), 2 * mi * x, mi),
+                (_, "up_proj") => (format!("{m}.experts.gate_up_proj"), 2 * mi * x + mi, mi),
+                _ => (format!("{m}.experts.down_proj"), h * x, h),
+            })
+            .collect();
+        ExpertSource { segments, cols }
     } else if let Some((m, proj)) = base.split_once(".shared_expert.") {
         let (rows, cols) = if proj == "down_proj" {
             (h, si)
         } else {
             (si, h)
         };
+        let name = if layout == Layout::HfSaved {
+            format!("{m}.shared_expert.{proj}.weight")
+        } else {
+            format!("{m}.shared_experts.{proj}.weight")
+        };
         ExpertSource {
-            hf_name: format!("{m}.shared_experts.{proj}.weight"),
-            row0: 0,
-            rows,
-            stride: rows,
-            lead: 1,
+            segments: vec![(name, 0, rows)],
             cols,
         }
     } else {
@@ -102,19 +89,19 @@ fn expert_source(c: &LagunaConfig, runtime_name: &str) -> Option<(ExpertSource, 
     Some((src, is_scales))
 }
 
-/// Quantises the selected rows; returns packed codes or scale bytes.
+/// Quantises the source rows; returns packed codes or scale bytes.
 fn quantize_source(store: &TensorStore, s: &ExpertSource, scales_out: bool) -> Result<Vec<u8>> {
-    let all = store.get(&s.hf_name)?.to_f32()?;
     let mut codes = vec![0u32; s.cols / 8];
     let mut scales = vec![0u8; s.cols / 16];
     let mut out = vec![];
-    for x in 0..s.lead {
-        for r in s.row0..s.row0 + s.rows {
-            let at = (x * s.stride + r) * s.cols;
+    for (name, row0, rows) in &s.segments {
+        let all = store.get(name)?.to_f32()?;
+        for r in *row0..row0 + rows {
+            let at = r * s.cols;
             let row = &all[at..at + s.cols];
             if let Some(bad) = row.iter().position(|v| !v.is_finite()) {
                 return Err(Error::tensor(
-                    &s.hf_name,
+                    name,
                     format!(
                         "non-finite value at element {} cannot be quantised",
                         at + bad
@@ -132,8 +119,13 @@ fn quantize_source(store: &TensorStore, s: &ExpertSource, scales_out: bool) -> R
     Ok(out)
 }
 
-fn float_bytes(store: &TensorStore, spec: &TensorSpec) -> Result<Vec<u8>> {
-    let v = store.get(&spec.name)?.to_f32()?;
+/// A float tensor converted to the runtime dtype; `layout` maps the router bias's HF name.
+fn float_bytes(store: &TensorStore, layout: Layout, spec: &TensorSpec) -> Result<Vec<u8>> {
+    let name = match spec.name.strip_suffix(".gate.e_score_correction_bias") {
+        Some(m) if layout == Layout::HfSaved => format!("{m}.experts.e_score_correction_bias"),
+        _ => spec.name.clone(),
+    };
+    let v = store.get(&name)?.to_f32()?;
     Ok(if spec.dtype == Dtype::F32 {
         f32_bytes(&v)
     } else {
@@ -203,7 +195,8 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
         )));
     }
     let store = TensorStore::open_dir(input)?;
-    store.check(&target_inventory(&cfg, Layout::Hf), true)?;
+    let layout = Layout::detect(&cfg, store.names());
+    store.check(&target_inventory(&cfg, layout), true)?;
     let mut rt_cfg = cfg.clone();
     rt_cfg.quantization = Some(crate::config::Quantization {
         group_size: 16,
@@ -239,9 +232,9 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
     let mut digest = String::new();
     with_staging_dir(output, |dir| {
         write_atomic(&dir.join("config.json"), &pretty_json(&cfg_json))?;
-        let produce = |s: &TensorSpec| match expert_source(&rt_cfg, &s.name) {
+        let produce = |s: &TensorSpec| match expert_source(&rt_cfg, layout, &s.name) {
             Some((src, is_scales)) => quantize_source(&store, &src, is_scales),
-            None => float_bytes(&store, s),
+            None => float_bytes(&store, layout, s),
         };
         convert(&dir.join("model.safetensors"), &specs, &produce, progress)?;
         for f in SIDE_FILES {
@@ -258,7 +251,7 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
                 &od.join("config.json"),
                 &pretty_json(&read_json(&ddir.join("config.json"))?),
             )?;
-            let produce = |s: &TensorSpec| float_bytes(dstore, s);
+            let produce = |s: &TensorSpec| float_bytes(dstore, Layout::Runtime, s);
             convert(&od.join("model.safetensors"), dspecs, &produce, progress)?;
         }
         digest = crate::manifest::write(dir, &ProgressBar::hidden())?;
@@ -316,6 +309,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("already the runtime layout"), "{e}");
+    }
+
+    #[test]
+    fn transform_of_the_per_expert_hf_layout_equals_runtime_synth() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = preset("tiny").unwrap();
+        let hidden = ProgressBar::hidden();
+        let hf = tmp.path().join("hf-saved");
+        write_synthetic(&hf, &p, 5, Layout::HfSaved, &hidden).unwrap();
+        let store = TensorStore::open_dir(&hf).unwrap();
+        assert!(store.contains("model.layers.1.mlp.experts.31.down_proj.weight"));
+        assert!(store.contains("model.layers.1.mlp.shared_expert.up_proj.weight"));
+        let rt = tmp.path().join("rt");
+        write_synthetic(&rt, &p, 5, Layout::Runtime, &hidden).unwrap();
+        let out = tmp.path().join("out");
+        transform(&hf, &out, &hidden).unwrap();
+        let same = std::fs::read(out.join("model.safetensors")).unwrap()
+            == std::fs::read(rt.join("model.safetensors")).unwrap();
+        assert!(
+            same,
+            "transform(per-expert HF synth) differs from runtime synth"
+        );
     }
 
     #[test]
