@@ -4,7 +4,7 @@
 
 use fastdecode_model::rope::Rope;
 
-use crate::ops::{matvec, rms_norm, sigmoid, silu, softplus};
+use crate::ops::{matvec, rms_norm, sigmoid, silu, softmax_exp, softplus};
 
 /// A bias-free linear layer, `W` is `[out, in]`.
 pub struct Linear {
@@ -131,7 +131,7 @@ impl Attention {
             }
             let mut sum = 0f32;
             for s in scores.iter_mut() {
-                *s = (*s - max).exp();
+                *s = softmax_exp(*s - max);
                 sum += *s;
             }
             let o = &mut out[h * d..(h + 1) * d];

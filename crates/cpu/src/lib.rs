@@ -2,6 +2,7 @@
 //! It is the executable specification every faster backend is checked against.
 
 pub mod drafter;
+pub mod flags;
 pub mod kv_cache;
 pub mod layers;
 pub mod ops;

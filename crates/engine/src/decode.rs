@@ -55,9 +55,23 @@ fn row(logits: &[f32], vocab: usize, r: usize) -> &[f32] {
 /// Prefill `prompt`, then decode greedily. `source` is required when `block_size > 1`.
 pub fn generate(
     target: &mut dyn TargetBackend,
+    source: Option<&mut dyn DraftSource>,
+    prompt: &[u32],
+    opts: &DecodeOptions,
+    on_round: &mut dyn FnMut(&RoundReport),
+) -> Result<Generation> {
+    generate_observed(target, source, prompt, opts, &mut |_, _| {}, on_round)
+}
+
+/// `generate`, also telling `on_prefill(first token, kv_len)` as soon as the prefill has chosen
+/// the first token: a worker reports it there, so the parent's clock can split a timed window
+/// into its prefill and decode parts.
+pub fn generate_observed(
+    target: &mut dyn TargetBackend,
     mut source: Option<&mut dyn DraftSource>,
     prompt: &[u32],
     opts: &DecodeOptions,
+    on_prefill: &mut dyn FnMut(u32, usize),
     on_round: &mut dyn FnMut(&RoundReport),
 ) -> Result<Generation> {
     let k_max = opts.block_size;
@@ -96,6 +110,7 @@ pub fn generate(
         s.commit(&out.taps)?;
     }
     g.prefill_seconds = t0.elapsed().as_secs_f64();
+    on_prefill(bonus, target.kv_len());
     let t1 = Instant::now();
     g.tokens.push(bonus);
     g.stopped = opts.stop_tokens.contains(&bonus);

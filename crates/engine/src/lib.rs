@@ -10,7 +10,7 @@ pub mod session;
 pub mod tokenizer;
 
 pub use backend::{CpuDrafter, CpuTarget, DraftSource, TargetBackend};
-pub use decode::{generate, DecodeOptions, Generation, RoundReport};
+pub use decode::{generate, generate_observed, DecodeOptions, Generation, RoundReport};
 pub use model_dir::LoadedModel;
 pub use oracle::Oracle;
 pub use session::{DraftPlan, DraftSpec};

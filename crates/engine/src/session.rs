@@ -86,6 +86,25 @@ pub fn dflash(
     plan: DraftPlan,
     truth: Option<&[u32]>,
 ) -> Result<Generation> {
+    let k = plan.block_size;
+    let mut source = draft_source(model, prompt, plan, truth)?;
+    let mut t = CpuTarget::new(model.target.clone(), k);
+    let opts = DecodeOptions {
+        max_new_tokens: max_new,
+        block_size: k,
+        stop_tokens: stop,
+    };
+    generate(&mut t, Some(source.as_mut()), prompt, &opts, &mut |_| {})
+}
+
+/// The draft source `plan` names, checked against its maximum block size. The oracle needs
+/// `truth`: the serial greedy tokens of `prompt`.
+pub fn draft_source(
+    model: &LoadedModel,
+    prompt: &[u32],
+    plan: DraftPlan,
+    truth: Option<&[u32]>,
+) -> Result<Box<dyn DraftSource>> {
     let (k, spec, seed) = (plan.block_size, plan.source, plan.seed);
     if k > max_block(model, spec) {
         return Err(Error::Input(format!(
@@ -93,7 +112,7 @@ pub fn dflash(
             max_block(model, spec)
         )));
     }
-    let mut source: Box<dyn DraftSource> = match spec {
+    Ok(match spec {
         DraftSpec::Drafter => {
             let d = model.drafter.as_ref().ok_or_else(|| {
                 Error::Input(format!(
@@ -114,12 +133,5 @@ pub fn dflash(
                 seed,
             )?)
         }
-    };
-    let mut t = CpuTarget::new(model.target.clone(), k);
-    let opts = DecodeOptions {
-        max_new_tokens: max_new,
-        block_size: k,
-        stop_tokens: stop,
-    };
-    generate(&mut t, Some(source.as_mut()), prompt, &opts, &mut |_| {})
+    })
 }
