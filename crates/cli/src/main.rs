@@ -2,9 +2,13 @@
 
 mod bench;
 mod check;
+mod common;
 mod cuda_bench;
+mod gate_cmds;
 mod generate;
 mod model_cmds;
+mod price;
+mod worker;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +43,17 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Compare a GPU backend with the CPU reference: logits and teacher-forced greedy agreement.
     Check(check::CheckArgs),
+    /// Serve the engine to a parent process over the worker line protocol (stdin/stdout).
+    Worker(worker::WorkerArgs),
+    /// Golden traces: reference continuations with per-step top-2 logits.
+    #[command(subcommand)]
+    Golden(gate_cmds::GoldenCmd),
+    /// The behaviour gate: a candidate build against a reference build on golden traces.
+    Gate(gate_cmds::GateArgs),
+    /// Find the optimisation flag whose switch makes a build diverge from golden traces.
+    Bisect(gate_cmds::BisectArgs),
+    /// Price a candidate build against the pinned baseline build in paired, timed worker runs.
+    Price(Box<price::PriceArgs>),
 }
 
 fn main() {
@@ -57,6 +72,11 @@ fn main() {
         Cmd::Verify(a) => model_cmds::verify(a),
         Cmd::Generate(a) => generate::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Worker(a) => worker::serve(a, std::io::stdin().lock(), std::io::stdout().lock()),
+        Cmd::Golden(c) => gate_cmds::golden(c),
+        Cmd::Gate(a) => gate_cmds::gate(a),
+        Cmd::Bisect(a) => gate_cmds::bisect(a),
+        Cmd::Price(a) => price::run(*a),
         Cmd::Check(a) => check::run(a),
     };
     if let Err(e) = result {

@@ -1,0 +1,323 @@
+//! `fastdecode golden make`, `fastdecode gate` and `fastdecode bisect`: the behaviour gate's
+//! commands. Every build is a binary path, run as worker processes.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{Rng, SeedableRng};
+
+use fastdecode_gate::bisect::{self, Criterion};
+use fastdecode_gate::check::{self, GateParams};
+use fastdecode_gate::make::make_one;
+use fastdecode_gate::ScreenParams;
+use fastdecode_worker::Worker;
+
+use crate::common::{load_goldens, parent_of_workers, this_binary, write_file, WorkerSide};
+
+/// Envelope default: 8× the largest top-1 logit drift measured between the CPU reference and
+/// builds with its numerics-affecting flags on (see crates/gate/DRIFT.md).
+pub const DEFAULT_ENVELOPE: f32 = 1e-4;
+/// Near-tie budget default, per 1000 checked tokens (crates/gate/DRIFT.md).
+pub const DEFAULT_BUDGET: f64 = 2.0;
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(&format!("{what} [{{bar:30}}] {{pos}}/{{len}} {{msg}}"))
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    pb
+}
+
+#[derive(Subcommand)]
+pub enum GoldenCmd {
+    /// Make golden traces with a reference build, keeping only prompts that pass the degeneracy screen.
+    Make(MakeArgs),
+}
+
+#[derive(Args)]
+pub struct MakeArgs {
+    /// The reference build (a fastdecode binary); this binary when omitted.
+    #[arg(long)]
+    reference: Option<PathBuf>,
+    #[command(flatten)]
+    side: WorkerSide,
+    /// Directory the goldens are written to (golden-000.json, ...).
+    #[arg(long)]
+    out: PathBuf,
+    /// Number of goldens to make.
+    #[arg(long, default_value_t = 4)]
+    count: usize,
+    /// One prompt as comma-separated token ids (default: random prompts from --seed).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Length of random prompts.
+    #[arg(long, default_value_t = 32)]
+    prompt_tokens: usize,
+    /// Greedy tokens per golden.
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Random prompts tried at most, per golden wanted.
+    #[arg(long, default_value_t = 8)]
+    attempts_per_golden: usize,
+    /// Screen: n of the n-gram repetition check.
+    #[arg(long, default_value_t = ScreenParams::default().ngram)]
+    ngram: usize,
+    /// Screen: largest fraction of n-grams that may repeat.
+    #[arg(long, default_value_t = ScreenParams::default().max_ngram_hit_rate)]
+    max_ngram_hit_rate: f64,
+    /// Screen: smallest fraction of distinct tokens.
+    #[arg(long, default_value_t = ScreenParams::default().min_distinct_fraction)]
+    min_distinct_fraction: f64,
+    /// Screen: a row is a near-tie when its top-1 and top-2 logits are this close.
+    #[arg(long, default_value_t = ScreenParams::default().near_tie_gap)]
+    near_tie_gap: f32,
+    /// Screen: near-tie rows required.
+    #[arg(long, default_value_t = ScreenParams::default().min_near_tie_rows)]
+    min_near_tie_rows: usize,
+}
+
+pub fn golden(cmd: GoldenCmd) -> Result<()> {
+    let GoldenCmd::Make(a) = cmd;
+    parent_of_workers();
+    if a.count == 0 || a.tokens == 0 || a.prompt_tokens == 0 {
+        bail!("--count, --tokens and --prompt-tokens must be at least 1");
+    }
+    let model = a.side.model()?;
+    let bin = match &a.reference {
+        Some(b) => b.clone(),
+        None => this_binary()?,
+    };
+    let params = ScreenParams {
+        ngram: a.ngram,
+        max_ngram_hit_rate: a.max_ngram_hit_rate,
+        min_distinct_fraction: a.min_distinct_fraction,
+        near_tie_gap: a.near_tie_gap,
+        min_near_tie_rows: a.min_near_tie_rows,
+    };
+    let prompts: Vec<Vec<u32>> = match &a.prompt_ids {
+        Some(p) => vec![p.clone()],
+        None => {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+            (0..a.count * a.attempts_per_golden)
+                .map(|_| {
+                    (0..a.prompt_tokens)
+                        .map(|_| rng.random_range(0..model.vocab as u32))
+                        .collect()
+                })
+                .collect()
+        }
+    };
+    let want = a.count.min(prompts.len());
+    let mut w = Worker::spawn(
+        &a.side.spec(&bin, &model, Some(String::new())),
+        model.vocab,
+        &model.digest,
+    )?;
+    let pb = bar(want as u64, "golden");
+    let (mut made, mut rejected) = (0, 0);
+    for p in &prompts {
+        if made == want {
+            break;
+        }
+        match make_one(&mut w, &model, p, a.tokens, &params)? {
+            Ok(g) => {
+                let path = a.out.join(format!("golden-{made:03}.json"));
+                std::fs::create_dir_all(&a.out)?;
+                g.save(&path)?;
+                pb.suspend(|| {
+                    eprintln!(
+                        "{}: {} prompt + {} tokens, {:.0} % distinct, {} near-tie rows",
+                        path.display(),
+                        g.prompt.len(),
+                        g.tokens.len(),
+                        100.0 * g.screen.distinct_fraction,
+                        g.screen.near_tie_rows
+                    )
+                });
+                made += 1;
+                pb.inc(1);
+            }
+            Err(why) => {
+                rejected += 1;
+                pb.suspend(|| eprintln!("prompt rejected: {why}"));
+            }
+        }
+    }
+    pb.finish_and_clear();
+    w.shutdown();
+    println!(
+        "made {made} golden(s) in {}, {rejected} prompt(s) rejected by the screen",
+        a.out.display()
+    );
+    if made < want {
+        bail!("only {made} of {want} goldens passed the degeneracy screen");
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct GateArgs {
+    /// The pinned reference build.
+    #[arg(long)]
+    reference: PathBuf,
+    /// The build under test.
+    #[arg(long)]
+    candidate: PathBuf,
+    /// Golden traces: files, or directories of *.json.
+    #[arg(long, num_args = 1.., required = true)]
+    golden: Vec<PathBuf>,
+    #[command(flatten)]
+    side: WorkerSide,
+    /// Optimisation flags switched on in the candidate's workers.
+    #[arg(long)]
+    candidate_flags: Option<String>,
+    /// Near-tie envelope: reference top-1 logit minus the emitted token's logit.
+    #[arg(long, default_value_t = DEFAULT_ENVELOPE)]
+    envelope: f32,
+    /// Near-ties allowed per 1000 checked tokens.
+    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    budget: f64,
+    /// DFlash block size of the exactness check (1 skips it).
+    #[arg(long, default_value_t = 4)]
+    block_size: usize,
+    /// Oracle acceptance probability of the DFlash check (the rest are forced rejections).
+    #[arg(long, default_value_t = 0.7)]
+    oracle_p: f64,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn gate(a: GateArgs) -> Result<()> {
+    parent_of_workers();
+    let model = a.side.model()?;
+    let goldens = load_goldens(&a.golden)?;
+    let params = GateParams {
+        envelope: a.envelope,
+        budget_per_1000: a.budget,
+        block_size: a.block_size,
+        oracle_p: a.oracle_p,
+    };
+    // Workers get an explicit (possibly empty) flag list, so the parent's FASTDECODE_FLAGS never leaks in.
+    let reference = a.side.spec(&a.reference, &model, Some(String::new()));
+    let candidate = a.side.spec(
+        &a.candidate,
+        &model,
+        Some(a.candidate_flags.clone().unwrap_or_default()),
+    );
+    let pb = bar(goldens.len() as u64, "gate");
+    let rep = check::run(&reference, &candidate, &model, &goldens, &params, &pb)?;
+    pb.finish_and_clear();
+    if let Some(p) = &a.json {
+        write_file(p, &(serde_json::to_string_pretty(&rep)? + "\n"))?;
+    }
+    println!(
+        "{:<12} {:>8} {:>9} {:>6}",
+        "check", "exact", "near-tie", "fail"
+    );
+    for (name, c) in [("replay", rep.replay), ("fidelity", rep.fidelity)] {
+        println!("{name:<12} {:>8} {:>9} {:>6}", c.exact, c.near_tie, c.fail);
+    }
+    println!(
+        "near-ties {} of {} allowed ({} per 1000 over {} tokens, envelope {})",
+        rep.near_ties, rep.near_ties_allowed, rep.budget_per_1000, rep.checked_tokens, rep.envelope
+    );
+    match &rep.failure {
+        None => {
+            println!("gate: passed ({} goldens)", rep.goldens.len());
+            Ok(())
+        }
+        Some(f) => {
+            let mut at = String::new();
+            if let Some(g) = &f.golden {
+                at += &format!(" in {g}");
+            }
+            if let Some(s) = f.step {
+                at += &format!(" at step {s}");
+            }
+            if let Some(side) = &f.side {
+                at += &format!(" ({side})");
+            }
+            bail!("gate: failed: {}{at}", f.category)
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct BisectArgs {
+    /// Golden traces made with this build's flags off: files, or directories of *.json.
+    #[arg(long, num_args = 1.., required = true)]
+    golden: Vec<PathBuf>,
+    /// The build to bisect; this binary when omitted.
+    #[arg(long)]
+    candidate: Option<PathBuf>,
+    #[command(flatten)]
+    side: WorkerSide,
+    /// Flags to search, comma-separated (default: every flag the build knows).
+    #[arg(long, value_delimiter = ',')]
+    flags: Option<Vec<String>>,
+    /// What counts as diverging: `tokens` (an argmax differs) or `logits` (a top-1 logit differs in any bit).
+    #[arg(long, default_value = "tokens", value_parser = ["tokens", "logits"])]
+    criterion: String,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn bisect(a: BisectArgs) -> Result<()> {
+    parent_of_workers();
+    let model = a.side.model()?;
+    let goldens = load_goldens(&a.golden)?;
+    let bin = match &a.candidate {
+        Some(b) => b.clone(),
+        None => this_binary()?,
+    };
+    let c = if a.criterion == "logits" {
+        Criterion::Logits
+    } else {
+        Criterion::Tokens
+    };
+    let pb = ProgressBar::new_spinner();
+    let rep = bisect::run(
+        &a.side.spec(&bin, &model, None),
+        &model,
+        &goldens,
+        a.flags.clone(),
+        c,
+        &pb,
+    )?;
+    pb.finish_and_clear();
+    if let Some(p) = &a.json {
+        write_file(p, &(serde_json::to_string_pretty(&rep)? + "\n"))?;
+    }
+    println!(
+        "{:<28} {:>7} {:>10} {:>14} {:>9}",
+        "flags", "steps", "mismatch", "max |dlogit|", "diverges"
+    );
+    for t in &rep.trials {
+        let f = if t.flags.is_empty() {
+            "(none)".to_string()
+        } else {
+            t.flags.join(",")
+        };
+        println!(
+            "{f:<28} {:>7} {:>10} {:>14.3e} {:>9}",
+            t.steps, t.token_mismatches, t.max_abs_logit_delta, t.diverges
+        );
+    }
+    if rep.culprit.is_empty() {
+        println!(
+            "no divergence with every searched flag on ({})",
+            rep.searched.join(",")
+        );
+    } else {
+        println!("culprit: {}", rep.culprit.join(","));
+    }
+    Ok(())
+}

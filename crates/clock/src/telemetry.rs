@@ -1,0 +1,283 @@
+//! Machine state around and during timed windows: CPU load from `/proc`, and GPU utilisation and
+//! temperature through NVML when a GPU is present (NVML is loaded at run time, so machines without
+//! one simply report no GPU).
+//!
+//! Sampling fits the window: the interval is a fraction of the window's expected length, so a short
+//! window is sampled faster, and a window is never judged by how many samples it got. The sampler
+//! is also the stall guard: a worker that makes no progress (no CPU time, and no GPU activity) for
+//! `stall_seconds` is declared stalled.
+
+use std::time::{Duration, Instant};
+
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::Nvml;
+use serde::Serialize;
+
+use fastdecode_worker::Tick;
+
+/// Samples aimed at per window; the interval is the expected window length divided by this.
+pub const SAMPLES_PER_WINDOW: u32 = 64;
+const MIN_INTERVAL: Duration = Duration::from_micros(200);
+const MAX_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Aggregate CPU jiffies: (busy, total) from the first line of `/proc/stat`.
+fn cpu_jiffies() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let v: Vec<u64> = text
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    if v.len() < 5 {
+        return None;
+    }
+    let total: u64 = v.iter().sum();
+    let idle = v[3] + v[4];
+    Some((total - idle, total))
+}
+
+/// CPU time a process has run, in seconds: `/proc/PID/schedstat` (nanoseconds), else `stat`.
+fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) {
+        if let Some(ns) = s
+            .split_whitespace()
+            .next()
+            .and_then(|x| x.parse::<u64>().ok())
+        {
+            return Some(ns as f64 * 1e-9);
+        }
+    }
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct GpuState {
+    pub utilisation_pct: u32,
+    pub temperature_c: u32,
+}
+
+/// Handles to what can be observed on this machine.
+pub struct Telemetry {
+    nvml: Option<Nvml>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Telemetry {
+    pub fn new() -> Self {
+        let nvml = Nvml::init()
+            .ok()
+            .filter(|n| n.device_count().map(|c| c > 0).unwrap_or(false));
+        Telemetry { nvml }
+    }
+
+    pub fn has_gpu(&self) -> bool {
+        self.nvml.is_some()
+    }
+
+    /// The hottest and busiest of the GPUs (device 0 on a one-GPU runner).
+    pub fn gpu(&self) -> Option<GpuState> {
+        let n = self.nvml.as_ref()?;
+        let mut out: Option<GpuState> = None;
+        for i in 0..n.device_count().ok()? {
+            let d = n.device_by_index(i).ok()?;
+            let s = GpuState {
+                utilisation_pct: d.utilization_rates().ok()?.gpu,
+                temperature_c: d.temperature(TemperatureSensor::Gpu).ok()?,
+            };
+            out = Some(match out {
+                None => s,
+                Some(o) => GpuState {
+                    utilisation_pct: o.utilisation_pct.max(s.utilisation_pct),
+                    temperature_c: o.temperature_c.max(s.temperature_c),
+                },
+            });
+        }
+        out
+    }
+
+    /// Fraction of all CPU time that was busy over `over`.
+    pub fn cpu_busy(&self, over: Duration) -> Option<f64> {
+        let (b0, t0) = cpu_jiffies()?;
+        std::thread::sleep(over);
+        let (b1, t1) = cpu_jiffies()?;
+        (t1 > t0).then(|| (b1 - b0) as f64 / (t1 - t0) as f64)
+    }
+}
+
+/// When the machine counts as quiet enough to start a phase.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct QuietParams {
+    /// Largest busy fraction of all CPUs (the parent itself is idle while it checks).
+    pub max_cpu_busy: f64,
+    pub max_gpu_util_pct: u32,
+    pub max_gpu_temp_c: u32,
+    /// How long to wait for quiet before giving up on this phase (its pair is then not accepted).
+    pub max_wait_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QuietCheck {
+    pub quiet: bool,
+    pub waited_seconds: f64,
+    pub cpu_busy: Option<f64>,
+    pub gpu: Option<GpuState>,
+}
+
+/// Waits until the CPU (and GPU, when present) is idle and cool, up to `max_wait_seconds`.
+pub fn quiesce(t: &Telemetry, p: &QuietParams) -> QuietCheck {
+    let start = Instant::now();
+    loop {
+        let cpu = t.cpu_busy(Duration::from_millis(50));
+        let gpu = t.gpu();
+        let quiet = cpu.is_none_or(|c| c <= p.max_cpu_busy)
+            && gpu.is_none_or(|g| {
+                g.utilisation_pct <= p.max_gpu_util_pct && g.temperature_c <= p.max_gpu_temp_c
+            });
+        let waited = start.elapsed().as_secs_f64();
+        if quiet || waited >= p.max_wait_seconds {
+            return QuietCheck {
+                quiet,
+                waited_seconds: waited,
+                cpu_busy: cpu,
+                gpu,
+            };
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What was seen during one window.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WindowTelemetry {
+    pub samples: usize,
+    pub interval_seconds: f64,
+    /// Mean busy fraction of all CPUs over the window (from the first to the last sample).
+    pub system_cpu_busy: Option<f64>,
+    /// The worker's CPU seconds per wall second over the window.
+    pub worker_cpu_share: Option<f64>,
+    pub max_gpu_util_pct: Option<u32>,
+    pub max_gpu_temp_c: Option<u32>,
+}
+
+/// One sample: when, the system's CPU jiffies (busy, total), the worker's CPU seconds.
+type Point = (Instant, Option<(u64, u64)>, Option<f64>);
+
+/// Samples a worker during a window (`Tick` for `Worker::window`).
+pub struct Sampler<'a> {
+    telemetry: &'a Telemetry,
+    interval: Duration,
+    stall: Duration,
+    start: Instant,
+    first: Option<Point>,
+    last: Option<Point>,
+    last_progress: Instant,
+    last_cpu: Option<f64>,
+    out: WindowTelemetry,
+}
+
+impl<'a> Sampler<'a> {
+    /// `expected`: the window's expected length (from earlier windows), which sets the interval.
+    pub fn new(telemetry: &'a Telemetry, expected: Duration, stall_seconds: f64) -> Self {
+        let interval = (expected / SAMPLES_PER_WINDOW).clamp(MIN_INTERVAL, MAX_INTERVAL);
+        let now = Instant::now();
+        Sampler {
+            telemetry,
+            interval,
+            stall: Duration::from_secs_f64(stall_seconds),
+            start: now,
+            first: None,
+            last: None,
+            last_progress: now,
+            last_cpu: None,
+            out: WindowTelemetry {
+                interval_seconds: interval.as_secs_f64(),
+                ..Default::default()
+            },
+        }
+    }
+
+    fn sample(&mut self, pid: u32) -> bool {
+        let now = Instant::now();
+        let cpu = process_cpu_seconds(pid);
+        let s = (now, cpu_jiffies(), cpu);
+        if self.first.is_none() {
+            self.first = Some(s);
+        }
+        self.last = Some(s);
+        self.out.samples += 1;
+        let mut progress = cpu.is_some_and(|c| self.last_cpu.is_none_or(|l| c > l));
+        if let Some(g) = self.telemetry.gpu() {
+            progress |= g.utilisation_pct > 0;
+            self.out.max_gpu_util_pct = Some(
+                self.out
+                    .max_gpu_util_pct
+                    .unwrap_or(0)
+                    .max(g.utilisation_pct),
+            );
+            self.out.max_gpu_temp_c =
+                Some(self.out.max_gpu_temp_c.unwrap_or(0).max(g.temperature_c));
+        }
+        if cpu.is_some() {
+            self.last_cpu = cpu;
+        }
+        if progress || cpu.is_none() {
+            self.last_progress = now;
+        }
+        now - self.last_progress < self.stall
+    }
+
+    /// Takes the closing sample (the worker has replied) and returns the summary.
+    pub fn finish(mut self, pid: u32) -> WindowTelemetry {
+        self.sample(pid);
+        if let (Some((t0, j0, c0)), Some((t1, j1, c1))) = (self.first, self.last) {
+            let dt = (t1 - t0).as_secs_f64();
+            if let (Some((b0, a0)), Some((b1, a1))) = (j0, j1) {
+                if a1 > a0 {
+                    self.out.system_cpu_busy = Some((b1 - b0) as f64 / (a1 - a0) as f64);
+                }
+            }
+            if let (Some(c0), Some(c1)) = (c0, c1) {
+                if dt > 0.0 {
+                    self.out.worker_cpu_share = Some((c1 - c0) / dt);
+                }
+            }
+        }
+        self.out
+    }
+
+    /// Takes the opening sample, right before the request is sent.
+    pub fn begin(&mut self, pid: u32) {
+        self.start = Instant::now();
+        self.last_progress = self.start;
+        self.sample(pid);
+    }
+}
+
+impl Tick for Sampler<'_> {
+    fn interval(&self) -> Duration {
+        self.interval
+    }
+    fn tick(&mut self, pid: u32) -> Result<(), String> {
+        if self.sample(pid) {
+            Ok(())
+        } else {
+            Err(format!(
+                "no progress (CPU or GPU) for {:.1} s, {:.1} s into the window",
+                self.stall.as_secs_f64(),
+                self.start.elapsed().as_secs_f64()
+            ))
+        }
+    }
+}

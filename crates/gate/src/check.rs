@@ -1,0 +1,297 @@
+//! The behaviour gate. For each golden:
+//!
+//! 1. **Replay**: the candidate, teacher-forced on the golden's chain, must choose the golden's
+//!    token at every step, or the golden's runner-up when the golden's top-2 gap is within the
+//!    envelope (a near-tie).
+//! 2. **Fidelity**: the candidate decodes freely; a live process of the *reference* build is then
+//!    run teacher-forced on the candidate's own emitted chain, and each emitted token must be the
+//!    reference's argmax, or within the envelope of the reference's top-1 logit (a near-tie).
+//!    Once a near-tie has been taken the chains leave the golden, which is why the reference has
+//!    to be live.
+//! 3. **DFlash**: the candidate's DFlash output, with forced rejections (an oracle drafting the
+//!    candidate's own chain with probability p), must equal its serial output exactly.
+//!
+//! Near-ties from all goldens count against one budget per 1000 checked tokens. A failure names a
+//! category, the golden and the step, never a token or a logit.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use fastdecode_worker::protocol::WindowRequest;
+use fastdecode_worker::{Build, Fault, ModelId, NoTick, Spec, Worker};
+
+use crate::golden::Golden;
+
+#[derive(Debug, Clone, Copy)]
+pub struct GateParams {
+    /// A non-argmax token passes as a near-tie when the reference's top-1 logit minus its logit is
+    /// at most this.
+    pub envelope: f32,
+    /// Near-ties allowed per 1000 checked tokens.
+    pub budget_per_1000: f64,
+    /// DFlash block size of the exactness check (1 skips it).
+    pub block_size: usize,
+    /// Probability that the oracle drafts the right token (the rest are forced rejections).
+    pub oracle_p: f64,
+}
+
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct Counts {
+    pub exact: usize,
+    pub near_tie: usize,
+    pub fail: usize,
+}
+
+impl Counts {
+    fn add(&mut self, o: Counts) {
+        self.exact += o.exact;
+        self.near_tie += o.near_tie;
+        self.fail += o.fail;
+    }
+    pub fn total(&self) -> usize {
+        self.exact + self.near_tie + self.fail
+    }
+}
+
+/// The first thing that went wrong, redacted: a category and where.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    /// `replay_divergence`, `fidelity_divergence`, `dflash_inexact`, `near_tie_budget`,
+    /// `infra:...` or `violation:...`.
+    pub category: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub golden: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<usize>,
+    /// Which side: `candidate` or `reference`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub side: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GoldenReport {
+    pub golden: String,
+    pub tokens: usize,
+    pub replay: Counts,
+    pub fidelity: Counts,
+    pub dflash_exact: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GateReport {
+    pub passed: bool,
+    pub failure: Option<Failure>,
+    pub goldens: Vec<GoldenReport>,
+    pub replay: Counts,
+    pub fidelity: Counts,
+    pub checked_tokens: usize,
+    pub near_ties: usize,
+    pub near_ties_allowed: usize,
+    pub envelope: f32,
+    pub budget_per_1000: f64,
+    pub reference: Option<Build>,
+    pub candidate: Option<Build>,
+}
+
+fn fail(
+    category: impl Into<String>,
+    golden: Option<&str>,
+    step: Option<usize>,
+    side: Option<&str>,
+) -> Failure {
+    Failure {
+        category: category.into(),
+        golden: golden.map(str::to_string),
+        step,
+        side: side.map(str::to_string),
+    }
+}
+
+fn fault(f: &Fault, golden: Option<&str>, side: &str) -> Failure {
+    fail(f.category(), golden, None, Some(side))
+}
+
+/// Runs the gate; an `Err` is a problem of the gate's own inputs (unreadable model), everything
+/// the workers do is in the report.
+pub fn run(
+    reference: &Spec,
+    candidate: &Spec,
+    model: &ModelId,
+    goldens: &[(PathBuf, Golden)],
+    p: &GateParams,
+    progress: &indicatif::ProgressBar,
+) -> Result<GateReport> {
+    let mut rep = GateReport {
+        passed: false,
+        failure: None,
+        goldens: vec![],
+        replay: Counts::default(),
+        fidelity: Counts::default(),
+        checked_tokens: 0,
+        near_ties: 0,
+        near_ties_allowed: 0,
+        envelope: p.envelope,
+        budget_per_1000: p.budget_per_1000,
+        reference: None,
+        candidate: None,
+    };
+    for (path, g) in goldens {
+        if g.model_digest != model.digest {
+            rep.failure = Some(fail(
+                "golden_model_mismatch",
+                Some(&path.display().to_string()),
+                None,
+                None,
+            ));
+            return Ok(rep);
+        }
+    }
+    let mut cand = match Worker::spawn(candidate, model.vocab, &model.digest) {
+        Ok(w) => w,
+        Err(f) => {
+            rep.failure = Some(fault(&f, None, "candidate"));
+            return Ok(rep);
+        }
+    };
+    rep.candidate = Some(cand.ready.build.clone());
+    let mut refw = match Worker::spawn(reference, model.vocab, &model.digest) {
+        Ok(w) => w,
+        Err(f) => {
+            rep.failure = Some(fault(&f, None, "reference"));
+            return Ok(rep);
+        }
+    };
+    rep.reference = Some(refw.ready.build.clone());
+    progress.set_length(goldens.len() as u64);
+    for (path, g) in goldens {
+        let name = path.display().to_string();
+        progress.set_message(name.clone());
+        let mut r = GoldenReport {
+            golden: name.clone(),
+            tokens: g.tokens.len(),
+            replay: Counts::default(),
+            fidelity: Counts::default(),
+            dflash_exact: None,
+        };
+        let outcome = check_one(&mut cand, &mut refw, g, &name, p, &mut r);
+        rep.replay.add(r.replay);
+        rep.fidelity.add(r.fidelity);
+        rep.goldens.push(r);
+        if let Err(f) = outcome {
+            rep.failure = Some(f);
+            break;
+        }
+        progress.inc(1);
+    }
+    cand.shutdown();
+    refw.shutdown();
+    rep.checked_tokens = rep.replay.total() + rep.fidelity.total();
+    rep.near_ties = rep.replay.near_tie + rep.fidelity.near_tie;
+    rep.near_ties_allowed =
+        (p.budget_per_1000 * rep.checked_tokens as f64 / 1000.0).floor() as usize;
+    if rep.failure.is_none() && rep.near_ties > rep.near_ties_allowed {
+        rep.failure = Some(fail("near_tie_budget", None, None, None));
+    }
+    rep.passed = rep.failure.is_none();
+    Ok(rep)
+}
+
+fn check_one(
+    cand: &mut Worker,
+    refw: &mut Worker,
+    g: &Golden,
+    name: &str,
+    p: &GateParams,
+    r: &mut GoldenReport,
+) -> Result<(), Failure> {
+    let on = |side: &'static str| move |f: Fault| fault(&f, Some(name), side);
+    // The reference must reproduce the golden, or the gate compares against the wrong build.
+    let own = refw
+        .replay(&g.prompt, &g.tokens, false)
+        .map_err(on("reference"))?;
+    if let Some(i) = own
+        .iter()
+        .zip(&g.tokens)
+        .position(|(s, &t)| s.top[0].id != t)
+    {
+        return Err(fail(
+            "infra:reference_mismatch",
+            Some(name),
+            Some(i),
+            Some("reference"),
+        ));
+    }
+    // 1. Teacher-forced replay of the candidate on the golden chain.
+    let steps = cand
+        .replay(&g.prompt, &g.tokens, false)
+        .map_err(on("candidate"))?;
+    for (i, (s, gs)) in steps.iter().zip(&g.steps).enumerate() {
+        let c = s.top[0].id;
+        if c == gs.top[0].id {
+            r.replay.exact += 1;
+        } else if c == gs.top[1].id && gs.top[0].logit - gs.top[1].logit <= p.envelope {
+            r.replay.near_tie += 1;
+        } else {
+            r.replay.fail += 1;
+            return Err(fail(
+                "replay_divergence",
+                Some(name),
+                Some(i),
+                Some("candidate"),
+            ));
+        }
+    }
+    // 2. Free decoding by the candidate, judged by the live reference on the candidate's chain.
+    let n = g.tokens.len();
+    let window =
+        |block_size: usize, draft: Option<String>, truth: Option<Vec<u32>>| WindowRequest {
+            id: 0,
+            prompt: g.prompt.clone(),
+            decode_tokens: n - 1,
+            block_size,
+            draft,
+            seed: 7,
+            truth,
+        };
+    let emitted = cand
+        .window(window(1, None, None), &mut NoTick)
+        .map_err(on("candidate"))?
+        .tokens;
+    let judged = refw
+        .replay(&g.prompt, &emitted, true)
+        .map_err(on("reference"))?;
+    for (i, (s, &e)) in judged.iter().zip(&emitted).enumerate() {
+        let probe = s.probe_logit.unwrap_or(f32::NEG_INFINITY);
+        if s.top[0].id == e {
+            r.fidelity.exact += 1;
+        } else if s.top[0].logit - probe <= p.envelope {
+            r.fidelity.near_tie += 1;
+        } else {
+            r.fidelity.fail += 1;
+            return Err(fail(
+                "fidelity_divergence",
+                Some(name),
+                Some(i),
+                Some("candidate"),
+            ));
+        }
+    }
+    // 3. DFlash with forced rejections must reproduce the candidate's serial output exactly.
+    if p.block_size > 1 {
+        let d = window(
+            p.block_size,
+            Some(format!("oracle:{}", p.oracle_p)),
+            Some(emitted.clone()),
+        );
+        let got = cand.window(d, &mut NoTick).map_err(on("candidate"))?.tokens;
+        let exact = got == emitted;
+        r.dflash_exact = Some(exact);
+        if !exact {
+            let i = got.iter().zip(&emitted).position(|(a, b)| a != b);
+            return Err(fail("dflash_inexact", Some(name), i, Some("candidate")));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,467 @@
+//! The parent's side of the protocol. The parent owns the clock: a window is timed from the moment
+//! its request is written to the moment its reply line is read, split at the `seeded` line into
+//! prefill and decode. Every reply is checked against the parent's own ledger, and anything a
+//! worker does wrong comes back as a `Fault`: infrastructure (it crashed, hung, stalled or spoke
+//! garbage) or a violation (its reply is impossible), never as a number that could be scored.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use crate::protocol::{
+    Ready, ReplayRequest, Reply, Request, Step, WindowRequest, PROTOCOL, VERSION,
+};
+
+/// How to start a worker: `BIN worker --model MODEL --backend BACKEND [--flags FLAGS]`.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub bin: PathBuf,
+    pub model: PathBuf,
+    pub backend: String,
+    /// Optimisation flags to switch on (`None`: the worker's own default, from its environment).
+    pub flags: Option<String>,
+    /// Longest wait for `ready` (load, verify, warm-up).
+    pub ready_timeout: Duration,
+    /// Longest wait for any one reply.
+    pub request_timeout: Duration,
+}
+
+/// What a worker did wrong. `category()` is the redacted name a report may show.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Fault {
+    #[error("infra:{kind}: {detail}")]
+    Infra { kind: &'static str, detail: String },
+    #[error("violation:{kind}: {detail}")]
+    Violation { kind: &'static str, detail: String },
+}
+
+impl Fault {
+    fn infra(kind: &'static str, detail: impl Into<String>) -> Self {
+        Fault::Infra {
+            kind,
+            detail: detail.into(),
+        }
+    }
+    fn violation(kind: &'static str, detail: impl Into<String>) -> Self {
+        Fault::Violation {
+            kind,
+            detail: detail.into(),
+        }
+    }
+    /// `infra:worker_hung`, `violation:kv_ledger`, ...
+    pub fn category(&self) -> String {
+        match self {
+            Fault::Infra { kind, .. } => format!("infra:{kind}"),
+            Fault::Violation { kind, .. } => format!("violation:{kind}"),
+        }
+    }
+    pub fn is_infra(&self) -> bool {
+        matches!(self, Fault::Infra { .. })
+    }
+}
+
+/// Called while the parent waits on a window: telemetry sampling and the stall guard.
+pub trait Tick {
+    /// How long to wait between calls.
+    fn interval(&self) -> Duration;
+    /// One sample of the worker with this pid; `Err(reason)` declares it stalled.
+    fn tick(&mut self, pid: u32) -> Result<(), String>;
+}
+
+/// No sampling: wait for replies without interruption.
+pub struct NoTick;
+
+impl Tick for NoTick {
+    fn interval(&self) -> Duration {
+        Duration::from_secs(3600)
+    }
+    fn tick(&mut self, _pid: u32) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A window as the parent's clock saw it.
+#[derive(Debug, Clone)]
+pub struct TimedWindow {
+    /// Request written → `seeded` read.
+    pub prefill_seconds: f64,
+    /// `seeded` read → final reply read.
+    pub decode_seconds: f64,
+    pub tokens: Vec<u32>,
+    pub kv_len: usize,
+}
+
+enum Line {
+    Text(Instant, String),
+    Eof,
+}
+
+/// A running worker process; killed when dropped.
+pub struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<Line>,
+    pub ready: Ready,
+    vocab: usize,
+    next_id: u64,
+    request_timeout: Duration,
+}
+
+impl Worker {
+    /// Starts a worker and waits for its `ready` line. `vocab` and `digest` are what the parent
+    /// knows of the model (its config and MANIFEST): a worker claiming otherwise is a violation.
+    pub fn spawn(spec: &Spec, vocab: usize, digest: &str) -> Result<Worker, Fault> {
+        let mut cmd = Command::new(&spec.bin);
+        cmd.arg("worker")
+            .arg("--model")
+            .arg(&spec.model)
+            .arg("--backend")
+            .arg(&spec.backend);
+        if let Some(f) = &spec.flags {
+            cmd.arg("--flags").arg(f);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| Fault::infra("spawn_failed", format!("{}: {e}", spec.bin.display())))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        // The reader stamps each line the moment it is read: that stamp is the clock's reading.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send(Line::Text(Instant::now(), l)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            let _ = tx.send(Line::Eof);
+        });
+        let mut w = Worker {
+            child,
+            stdin,
+            lines,
+            ready: Ready {
+                protocol: String::new(),
+                version: 0,
+                build: crate::protocol::Build {
+                    version: String::new(),
+                    commit: String::new(),
+                },
+                backend: String::new(),
+                flags: vec![],
+                known_flags: vec![],
+                model_digest: String::new(),
+                vocab_size: 0,
+                max_block: 0,
+            },
+            vocab,
+            next_id: 1,
+            request_timeout: spec.request_timeout,
+        };
+        let deadline = Instant::now() + spec.ready_timeout;
+        let (_, reply) = w.recv(deadline, &mut NoTick)?;
+        let Reply::Ready(ready) = reply else {
+            return Err(Fault::infra("protocol", "the first line was not `ready`"));
+        };
+        if ready.protocol != PROTOCOL || ready.version != VERSION {
+            return Err(Fault::infra(
+                "protocol",
+                format!(
+                    "worker speaks {} v{}, this parent {PROTOCOL} v{VERSION}",
+                    ready.protocol, ready.version
+                ),
+            ));
+        }
+        if ready.model_digest != digest {
+            return Err(Fault::violation(
+                "weights_digest",
+                format!(
+                    "worker loaded model digest {}, expected {digest}",
+                    ready.model_digest
+                ),
+            ));
+        }
+        if ready.vocab_size != vocab {
+            return Err(Fault::violation(
+                "model_shape",
+                format!(
+                    "worker reports vocabulary {}, the model has {vocab}",
+                    ready.vocab_size
+                ),
+            ));
+        }
+        w.ready = ready;
+        Ok(w)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn send(&mut self, req: &Request) -> Result<(), Fault> {
+        let line = serde_json::to_string(req).expect("requests serialise");
+        let r = self
+            .stdin
+            .write_all(line.as_bytes())
+            .and_then(|_| self.stdin.write_all(b"\n"))
+            .and_then(|_| self.stdin.flush());
+        r.map_err(|_| self.crashed())
+    }
+
+    /// The worker's output ended (or a write to it failed): collect how it died.
+    fn crashed(&mut self) -> Fault {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => {
+                    return Fault::infra("worker_crashed", format!("worker exited ({s})"))
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    return Fault::infra("worker_crashed", "worker closed its output");
+                }
+            }
+        }
+    }
+
+    /// The next reply line before `deadline`, calling `tick` between waits.
+    fn recv(&mut self, deadline: Instant, tick: &mut dyn Tick) -> Result<(Instant, Reply), Fault> {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                let _ = self.child.kill();
+                return Err(Fault::infra("worker_hung", "no reply before the timeout"));
+            }
+            let wait = tick.interval().min(deadline - now);
+            match self.lines.recv_timeout(wait) {
+                Ok(Line::Text(at, text)) => {
+                    let reply: Reply = serde_json::from_str(&text).map_err(|e| {
+                        Fault::infra("protocol", format!("unparseable reply line: {e}"))
+                    })?;
+                    if let Reply::Error { message, .. } = &reply {
+                        return Err(Fault::infra("worker_error", message.clone()));
+                    }
+                    return Ok((at, reply));
+                }
+                Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => return Err(self.crashed()),
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Err(why) = tick.tick(self.child.id()) {
+                        let _ = self.child.kill();
+                        return Err(Fault::infra("worker_stalled", why));
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), Fault> {
+        if let Some((i, t)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= self.vocab)
+        {
+            return Err(Fault::violation(
+                "token_out_of_vocab",
+                format!("token {i} has id {t}, the vocabulary is 0..{}", self.vocab),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs one timed window. The request's `id` is assigned here.
+    pub fn window(
+        &mut self,
+        mut req: WindowRequest,
+        tick: &mut dyn Tick,
+    ) -> Result<TimedWindow, Fault> {
+        req.id = self.next_id;
+        self.next_id += 1;
+        let deadline = Instant::now() + self.request_timeout;
+        let (p, n) = (req.prompt.len(), req.decode_tokens);
+        let id = req.id;
+        let t0 = Instant::now();
+        self.send(&Request::Window(req))?;
+        let (t1, seeded) = self.recv(deadline, &mut *tick)?;
+        let Reply::Seeded {
+            id: sid,
+            token,
+            kv_len,
+        } = seeded
+        else {
+            return Err(Fault::infra(
+                "protocol",
+                "a window's first reply was not `seeded`",
+            ));
+        };
+        let (t2, done) = self.recv(deadline, tick)?;
+        let Reply::Window {
+            id: wid,
+            tokens,
+            kv_len: final_kv,
+        } = done
+        else {
+            return Err(Fault::infra(
+                "protocol",
+                "a window did not end with a `window` reply",
+            ));
+        };
+        if sid != id || wid != id {
+            return Err(Fault::infra(
+                "protocol",
+                format!("replies for request {sid}/{wid}, expected {id}"),
+            ));
+        }
+        if tokens.len() != n + 1 {
+            return Err(Fault::violation(
+                "token_count",
+                format!("{} tokens for a window of 1 + {n}", tokens.len()),
+            ));
+        }
+        self.check_tokens(&tokens)?;
+        if token != tokens[0] {
+            return Err(Fault::violation(
+                "inconsistent_reply",
+                "the seeded token differs from the window's first token",
+            ));
+        }
+        // The ledger: the prompt, then every emitted token but the last (not yet run).
+        if kv_len != p {
+            return Err(Fault::violation(
+                "kv_ledger",
+                format!("after the prefill the KV length is {kv_len}, the ledger says {p}"),
+            ));
+        }
+        if final_kv != p + n {
+            return Err(Fault::violation(
+                "kv_ledger",
+                format!(
+                    "after the window the KV length is {final_kv}, the ledger says {} (prompt {p} + tokens {} - 1)",
+                    p + n,
+                    n + 1
+                ),
+            ));
+        }
+        Ok(TimedWindow {
+            prefill_seconds: (t1 - t0).as_secs_f64(),
+            decode_seconds: (t2 - t1).as_secs_f64(),
+            tokens,
+            kv_len: final_kv,
+        })
+    }
+
+    /// Teacher-forced replay of `chain` after `prompt`; with `probe`, each step also carries the
+    /// logit of the chain's own token.
+    pub fn replay(
+        &mut self,
+        prompt: &[u32],
+        chain: &[u32],
+        probe: bool,
+    ) -> Result<Vec<Step>, Fault> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let deadline = Instant::now() + self.request_timeout;
+        self.send(&Request::Replay(ReplayRequest {
+            id,
+            prompt: prompt.to_vec(),
+            chain: chain.to_vec(),
+            probe,
+        }))?;
+        let (_, reply) = self.recv(deadline, &mut NoTick)?;
+        let Reply::Replay { id: rid, steps } = reply else {
+            return Err(Fault::infra(
+                "protocol",
+                "a replay was not answered with `replay`",
+            ));
+        };
+        if rid != id {
+            return Err(Fault::infra(
+                "protocol",
+                format!("reply for request {rid}, expected {id}"),
+            ));
+        }
+        if steps.len() != chain.len() {
+            return Err(Fault::violation(
+                "token_count",
+                format!(
+                    "{} replay steps for a chain of {}",
+                    steps.len(),
+                    chain.len()
+                ),
+            ));
+        }
+        for (i, s) in steps.iter().enumerate() {
+            self.check_tokens(&[s.top[0].id, s.top[1].id])?;
+            let finite = s.top.iter().all(|t| t.logit.is_finite())
+                && s.probe_logit.is_none_or(f32::is_finite);
+            if s.top[0].id == s.top[1].id
+                || !finite
+                || s.top[0].logit < s.top[1].logit
+                || s.probe_logit.is_some() != probe
+                || s.probe_logit.is_some_and(|l| l > s.top[0].logit)
+            {
+                return Err(Fault::violation(
+                    "inconsistent_reply",
+                    format!("replay step {i} is not a valid top-2 (or probe) of one distribution"),
+                ));
+            }
+        }
+        Ok(steps)
+    }
+
+    /// Asks the worker to exit, and makes sure it has.
+    pub fn shutdown(mut self) {
+        let _ = self.send(&Request::Shutdown);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// What the parent knows of a model directory without trusting any worker: its vocabulary (from
+/// `config.json`) and its MANIFEST digest.
+#[derive(Debug, Clone)]
+pub struct ModelId {
+    pub dir: PathBuf,
+    pub vocab: usize,
+    pub digest: String,
+}
+
+impl ModelId {
+    pub fn of(dir: &std::path::Path) -> anyhow::Result<ModelId> {
+        use anyhow::Context;
+        let cfg = fastdecode_model::LagunaConfig::from_file(&dir.join("config.json"))?;
+        let mpath = dir.join(fastdecode_model::manifest::MANIFEST);
+        let text = std::fs::read_to_string(&mpath)
+            .with_context(|| format!("{}: cannot read the MANIFEST", mpath.display()))?;
+        Ok(ModelId {
+            dir: dir.to_path_buf(),
+            vocab: cfg.vocab_size,
+            digest: fastdecode_model::manifest::digest_of(&text),
+        })
+    }
+}

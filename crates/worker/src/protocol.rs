@@ -1,0 +1,168 @@
+//! The messages of the worker protocol (`PROTOCOL.md`): one JSON object per line, requests on the
+//! worker's stdin, replies on its stdout. Both sides parse strictly (unknown fields are errors), so
+//! a build speaking another dialect fails loudly instead of being half understood.
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol's name, in the `ready` line.
+pub const PROTOCOL: &str = "fastdecode-worker";
+/// Bumped on any change a parent of the previous version could misread.
+pub const VERSION: u32 = 1;
+
+/// The build a worker (or a golden) came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Build {
+    /// The crate version, e.g. `0.1.0`.
+    pub version: String,
+    /// `git rev-parse --short=12 HEAD` at build time, `-dirty` when the tree had changes.
+    pub commit: String,
+}
+
+/// The first line a worker writes, once its model is loaded, verified and warm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ready {
+    pub protocol: String,
+    pub version: u32,
+    pub build: Build,
+    pub backend: String,
+    /// Optimisation flags switched on in this worker.
+    pub flags: Vec<String>,
+    /// Every optimisation flag this build knows (what `bisect` may switch).
+    pub known_flags: Vec<String>,
+    /// The MANIFEST digest of the model directory the worker verified and loaded.
+    pub model_digest: String,
+    pub vocab_size: usize,
+    /// Largest DFlash block size the worker's draft sources accept.
+    pub max_block: usize,
+}
+
+/// A timed window: prefill `prompt` (the seed), then decode `decode_tokens` more tokens greedily.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowRequest {
+    pub id: u64,
+    pub prompt: Vec<u32>,
+    /// Tokens after the first one (which the prefill chooses). End-of-sequence tokens do not stop.
+    pub decode_tokens: usize,
+    /// 1 = serial decoding; K > 1 = DFlash rounds of K rows.
+    pub block_size: usize,
+    /// Draft source when `block_size > 1`: `drafter` or `oracle:P`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<String>,
+    /// Seed of the oracle's coin flips.
+    #[serde(default)]
+    pub seed: u64,
+    /// The serial greedy continuation, which `oracle:P` drafts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truth: Option<Vec<u32>>,
+}
+
+/// Teacher-forced replay: the model's choice at every step of `chain` after `prompt`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRequest {
+    pub id: u64,
+    pub prompt: Vec<u32>,
+    pub chain: Vec<u32>,
+    /// Also report, at step i, the logit of `chain[i]` itself.
+    #[serde(default)]
+    pub probe: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Window(WindowRequest),
+    Replay(ReplayRequest),
+    /// Exit cleanly (end of input does the same).
+    Shutdown,
+}
+
+/// A token and its logit.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scored {
+    pub id: u32,
+    pub logit: f32,
+}
+
+/// One step of a replay: the model's two best tokens (best first, ties to the lower id).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    pub top: [Scored; 2],
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_logit: Option<f32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reply {
+    Ready(Ready),
+    /// Mid-window: the prefill has chosen the first token (the parent's clock splits here).
+    Seeded {
+        id: u64,
+        token: u32,
+        kv_len: usize,
+    },
+    /// End of a window: every emitted token (the seeded one first) and the KV cache length.
+    Window {
+        id: u64,
+        tokens: Vec<u32>,
+        kv_len: usize,
+    },
+    Replay {
+        id: u64,
+        steps: Vec<Step>,
+    },
+    /// The request could not be served; the worker keeps reading.
+    Error {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<u64>,
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_unknown_fields_fail() {
+        let r = Request::Window(WindowRequest {
+            id: 3,
+            prompt: vec![1, 2],
+            decode_tokens: 4,
+            block_size: 1,
+            draft: None,
+            seed: 0,
+            truth: None,
+        });
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(line.starts_with(r#"{"op":"window","id":3"#), "{line}");
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), r);
+        let bad = line.replace(r#""id":3"#, r#""id":3,"turbo":true"#);
+        let e = serde_json::from_str::<Request>(&bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("turbo"), "{e}");
+        let s: Request = serde_json::from_str(r#"{"op":"shutdown"}"#).unwrap();
+        assert_eq!(s, Request::Shutdown);
+    }
+
+    #[test]
+    fn logits_round_trip_exactly() {
+        let x = 0.1f32 + 1e-7;
+        let r = Reply::Replay {
+            id: 1,
+            steps: vec![Step {
+                top: [Scored { id: 5, logit: x }, Scored { id: 2, logit: -x }],
+                probe_logit: Some(x / 3.0),
+            }],
+        };
+        let back: Reply = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+}
