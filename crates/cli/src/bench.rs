@@ -54,6 +54,9 @@ pub struct BenchArgs {
     /// CUDA only: generate a preset's synthetic weights directly in GPU memory (e.g. xs2.1).
     #[arg(long, conflicts_with = "model")]
     synthetic: Option<String>,
+    /// CUDA only: also time every op of 32 decode steps with CUDA events (per-kernel breakdown).
+    #[arg(long)]
+    profile: bool,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -178,6 +181,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             decode_tokens: a.decode_tokens,
             repeats: a.repeats.max(5),
             json: a.json,
+            profile: a.profile,
         });
     }
     if a.synthetic.is_some() {

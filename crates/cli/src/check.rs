@@ -54,7 +54,7 @@ pub fn run(a: CheckArgs) -> Result<()> {
     );
     let c = &cpu.target.cfg;
     let v = c.vocab_size;
-    let seq_len = (4 * c.sliding_window).max(256).min(2048);
+    let seq_len = (4 * c.sliding_window).clamp(256, 2048);
     let n_seq = a.positions.div_ceil(seq_len);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
     let (mut agree, mut near, mut hard, mut total) = (0usize, 0usize, 0usize, 0usize);

@@ -72,6 +72,34 @@ pub struct CudaBenchArgs<'a> {
     pub decode_tokens: usize,
     pub repeats: usize,
     pub json: bool,
+    pub profile: bool,
+}
+
+/// Per-op device time of `steps` serial decode steps after a prefill of `prompt`, in ms per token.
+fn profile_decode(
+    target: &mut CudaBackend,
+    prompt: &[u32],
+    steps: usize,
+) -> Result<Vec<(String, f64, f64)>> {
+    target.reset();
+    let positions: Vec<usize> = (0..prompt.len()).collect();
+    let out = target.forward(prompt, &positions, &[])?;
+    let v = target.config().vocab_size;
+    let mut tok = fastdecode_cpu::ops::argmax(&out.logits[(prompt.len() - 1) * v..]) as u32;
+    target.session().profiler = Some(Default::default());
+    for i in 0..steps {
+        let p = prompt.len() + i;
+        let out = target.forward(&[tok], &[p], &[])?;
+        tok = fastdecode_cpu::ops::argmax(&out.logits) as u32;
+    }
+    let prof = target.session().profiler.take().expect("set above");
+    let mut rows: Vec<(String, f64, f64)> = prof
+        .totals
+        .iter()
+        .map(|(k, (ms, n))| (k.to_string(), ms / steps as f64, *n as f64 / steps as f64))
+        .collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(rows)
 }
 
 pub fn run(a: CudaBenchArgs) -> Result<()> {
@@ -148,6 +176,11 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         v[v.len() / 2]
     };
     let (pm, dm) = (med(&mut prefill_ms), med(&mut decode_ms));
+    let breakdown = if a.profile {
+        profile_decode(&mut target, &prompt, 32)?
+    } else {
+        vec![]
+    };
     let bpt = bytes_per_token(&c, a.prompt_tokens + a.decode_tokens / 2, 4);
     let floor_ms = bpt as f64 / bw * 1e3;
     let out = json!({
@@ -167,11 +200,12 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         "copy_bandwidth_bytes_per_s": bw,
         "roofline_ms_per_token": floor_ms,
         "fraction_of_roofline": floor_ms / dm,
+        "decode_breakdown_ms_per_token": breakdown.iter().map(|(k, ms, n)| json!({"op": k, "ms": ms, "launches": n})).collect::<Vec<_>>(),
     });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("{} on {} ({}), {label}", "cuda", gpu.name, gpu.arch());
+        println!("cuda on {} ({}), {label}", gpu.name, gpu.arch());
         println!(
             "prefill {} tokens: {pm:.2} ms (median of {})",
             a.prompt_tokens, a.repeats
@@ -183,6 +217,9 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
             1e3 / dm
         );
         println!("bytes/token {bpt}, copy bandwidth {:.2} TB/s, roofline {floor_ms:.3} ms/token, achieved {:.1} %", bw / 1e12, 100.0 * floor_ms / dm);
+        for (k, ms, n) in &breakdown {
+            println!("  {k:<40} {ms:>8.3} ms/token  {n:>5.0} launches");
+        }
     }
     Ok(())
 }

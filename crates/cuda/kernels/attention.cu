@@ -30,11 +30,13 @@ extern "C" __global__ void qk_norm_rope(float* __restrict__ x, const __nv_bfloat
     }
 }
 
-// cache[slot[r], :] = src[r, :] for k and v. grid: rows, block: 256.
+// cache[slot(pos[r]), :] = src[r, :] for k and v; slot = pos % ring (ring 0: slot = pos).
+// grid: rows, block: 256.
 extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
                                     float* __restrict__ ck, float* __restrict__ cv,
-                                    const int* __restrict__ slot, int kvd) {
-    const size_t dst = (size_t)slot[blockIdx.x] * kvd, src = (size_t)blockIdx.x * kvd;
+                                    const int* __restrict__ pos, int ring, int kvd) {
+    const int p = pos[blockIdx.x];
+    const size_t dst = (size_t)(ring > 0 ? p % ring : p) * kvd, src = (size_t)blockIdx.x * kvd;
     for (int i = threadIdx.x; i < kvd; i += 256) {
         ck[dst + i] = k[src + i];
         cv[dst + i] = v[src + i];
@@ -85,16 +87,33 @@ extern "C" __global__ void attend(const float* __restrict__ q, const float* __re
         sum += e;
     }
     sum = block_sum<128>(sum, scratch);
+    for (int j = threadIdx.x; j < n; j += 128) scores[j] = scores[j] / sum;
+    __syncthreads();
     const float gl = g[(size_t)r * heads + h];
     const float gate = gl > 20.f ? gl : log1pf(expf(gl));
-    // Output: thread i owns dims i, i+128, ...; keys summed in position order.
-    for (int i = threadIdx.x; i < d; i += 128) {
-        float acc = 0.f;
-        for (int j = 0; j < n; j++) {
-            const int kp = lo + j;
-            const size_t slot = ring > 0 ? kp % ring : kp;
-            acc += (scores[j] / sum) * cv[(slot * kv_heads + kvh) * d + i];
+    // Output: warp w sums keys w, w+4, ... (lane owns dims lane, lane+32, ...), then the four
+    // partial sums are added in warp order: a fixed order independent of the launch's rows.
+    __shared__ float part[4][512];
+    float acc[16];
+#pragma unroll
+    for (int c = 0; c < 16; c++) acc[c] = 0.f;
+    for (int j = warp; j < n; j += 4) {
+        const int kp = lo + j;
+        const size_t slot = ring > 0 ? kp % ring : kp;
+        const float* vv = cv + (slot * kv_heads + kvh) * d;
+        const float pj = scores[j];
+#pragma unroll
+        for (int c = 0; c < 16; c++) {
+            const int i = lane + 32 * c;
+            if (i < d) acc[c] += pj * vv[i];
         }
-        out[((size_t)r * heads + h) * d + i] = acc * gate;
     }
+#pragma unroll
+    for (int c = 0; c < 16; c++) {
+        const int i = lane + 32 * c;
+        if (i < d) part[warp][i] = acc[c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += 128)
+        out[((size_t)r * heads + h) * d + i] = (((part[0][i] + part[1][i]) + part[2][i]) + part[3][i]) * gate;
 }

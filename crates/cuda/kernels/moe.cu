@@ -36,45 +36,71 @@ __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 
 // Router: logits [rows, E] -> ids [rows, k] (ascending expert index) and weights [rows, k].
 // Selection by sigmoid(logit) + bias, exact ties to the lower index; weights are the pre-bias
-// scores of the chosen experts, renormalised when norm_topk. grid: rows, block: 32 (one warp
-// does the whole row sequentially: E·k comparisons, deterministic).
+// scores of the chosen experts (summed in ascending expert order), renormalised when norm_topk.
+// grid: rows, block: 256; E <= 1024, k <= 64. Each of the k rounds is a block arg-max with a
+// fixed reduction tree (value descending, then index ascending), so the result is deterministic.
 extern "C" __global__ void router_topk(const float* __restrict__ logits, const float* __restrict__ bias,
                                        int* __restrict__ ids, float* __restrict__ wts,
                                        int E, int k, int norm_topk, float softcap) {
-    if (threadIdx.x != 0) return;
+    __shared__ float sel[1024];
+    __shared__ float sc[1024];
+    __shared__ float bv[256];
+    __shared__ int bi[256];
+    __shared__ int chosen[64];
     const float* l = logits + (size_t)blockIdx.x * E;
-    int chosen[64];
-    for (int t = 0; t < k; t++) {
-        int best = -1;
-        float bv = 0.f;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int u = 0; u < t; u++) taken |= chosen[u] == e;
-            if (taken) continue;
-            float x = l[e];
-            if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-            const float v = 1.f / (1.f + expf(-x)) + bias[e];
-            if (best < 0 || v > bv) { best = e; bv = v; }
-        }
-        chosen[t] = best;
+    const int t = threadIdx.x;
+    for (int e = t; e < E; e += 256) {
+        float x = l[e];
+        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+        const float s = 1.f / (1.f + expf(-x));
+        sc[e] = s;
+        sel[e] = s + bias[e];
     }
-    // Ascending expert order (insertion sort on k <= 64 entries).
-    for (int a = 1; a < k; a++) {
+    __syncthreads();
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    for (int round = 0; round < k; round++) {
+        float best = NEG_INF;
+        int idx = 0x7fffffff;
+        for (int e = t; e < E; e += 256) {
+            if (sel[e] > best) { best = sel[e]; idx = e; }  // ascending scan: ties keep the lower index
+        }
+        bv[t] = best;
+        bi[t] = idx;
+        __syncthreads();
+        for (int s = 128; s > 0; s >>= 1) {
+            if (t < s) {
+                const float v = bv[t + s];
+                const int j = bi[t + s];
+                if (v > bv[t] || (v == bv[t] && j < bi[t])) { bv[t] = v; bi[t] = j; }
+            }
+            __syncthreads();
+        }
+        if (t == 0) {
+            // NaN scores never compare greater: fall back to the lowest unchosen index rather
+            // than index with the "none" sentinel (the forward's output is garbage then anyway).
+            int c = bi[0];
+            if (c >= E) {
+                c = 0;
+                for (int u = 0; u < round; u++)
+                    if (chosen[u] == c) { c++; u = -1; }
+            }
+            chosen[round] = c;
+            sel[c] = NEG_INF;
+        }
+        __syncthreads();
+    }
+    if (t != 0) return;
+    for (int a = 1; a < k; a++) {  // ascending expert order (insertion sort, k <= 64)
         const int c = chosen[a];
         int b = a - 1;
         while (b >= 0 && chosen[b] > c) { chosen[b + 1] = chosen[b]; b--; }
         chosen[b + 1] = c;
     }
-    float sc[64], total = 0.f;
-    for (int t = 0; t < k; t++) {
-        float x = l[chosen[t]];
-        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-        sc[t] = 1.f / (1.f + expf(-x));
-        total += sc[t];
-    }
-    for (int t = 0; t < k; t++) {
-        ids[(size_t)blockIdx.x * k + t] = chosen[t];
-        wts[(size_t)blockIdx.x * k + t] = norm_topk ? sc[t] / total : sc[t];
+    float total = 0.f;
+    for (int i = 0; i < k; i++) total += sc[chosen[i]];
+    for (int i = 0; i < k; i++) {
+        ids[(size_t)blockIdx.x * k + i] = chosen[i];
+        wts[(size_t)blockIdx.x * k + i] = norm_topk ? sc[chosen[i]] / total : sc[chosen[i]];
     }
 }
 

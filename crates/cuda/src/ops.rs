@@ -66,7 +66,8 @@ impl Gpu {
         Ok(())
     }
 
-    /// Writes `rows` rows of k and v into cache slots `slot[r]`.
+    /// Writes `rows` rows of k and v into the cache at their positions' slots (`pos % ring`,
+    /// or the position itself when `ring` is 0).
     #[allow(clippy::too_many_arguments)]
     pub fn kv_store(
         &self,
@@ -74,13 +75,14 @@ impl Gpu {
         v: &CudaView<f32>,
         ck: &mut CudaSlice<f32>,
         cv: &mut CudaSlice<f32>,
-        slot: &CudaView<i32>,
+        pos: &CudaView<i32>,
+        ring: usize,
         kvd: usize,
         rows: usize,
     ) -> Result<()> {
         let f = self.function("attention", "kv_store")?;
-        let n = kvd as i32;
-        // SAFETY: as above; slots are below the cache capacity (computed by the caller).
+        let (n, rg) = (kvd as i32, ring as i32);
+        // SAFETY: argument types match the kernel; the caller sized the cache for these positions.
         unsafe {
             self.stream
                 .launch_builder(&f)
@@ -88,7 +90,8 @@ impl Gpu {
                 .arg(v)
                 .arg(ck)
                 .arg(cv)
-                .arg(slot)
+                .arg(pos)
+                .arg(&rg)
                 .arg(&n)
                 .launch(cfg((rows as u32, 1), 256, 0))
         }?;
@@ -113,9 +116,10 @@ impl Gpu {
         rows: usize,
         max_keys: usize,
     ) -> Result<()> {
-        if max_keys * 4 > 48 * 1024 {
+        // 48 KiB of shared memory per block: 8 KiB of partial sums + one f32 score per key.
+        if max_keys > 10240 || d > 512 {
             return Err(CudaError::Shape(format!(
-                "attend: {max_keys} keys exceed the shared-memory score buffer (12288)"
+                "attend: {max_keys} keys exceed the shared-memory score buffer (10240), or head_dim {d} is above 512"
             )));
         }
         let f = self.function("attention", "attend")?;

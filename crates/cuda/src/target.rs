@@ -34,6 +34,8 @@ pub struct CudaTarget {
     chunk: usize,
     max_positions: usize,
     s: Scratch,
+    /// When set, every op is bracketed by CUDA events (`fastdecode bench --profile`).
+    pub profiler: Option<crate::profile::Profiler>,
 }
 
 /// Logits of every row and the tapped hidden states (`rows × taps × hidden`), on the host.
@@ -93,6 +95,7 @@ impl CudaTarget {
             chunk,
             max_positions,
             s,
+            profiler: None,
         })
     }
 
@@ -177,8 +180,18 @@ impl CudaTarget {
         let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
         let dtok = st.clone_htod(&toks)?;
         let dpos = st.clone_htod(&pos)?;
+        let mut prof = self.profiler.take();
+        macro_rules! mark {
+            ($name:expr) => {
+                if let Some(p) = prof.as_mut() {
+                    p.mark($name, st)?;
+                }
+            };
+        }
+        mark!("start");
         let s = &mut self.s;
         g.embed_rows(&m.embed, &dtok, &mut s.x, h)?;
+        mark!("embed_rows");
         let mut tap_rows = vec![vec![0f32; 0]; taps.len()];
         for (li, l) in m.layers.iter().enumerate() {
             let nh = l.heads;
@@ -190,6 +203,7 @@ impl CudaTarget {
                 n,
                 eps,
             )?;
+            mark!("rms_norm");
             g.gemv_bf16(
                 &l.q.as_view(),
                 &s.xn.as_view(),
@@ -199,6 +213,7 @@ impl CudaTarget {
                 n,
                 false,
             )?;
+            mark!("gemv q_proj");
             g.gemv_bf16(
                 &l.k.as_view(),
                 &s.xn.as_view(),
@@ -208,6 +223,7 @@ impl CudaTarget {
                 n,
                 false,
             )?;
+            mark!("gemv k_proj");
             g.gemv_bf16(
                 &l.v.as_view(),
                 &s.xn.as_view(),
@@ -217,6 +233,7 @@ impl CudaTarget {
                 n,
                 false,
             )?;
+            mark!("gemv v_proj");
             g.gemv_bf16(
                 &l.g.as_view(),
                 &s.xn.as_view(),
@@ -226,6 +243,7 @@ impl CudaTarget {
                 n,
                 false,
             )?;
+            mark!("gemv g_proj");
             g.qk_norm_rope(
                 &mut s.q.as_view_mut(),
                 &l.q_norm,
@@ -236,6 +254,7 @@ impl CudaTarget {
                 n,
                 eps,
             )?;
+            mark!("qk_norm_rope");
             g.qk_norm_rope(
                 &mut s.k.as_view_mut(),
                 &l.k_norm,
@@ -246,31 +265,24 @@ impl CudaTarget {
                 n,
                 eps,
             )?;
+            mark!("qk_norm_rope");
             let ring = if l.window > 0 {
                 l.window + self.chunk
             } else {
                 0
             };
-            let slots: Vec<i32> = (p0..p0 + n)
-                .map(|p| {
-                    if ring > 0 {
-                        (p % ring) as i32
-                    } else {
-                        p as i32
-                    }
-                })
-                .collect();
-            let dslots = st.clone_htod(&slots)?;
             let (ck, cv) = &mut self.kv[li];
             g.kv_store(
                 &s.k.as_view(),
                 &s.v.as_view(),
                 ck,
                 cv,
-                &dslots.as_view(),
+                &dpos.as_view(),
+                ring,
                 kvd,
                 n,
             )?;
+            mark!("kv_store");
             let max_keys = if l.window > 0 { l.window } else { p0 + n };
             g.attend(
                 &s.q.as_view(),
@@ -287,6 +299,7 @@ impl CudaTarget {
                 n,
                 max_keys,
             )?;
+            mark!("attend");
             g.gemv_bf16(
                 &l.o.as_view(),
                 &s.att.as_view(),
@@ -296,6 +309,7 @@ impl CudaTarget {
                 n,
                 true,
             )?;
+            mark!("gemv o_proj (+residual)");
             g.rms_norm_rows(
                 &s.x.as_view(),
                 &l.post_norm.as_view(),
@@ -304,6 +318,7 @@ impl CudaTarget {
                 n,
                 eps,
             )?;
+            mark!("rms_norm");
             match &l.ffn {
                 DevFfn::Dense { gate, up, down } => {
                     let w = c.intermediate_size;
@@ -316,6 +331,7 @@ impl CudaTarget {
                         n,
                         false,
                     )?;
+                    mark!("dense gate");
                     g.gemv_bf16(
                         &up.as_view(),
                         &s.xn.as_view(),
@@ -325,9 +341,11 @@ impl CudaTarget {
                         n,
                         false,
                     )?;
+                    mark!("dense up");
                     let (av, bv) = (s.a.as_view(), s.b.as_view());
                     let mut act = st.alloc_zeros::<f32>(n * w)?;
                     g.silu_mul(&av, &bv, &mut act.as_view_mut(), n * w)?;
+                    mark!("silu_mul");
                     g.gemv_bf16(
                         &down.as_view(),
                         &act.as_view(),
@@ -337,6 +355,7 @@ impl CudaTarget {
                         n,
                         true,
                     )?;
+                    mark!("dense down (+residual)");
                 }
                 DevFfn::Moe(e) => {
                     let (ne, k, mi, si) = (
@@ -354,6 +373,7 @@ impl CudaTarget {
                         n,
                         false,
                     )?;
+                    mark!("gemv router");
                     g.router_topk(
                         &s.rl.as_view(),
                         &e.bias,
@@ -365,6 +385,7 @@ impl CudaTarget {
                         c.moe_router_logit_softcapping as f32,
                         n,
                     )?;
+                    mark!("router_topk");
                     g.nvfp4_gate_up(
                         &e.gate,
                         &e.up,
@@ -376,6 +397,7 @@ impl CudaTarget {
                         n,
                         k,
                     )?;
+                    mark!("nvfp4 gate_up (routed)");
                     g.nvfp4_gate_up(
                         &e.shared_gate,
                         &e.shared_up,
@@ -387,6 +409,7 @@ impl CudaTarget {
                         n,
                         1,
                     )?;
+                    mark!("nvfp4 gate_up (shared)");
                     g.nvfp4_down_combine(
                         &e.down,
                         &e.shared_down,
@@ -402,6 +425,7 @@ impl CudaTarget {
                         c.moe_routed_scaling_factor as f32,
                         n,
                     )?;
+                    mark!("nvfp4 down+combine+shared+residual");
                 }
             }
             for (t, _) in taps.iter().enumerate().filter(|(_, &tl)| tl == li) {
@@ -416,6 +440,7 @@ impl CudaTarget {
             n,
             eps,
         )?;
+        mark!("rms_norm");
         g.gemv_bf16(
             &m.lm_head.as_view(),
             &s.xn.as_view(),
@@ -425,6 +450,7 @@ impl CudaTarget {
             n,
             false,
         )?;
+        mark!("gemv lm_head");
         out.logits
             .extend(st.clone_dtoh(&s.logits.slice(0..n * c.vocab_size))?);
         for r in 0..n {
@@ -432,6 +458,11 @@ impl CudaTarget {
                 out.taps.extend_from_slice(&tr[r * h..(r + 1) * h]);
             }
         }
+        mark!("logits to host");
+        if let Some(p) = prof.as_mut() {
+            p.collect()?;
+        }
+        self.profiler = prof;
         self.len = p0 + n;
         Ok(())
     }

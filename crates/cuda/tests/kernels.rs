@@ -345,23 +345,14 @@ fn attention_kernels_match_cpu_for_sliding_ring_and_full_yarn() {
             );
             let gk = g.stream.clone_dtoh(&dk).unwrap();
             // Attention reads the GPU's own k (same values up to rounding) from the cache.
-            let slot_of: Vec<i32> = (block.0..block.1)
-                .map(|p| {
-                    if ring > 0 {
-                        (p % ring) as i32
-                    } else {
-                        p as i32
-                    }
-                })
-                .collect();
-            let dslot = g.stream.clone_htod(&slot_of).unwrap();
             let dv = g.stream.clone_htod(&v).unwrap();
             g.kv_store(
                 &dk.as_view(),
                 &dv.as_view(),
                 &mut ck,
                 &mut cv,
-                &dslot.as_view(),
+                &dpos.as_view(),
+                ring,
                 kvd,
                 n,
             )

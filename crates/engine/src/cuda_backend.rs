@@ -26,6 +26,13 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The GPU session itself (profiling, KV inspection).
+    pub fn session(&mut self) -> &mut CudaTarget {
+        &mut self.target
+    }
+}
+
 impl TargetBackend for CudaBackend {
     fn config(&self) -> &LagunaConfig {
         &self.target.model.cfg
