@@ -10,9 +10,9 @@ use fastdecode_model::rope::Rope;
 use fastdecode_model::{Error, Result};
 
 use crate::kv_cache::LayerKv;
-use crate::layers::{normed, Attention, Linear, Mlp, Projected};
+use crate::layers::{normed, Attention, Linear, Mlp};
 use crate::ops::argmax;
-use crate::target::{linear, read, TargetModel};
+use crate::target::{linear, load_attention, read, TargetModel};
 
 pub struct DrafterLayer {
     pub input_norm: Vec<f32>,
@@ -79,20 +79,13 @@ impl DrafterModel {
             layers.push(DrafterLayer {
                 input_norm: read(store, &format!("{p}.input_layernorm.weight"), &[h])?,
                 post_norm: read(store, &format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                attn: Attention {
-                    q: linear(store, &format!("{a}.q_proj.weight"), nh * d, h)?,
-                    k: linear(store, &format!("{a}.k_proj.weight"), kv * d, h)?,
-                    v: linear(store, &format!("{a}.v_proj.weight"), kv * d, h)?,
-                    o: linear(store, &format!("{a}.o_proj.weight"), h, nh * d)?,
-                    g: linear(store, &format!("{a}.g_proj.weight"), nh, h)?,
-                    q_norm: read(store, &format!("{a}.q_norm.weight"), &[d])?,
-                    k_norm: read(store, &format!("{a}.k_norm.weight"), &[d])?,
-                    heads: nh,
-                    kv_heads: kv,
-                    head_dim: d,
-                    rope: rope.clone(),
-                    window: Some(c.sliding_window),
-                },
+                attn: load_attention(
+                    store,
+                    &a,
+                    (nh, kv, d, h),
+                    rope.clone(),
+                    Some(c.sliding_window),
+                )?,
                 mlp: Mlp {
                     gate: linear(store, &format!("{p}.mlp.gate_proj.weight"), w, h)?,
                     up: linear(store, &format!("{p}.mlp.up_proj.weight"), w, h)?,
@@ -168,31 +161,8 @@ impl DrafterModel {
             .map(|j| target.embed_row(if j == 0 { bonus } else { mask }).to_vec())
             .collect();
         for (layer, kv) in self.layers.iter().zip(&ctx.layers) {
-            let proj: Vec<Projected> = x
-                .iter()
-                .enumerate()
-                .map(|(j, row)| {
-                    layer
-                        .attn
-                        .project(&normed(row, &layer.input_norm, self.eps), o + j, self.eps)
-                })
-                .collect();
-            for (j, p) in proj.iter().enumerate() {
-                let pos = o + j;
-                let keys: Vec<(&[f32], &[f32])> = (layer.attn.first_visible(pos)..=pos)
-                    .map(|q| {
-                        if q >= o {
-                            (proj[q - o].k.as_slice(), proj[q - o].v.as_slice())
-                        } else {
-                            (kv.key(q), kv.value(q))
-                        }
-                    })
-                    .collect();
-                let a = layer.attn.attend(p, &keys);
-                for (xa, b) in x[j].iter_mut().zip(a) {
-                    *xa += b;
-                }
-            }
+            let proj = layer.attn.project_rows(&x, &layer.input_norm, o, self.eps);
+            layer.attn.attend_block(&proj, o, kv, &mut x);
             for row in x.iter_mut() {
                 let y = layer.mlp.forward(&normed(row, &layer.post_norm, self.eps));
                 for (a, b) in row.iter_mut().zip(y) {

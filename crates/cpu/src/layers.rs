@@ -4,6 +4,8 @@
 
 use fastdecode_model::rope::Rope;
 
+use crate::kv_cache::LayerKv;
+
 use crate::ops::{matvec, rms_norm, sigmoid, silu, softmax_exp, softplus};
 
 /// A bias-free linear layer, `W` is `[out, in]`.
@@ -97,6 +99,40 @@ impl Attention {
         let mut k = self.k.forward(xn);
         self.norm_rope_heads(&mut k, &self.k_norm, eps, pos);
         (k, self.v.forward(xn))
+    }
+
+    /// Projections of consecutive rows `x` at positions `p0..`, each normed with `norm` first.
+    pub fn project_rows(
+        &self,
+        x: &[Vec<f32>],
+        norm: &[f32],
+        p0: usize,
+        eps: f32,
+    ) -> Vec<Projected> {
+        x.iter()
+            .enumerate()
+            .map(|(j, row)| self.project(&normed(row, norm, eps), p0 + j, eps))
+            .collect()
+    }
+
+    /// Adds to each residual row `x[j]` (position `p0 + j`) its attention output over the keys it
+    /// sees: positions before `p0` from `cache`, then this block's own rows, in position order.
+    pub fn attend_block(&self, proj: &[Projected], p0: usize, cache: &LayerKv, x: &mut [Vec<f32>]) {
+        for (j, p) in proj.iter().enumerate() {
+            let pos = p0 + j;
+            let keys: Vec<(&[f32], &[f32])> = (self.first_visible(pos)..=pos)
+                .map(|q| {
+                    if q >= p0 {
+                        (proj[q - p0].k.as_slice(), proj[q - p0].v.as_slice())
+                    } else {
+                        (cache.key(q), cache.value(q))
+                    }
+                })
+                .collect();
+            for (a, b) in x[j].iter_mut().zip(self.attend(p, &keys)) {
+                *a += b;
+            }
+        }
     }
 
     /// First key position a query at `pos` sees.

@@ -11,7 +11,7 @@ use fastdecode_model::rope::Rope;
 use fastdecode_model::{Error, Result};
 
 use crate::kv_cache::{KvCache, LayerKv};
-use crate::layers::{normed, Attention, Ffn, Linear, Mlp, Moe, Projected};
+use crate::layers::{normed, Attention, Ffn, Linear, Mlp, Moe};
 
 pub struct DecoderLayer {
     pub input_norm: Vec<f32>,
@@ -51,6 +51,32 @@ pub(crate) fn linear(store: &TensorStore, name: &str, out: usize, inp: usize) ->
         w: read(store, name, &[out, inp])?,
         out,
         inp,
+    })
+}
+
+/// The gated attention weights under `prefix` (`…self_attn`); `shape` is (query heads, kv heads,
+/// head_dim, hidden).
+pub(crate) fn load_attention(
+    store: &TensorStore,
+    prefix: &str,
+    shape: (usize, usize, usize, usize),
+    rope: Rope,
+    window: Option<usize>,
+) -> Result<Attention> {
+    let (nh, kv, d, h) = shape;
+    Ok(Attention {
+        q: linear(store, &format!("{prefix}.q_proj.weight"), nh * d, h)?,
+        k: linear(store, &format!("{prefix}.k_proj.weight"), kv * d, h)?,
+        v: linear(store, &format!("{prefix}.v_proj.weight"), kv * d, h)?,
+        o: linear(store, &format!("{prefix}.o_proj.weight"), h, nh * d)?,
+        g: linear(store, &format!("{prefix}.g_proj.weight"), nh, h)?,
+        q_norm: read(store, &format!("{prefix}.q_norm.weight"), &[d])?,
+        k_norm: read(store, &format!("{prefix}.k_norm.weight"), &[d])?,
+        heads: nh,
+        kv_heads: kv,
+        head_dim: d,
+        rope,
+        window,
     })
 }
 
@@ -219,20 +245,8 @@ impl TargetModel {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
             let nh = c.heads(i);
-            let attn = Attention {
-                q: linear(store, &format!("{a}.q_proj.weight"), nh * d, h)?,
-                k: linear(store, &format!("{a}.k_proj.weight"), kv * d, h)?,
-                v: linear(store, &format!("{a}.v_proj.weight"), kv * d, h)?,
-                o: linear(store, &format!("{a}.o_proj.weight"), h, nh * d)?,
-                g: linear(store, &format!("{a}.g_proj.weight"), nh, h)?,
-                q_norm: read(store, &format!("{a}.q_norm.weight"), &[d])?,
-                k_norm: read(store, &format!("{a}.k_norm.weight"), &[d])?,
-                heads: nh,
-                kv_heads: kv,
-                head_dim: d,
-                rope: Rope::new(c.rope(i), d),
-                window: (c.layer_types[i] == LayerType::Sliding).then_some(c.sliding_window),
-            };
+            let window = (c.layer_types[i] == LayerType::Sliding).then_some(c.sliding_window);
+            let attn = load_attention(store, &a, (nh, kv, d, h), Rope::new(c.rope(i), d), window)?;
             let m = format!("{p}.mlp");
             let ffn = if c.is_sparse(i) {
                 Ffn::Moe(Box::new(load_moe(store, &c, &m, layout)?))
@@ -325,33 +339,10 @@ impl TargetModel {
         let mut x: Vec<Vec<f32>> = tokens.iter().map(|&t| self.embed_row(t).to_vec()).collect();
         let mut tap_out = vec![0f32; n * taps.len() * h];
         for (li, layer) in self.layers.iter().enumerate() {
-            let proj: Vec<Projected> = x
-                .iter()
-                .zip(positions)
-                .map(|(row, &pos)| {
-                    layer
-                        .attn
-                        .project(&normed(row, &layer.input_norm, self.eps), pos, self.eps)
-                })
-                .collect();
-            let kv = &cache.layers[li];
-            for (r, p) in proj.iter().enumerate() {
-                let pos = p0 + r;
-                // Keys in position order: cached ones first, then this forward's own rows.
-                let keys: Vec<(&[f32], &[f32])> = (layer.attn.first_visible(pos)..=pos)
-                    .map(|q| {
-                        if q >= p0 {
-                            (proj[q - p0].k.as_slice(), proj[q - p0].v.as_slice())
-                        } else {
-                            (kv.key(q), kv.value(q))
-                        }
-                    })
-                    .collect();
-                let attn = layer.attn.attend(p, &keys);
-                for (a, b) in x[r].iter_mut().zip(attn) {
-                    *a += b;
-                }
-            }
+            let proj = layer.attn.project_rows(&x, &layer.input_norm, p0, self.eps);
+            layer
+                .attn
+                .attend_block(&proj, p0, &cache.layers[li], &mut x);
             let kv = &mut cache.layers[li];
             for (r, p) in proj.iter().enumerate() {
                 kv.write(p0 + r, &p.k, &p.v);

@@ -73,8 +73,33 @@ impl TensorSpec {
     }
 }
 
-/// Name parts of a SwiGLU projection triple.
-pub const SWIGLU: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+/// The gated attention tensors under `a` (`…self_attn`): (query heads, kv heads, head_dim, hidden).
+fn attention_specs(v: &mut Vec<TensorSpec>, a: &str, (nh, kv, d, h): (usize, usize, usize, usize)) {
+    let bf = Dtype::BF16;
+    v.push(TensorSpec::new(
+        format!("{a}.q_proj.weight"),
+        bf,
+        &[nh * d, h],
+    ));
+    v.push(TensorSpec::new(
+        format!("{a}.k_proj.weight"),
+        bf,
+        &[kv * d, h],
+    ));
+    v.push(TensorSpec::new(
+        format!("{a}.v_proj.weight"),
+        bf,
+        &[kv * d, h],
+    ));
+    v.push(TensorSpec::new(
+        format!("{a}.o_proj.weight"),
+        bf,
+        &[h, nh * d],
+    ));
+    v.push(TensorSpec::new(format!("{a}.g_proj.weight"), bf, &[nh, h]));
+    v.push(TensorSpec::new(format!("{a}.q_norm.weight"), bf, &[d]));
+    v.push(TensorSpec::new(format!("{a}.k_norm.weight"), bf, &[d]));
+}
 
 /// The NVFP4 pair (codes, scales) of a `[rows, cols]` weight, with an optional leading expert axis.
 fn nvfp4_pair(out: &mut Vec<TensorSpec>, base: &str, lead: &[usize], rows: usize, cols: usize) {
@@ -112,30 +137,7 @@ pub fn target_inventory(c: &LagunaConfig, layout: Layout) -> Vec<TensorSpec> {
         for n in ["input_layernorm", "post_attention_layernorm"] {
             v.push(TensorSpec::new(format!("{p}.{n}.weight"), bf, &[h]));
         }
-        let a = format!("{p}.self_attn");
-        v.push(TensorSpec::new(
-            format!("{a}.q_proj.weight"),
-            bf,
-            &[nh * d, h],
-        ));
-        v.push(TensorSpec::new(
-            format!("{a}.k_proj.weight"),
-            bf,
-            &[kv * d, h],
-        ));
-        v.push(TensorSpec::new(
-            format!("{a}.v_proj.weight"),
-            bf,
-            &[kv * d, h],
-        ));
-        v.push(TensorSpec::new(
-            format!("{a}.o_proj.weight"),
-            bf,
-            &[h, nh * d],
-        ));
-        v.push(TensorSpec::new(format!("{a}.g_proj.weight"), bf, &[nh, h]));
-        v.push(TensorSpec::new(format!("{a}.q_norm.weight"), bf, &[d]));
-        v.push(TensorSpec::new(format!("{a}.k_norm.weight"), bf, &[d]));
+        attention_specs(&mut v, &format!("{p}.self_attn"), (nh, kv, d, h));
         let m = format!("{p}.mlp");
         if !c.is_sparse(i) {
             let w = c.intermediate_size;
@@ -266,30 +268,7 @@ pub fn drafter_inventory(c: &DrafterConfig) -> Vec<TensorSpec> {
         for n in ["input_layernorm", "post_attention_layernorm"] {
             v.push(TensorSpec::new(format!("{p}.{n}.weight"), bf, &[h]));
         }
-        let a = format!("{p}.self_attn");
-        v.push(TensorSpec::new(
-            format!("{a}.q_proj.weight"),
-            bf,
-            &[nh * d, h],
-        ));
-        v.push(TensorSpec::new(
-            format!("{a}.k_proj.weight"),
-            bf,
-            &[kv * d, h],
-        ));
-        v.push(TensorSpec::new(
-            format!("{a}.v_proj.weight"),
-            bf,
-            &[kv * d, h],
-        ));
-        v.push(TensorSpec::new(
-            format!("{a}.o_proj.weight"),
-            bf,
-            &[h, nh * d],
-        ));
-        v.push(TensorSpec::new(format!("{a}.g_proj.weight"), bf, &[nh, h]));
-        v.push(TensorSpec::new(format!("{a}.q_norm.weight"), bf, &[d]));
-        v.push(TensorSpec::new(format!("{a}.k_norm.weight"), bf, &[d]));
+        attention_specs(&mut v, &format!("{p}.self_attn"), (nh, kv, d, h));
         let w = c.intermediate_size;
         v.push(TensorSpec::new(
             format!("{p}.mlp.gate_proj.weight"),
