@@ -32,6 +32,12 @@ pub struct CheckArgs {
     /// Seed for the random prompts.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Rows per GPU forward in the first half of each sequence (the rest is one row at a time).
+    #[arg(long, default_value_t = 128)]
+    prefill_rows: usize,
+    /// Print every 16th position's max |Δ logit|, and every position where it exceeds 1e-3.
+    #[arg(long)]
+    trace: bool,
 }
 
 pub fn run(a: CheckArgs) -> Result<()> {
@@ -74,15 +80,24 @@ pub fn run(a: CheckArgs) -> Result<()> {
         // GPU: the first half as chunked prefill, the rest one row at a time (the decode path).
         let mut gt = CudaBackend::new(model.clone(), 16, seq.len())?;
         let half = seq.len() / 2;
-        let mut got = gt.forward(&seq[..half], &positions[..half], &[])?.logits;
+        let mut got = vec![];
+        for start in (0..half).step_by(a.prefill_rows.max(1)) {
+            let end = (start + a.prefill_rows.max(1)).min(half);
+            got.extend(gt.forward(&seq[start..end], &positions[start..end], &[])?.logits);
+        }
         for i in half..seq.len() {
             got.extend(gt.forward(&seq[i..=i], &[i], &[])?.logits);
         }
         for p in 0..seq.len() {
             let (w, g) = (&want[p * v..(p + 1) * v], &got[p * v..(p + 1) * v]);
+            let mut row_max = 0f32;
             for (x, y) in w.iter().zip(g) {
-                max_abs = max_abs.max((x - y).abs());
+                row_max = row_max.max((x - y).abs());
             }
+            if a.trace && (p % 16 == 0 || row_max > 1e-3) {
+                eprintln!("trace: sequence {s} position {p} max|dlogit| {row_max:.3e}");
+            }
+            max_abs = max_abs.max(row_max);
             total += 1;
             if argmax(w) == argmax(g) {
                 agree += 1;
@@ -93,6 +108,10 @@ pub fn run(a: CheckArgs) -> Result<()> {
                 if gap < a.near_tie {
                     near += 1;
                 } else {
+                    if hard < 12 {
+                        // Where the failures are is what a kernel author needs first.
+                        eprintln!("failure: sequence {s} position {p} (of {}): cpu argmax {} gpu {} gap {gap:.3}", seq.len(), argmax(w), argmax(g));
+                    }
                     hard += 1;
                 }
             }

@@ -93,10 +93,57 @@ fn gen_json(g: &Generation) -> serde_json::Value {
     })
 }
 
-pub fn run(a: GenerateArgs) -> Result<()> {
-    if a.backend == Backend::Cuda {
-        bail!("generate --backend cuda is not wired yet; use `fastdecode bench --backend cuda` or `fastdecode check`");
+/// The GPU target for `generate --backend cuda` (the CPU model still supplies the tokenizer and
+/// the draft sources: the drafter runs on the CPU, fed the GPU target's tapped hidden states).
+struct GpuTarget {
+    model: std::sync::Arc<fastdecode_cuda::CudaModel>,
+    max_positions: usize,
+}
+
+impl GpuTarget {
+    fn open(dir: &std::path::Path, max_positions: usize) -> Result<Self> {
+        let gpu = std::sync::Arc::new(fastdecode_cuda::Gpu::open(0)?);
+        let cfg = fastdecode_model::LagunaConfig::from_file(&dir.join("config.json"))?;
+        let store = fastdecode_model::checkpoint::TensorStore::open_dir(dir)?;
+        let model = fastdecode_cuda::CudaModel::upload(gpu, cfg, &store)?;
+        Ok(GpuTarget {
+            model: std::sync::Arc::new(model),
+            max_positions,
+        })
     }
+
+    fn session(&self, block_size: usize) -> Result<fastdecode_engine::cuda_backend::CudaBackend> {
+        Ok(fastdecode_engine::cuda_backend::CudaBackend::new(
+            self.model.clone(),
+            block_size,
+            self.max_positions,
+        )?)
+    }
+}
+
+fn run_on(
+    target: &mut dyn fastdecode_engine::TargetBackend,
+    source: Option<&mut dyn fastdecode_engine::DraftSource>,
+    prompt: &[u32],
+    max_new: usize,
+    block_size: usize,
+    stop: &[u32],
+) -> Result<Generation> {
+    let opts = fastdecode_engine::DecodeOptions {
+        max_new_tokens: max_new,
+        block_size,
+        stop_tokens: stop,
+    };
+    Ok(fastdecode_engine::generate(
+        target,
+        source,
+        prompt,
+        &opts,
+        &mut |_| {},
+    )?)
+}
+
+pub fn run(a: GenerateArgs) -> Result<()> {
     let dir = match a.model {
         Some(d) => d,
         None => default_model_dir()?,
@@ -116,11 +163,22 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         model.target.cfg.eos_token_ids.clone()
     };
+    let gpu = match a.backend {
+        Backend::Cuda => Some(GpuTarget::open(&dir, prompt.len() + a.max_new_tokens + 16)?),
+        Backend::Cpu => None,
+    };
     let need_serial = a.block_size == 1 || a.compare || matches!(a.draft, DraftSpec::Oracle(_));
-    let serial_run = if need_serial {
-        Some(serial(&model, &prompt, a.max_new_tokens, &stop)?)
-    } else {
-        None
+    let serial_run = match (need_serial, &gpu) {
+        (false, _) => None,
+        (true, None) => Some(serial(&model, &prompt, a.max_new_tokens, &stop)?),
+        (true, Some(g)) => Some(run_on(
+            &mut g.session(1)?,
+            None,
+            &prompt,
+            a.max_new_tokens,
+            1,
+            &stop,
+        )?),
     };
     let dflash_run = if a.block_size > 1 {
         let plan = DraftPlan {
@@ -129,7 +187,21 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             seed: a.seed,
         };
         let truth = serial_run.as_ref().map(|g| g.tokens.as_slice());
-        let g = dflash(&model, &prompt, a.max_new_tokens, &stop, plan, truth)?;
+        let g = match &gpu {
+            None => dflash(&model, &prompt, a.max_new_tokens, &stop, plan, truth)?,
+            Some(g) => {
+                let mut source =
+                    fastdecode_engine::session::draft_source(&model, &prompt, plan, truth)?;
+                run_on(
+                    &mut g.session(a.block_size)?,
+                    Some(source.as_mut()),
+                    &prompt,
+                    a.max_new_tokens,
+                    a.block_size,
+                    &stop,
+                )?
+            }
+        };
         if let Some(s) = &serial_run {
             if s.tokens != g.tokens {
                 bail!("DFlash output differs from serial output: this is a bug, please report it");
