@@ -65,6 +65,7 @@ pub fn run(a: CheckArgs) -> Result<()> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
     let (mut agree, mut near, mut hard, mut total) = (0usize, 0usize, 0usize, 0usize);
     let mut max_abs = 0f32;
+    let mut non_finite = 0usize;
     let mut max_gap_at_disagreement = 0f32;
     for s in 0..n_seq {
         let prompt: Vec<u32> = (0..16).map(|_| rng.random_range(0..v as u32)).collect();
@@ -83,7 +84,10 @@ pub fn run(a: CheckArgs) -> Result<()> {
         let mut got = vec![];
         for start in (0..half).step_by(a.prefill_rows.max(1)) {
             let end = (start + a.prefill_rows.max(1)).min(half);
-            got.extend(gt.forward(&seq[start..end], &positions[start..end], &[])?.logits);
+            got.extend(
+                gt.forward(&seq[start..end], &positions[start..end], &[])?
+                    .logits,
+            );
         }
         for i in half..seq.len() {
             got.extend(gt.forward(&seq[i..=i], &[i], &[])?.logits);
@@ -92,6 +96,10 @@ pub fn run(a: CheckArgs) -> Result<()> {
             let (w, g) = (&want[p * v..(p + 1) * v], &got[p * v..(p + 1) * v]);
             let mut row_max = 0f32;
             for (x, y) in w.iter().zip(g) {
+                // f32::max ignores NaN, so count non-finite GPU values separately.
+                if !y.is_finite() {
+                    non_finite += 1;
+                }
                 row_max = row_max.max((x - y).abs());
             }
             if a.trace && (p % 16 == 0 || row_max > 1e-3) {
@@ -132,12 +140,13 @@ pub fn run(a: CheckArgs) -> Result<()> {
         near
     );
     println!("{:<44} {:>12}", "disagreements elsewhere (failures)", hard);
+    println!("{:<44} {:>12}", "non-finite GPU logits", non_finite);
     println!("{:<44} {:>12.3e}", "max |Δ logit|", max_abs);
     println!(
         "{:<44} {:>12.3e}",
         "largest CPU top-2 gap at a disagreement", max_gap_at_disagreement
     );
-    if hard > 0 || total < a.positions {
+    if hard > 0 || non_finite > 0 || total < a.positions {
         bail!("cuda disagrees with the CPU reference at {hard} positions that are not near-ties");
     }
     println!("ok");
