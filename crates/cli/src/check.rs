@@ -35,7 +35,8 @@ pub struct CheckArgs {
     /// Rows per GPU forward in the first half of each sequence (the rest is one row at a time).
     #[arg(long, default_value_t = 128)]
     prefill_rows: usize,
-    /// Print every 16th position's max |Δ logit|, and every position where it exceeds 1e-3.
+    /// Print every 16th position's max |Δ logit|, and every position where it exceeds 1e-3, with
+    /// each layer's relative hidden-state difference.
     #[arg(long)]
     trace: bool,
 }
@@ -76,22 +77,44 @@ pub fn run(a: CheckArgs) -> Result<()> {
             .copied()
             .collect();
         let positions: Vec<usize> = (0..seq.len()).collect();
+        // With --trace, every layer's output is tapped on both backends to show where they part.
+        let taps: Vec<usize> = if a.trace {
+            (0..c.num_hidden_layers).collect()
+        } else {
+            vec![]
+        };
         let mut ct = CpuTarget::new(cpu.target.clone(), 16);
-        let want = ct.forward(&seq, &positions, &[])?.logits;
+        let cpu_out = ct.forward(&seq, &positions, &taps)?;
+        let (want, want_taps) = (cpu_out.logits, cpu_out.taps);
+        let mut got_taps = vec![];
         // GPU: the first half as chunked prefill, the rest one row at a time (the decode path).
         let mut gt = CudaBackend::new(model.clone(), 16, seq.len())?;
         let half = seq.len() / 2;
         let mut got = vec![];
         for start in (0..half).step_by(a.prefill_rows.max(1)) {
             let end = (start + a.prefill_rows.max(1)).min(half);
-            got.extend(
-                gt.forward(&seq[start..end], &positions[start..end], &[])?
-                    .logits,
-            );
+            let o = gt.forward(&seq[start..end], &positions[start..end], &taps)?;
+            got.extend(o.logits);
+            got_taps.extend(o.taps);
         }
         for i in half..seq.len() {
-            got.extend(gt.forward(&seq[i..=i], &[i], &[])?.logits);
+            let o = gt.forward(&seq[i..=i], &[i], &taps)?;
+            got.extend(o.logits);
+            got_taps.extend(o.taps);
         }
+        let h = c.hidden_size;
+        let layer_report = |p: usize| -> String {
+            (0..taps.len())
+                .map(|l| {
+                    let at = (p * taps.len() + l) * h;
+                    let (x, y) = (&want_taps[at..at + h], &got_taps[at..at + h]);
+                    let d = x.iter().zip(y).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    let scale = x.iter().fold(0f32, |m, a| m.max(a.abs()));
+                    format!("L{l} {:.1e}", d / scale.max(1e-30))
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         for p in 0..seq.len() {
             let (w, g) = (&want[p * v..(p + 1) * v], &got[p * v..(p + 1) * v]);
             let mut row_max = 0f32;
@@ -103,7 +126,10 @@ pub fn run(a: CheckArgs) -> Result<()> {
                 row_max = row_max.max((x - y).abs());
             }
             if a.trace && (p % 16 == 0 || row_max > 1e-3) {
-                eprintln!("trace: sequence {s} position {p} max|dlogit| {row_max:.3e}");
+                eprintln!(
+                    "trace: sequence {s} position {p} max|dlogit| {row_max:.3e}; per-layer max|dh|/max|h|: {}",
+                    layer_report(p)
+                );
             }
             max_abs = max_abs.max(row_max);
             total += 1;
