@@ -101,6 +101,26 @@ fn attention_specs(v: &mut Vec<TensorSpec>, a: &str, (nh, kv, d, h): (usize, usi
     v.push(TensorSpec::new(format!("{a}.k_norm.weight"), bf, &[d]));
 }
 
+/// The SwiGLU triple under `p`: `gate_proj` and `up_proj` [inter, hidden], `down_proj` [hidden, inter].
+fn swiglu_specs(v: &mut Vec<TensorSpec>, p: &str, inter: usize, h: usize) {
+    let bf = Dtype::BF16;
+    v.push(TensorSpec::new(
+        format!("{p}.gate_proj.weight"),
+        bf,
+        &[inter, h],
+    ));
+    v.push(TensorSpec::new(
+        format!("{p}.up_proj.weight"),
+        bf,
+        &[inter, h],
+    ));
+    v.push(TensorSpec::new(
+        format!("{p}.down_proj.weight"),
+        bf,
+        &[h, inter],
+    ));
+}
+
 /// The NVFP4 pair (codes, scales) of a `[rows, cols]` weight, with an optional leading expert axis.
 fn nvfp4_pair(out: &mut Vec<TensorSpec>, base: &str, lead: &[usize], rows: usize, cols: usize) {
     let shape = |last: usize| [lead, &[rows, last]].concat();
@@ -140,18 +160,7 @@ pub fn target_inventory(c: &LagunaConfig, layout: Layout) -> Vec<TensorSpec> {
         attention_specs(&mut v, &format!("{p}.self_attn"), (nh, kv, d, h));
         let m = format!("{p}.mlp");
         if !c.is_sparse(i) {
-            let w = c.intermediate_size;
-            v.push(TensorSpec::new(
-                format!("{m}.gate_proj.weight"),
-                bf,
-                &[w, h],
-            ));
-            v.push(TensorSpec::new(format!("{m}.up_proj.weight"), bf, &[w, h]));
-            v.push(TensorSpec::new(
-                format!("{m}.down_proj.weight"),
-                bf,
-                &[h, w],
-            ));
+            swiglu_specs(&mut v, &m, c.intermediate_size, h);
             continue;
         }
         let (e, mi, si) = (
@@ -160,11 +169,14 @@ pub fn target_inventory(c: &LagunaConfig, layout: Layout) -> Vec<TensorSpec> {
             c.shared_expert_intermediate_size,
         );
         v.push(TensorSpec::new(format!("{m}.gate.weight"), bf, &[e, h]));
-        v.push(TensorSpec::new(
-            format!("{m}.gate.e_score_correction_bias"),
-            Dtype::F32,
-            &[e],
-        ));
+        // transformers saves the router bias under `experts`, in the model dtype (any float dtype
+        // is accepted when reading HF checkpoints); everywhere else it is `gate.…`, F32.
+        let bias = if layout == Layout::HfSaved {
+            format!("{m}.experts.e_score_correction_bias")
+        } else {
+            format!("{m}.gate.e_score_correction_bias")
+        };
+        v.push(TensorSpec::new(bias, Dtype::F32, &[e]));
         match layout {
             Layout::Hf => {
                 v.push(TensorSpec::new(
@@ -177,54 +189,13 @@ pub fn target_inventory(c: &LagunaConfig, layout: Layout) -> Vec<TensorSpec> {
                     bf,
                     &[e, h, mi],
                 ));
-                let s = format!("{m}.shared_experts");
-                v.push(TensorSpec::new(
-                    format!("{s}.gate_proj.weight"),
-                    bf,
-                    &[si, h],
-                ));
-                v.push(TensorSpec::new(format!("{s}.up_proj.weight"), bf, &[si, h]));
-                v.push(TensorSpec::new(
-                    format!("{s}.down_proj.weight"),
-                    bf,
-                    &[h, si],
-                ));
+                swiglu_specs(&mut v, &format!("{m}.shared_experts"), si, h);
             }
             Layout::HfSaved => {
-                // The bias lives under `experts` here. transformers saves it in the model dtype;
-                // any float dtype is accepted when reading HF checkpoints.
-                v.pop();
-                v.push(TensorSpec::new(
-                    format!("{m}.experts.e_score_correction_bias"),
-                    Dtype::F32,
-                    &[e],
-                ));
                 for x in 0..e {
-                    let p = format!("{m}.experts.{x}");
-                    v.push(TensorSpec::new(
-                        format!("{p}.gate_proj.weight"),
-                        bf,
-                        &[mi, h],
-                    ));
-                    v.push(TensorSpec::new(format!("{p}.up_proj.weight"), bf, &[mi, h]));
-                    v.push(TensorSpec::new(
-                        format!("{p}.down_proj.weight"),
-                        bf,
-                        &[h, mi],
-                    ));
+                    swiglu_specs(&mut v, &format!("{m}.experts.{x}"), mi, h);
                 }
-                let s = format!("{m}.shared_expert");
-                v.push(TensorSpec::new(
-                    format!("{s}.gate_proj.weight"),
-                    bf,
-                    &[si, h],
-                ));
-                v.push(TensorSpec::new(format!("{s}.up_proj.weight"), bf, &[si, h]));
-                v.push(TensorSpec::new(
-                    format!("{s}.down_proj.weight"),
-                    bf,
-                    &[h, si],
-                ));
+                swiglu_specs(&mut v, &format!("{m}.shared_expert"), si, h);
             }
             Layout::Runtime => {
                 let s = format!("{m}.switch_mlp");
@@ -269,22 +240,7 @@ pub fn drafter_inventory(c: &DrafterConfig) -> Vec<TensorSpec> {
             v.push(TensorSpec::new(format!("{p}.{n}.weight"), bf, &[h]));
         }
         attention_specs(&mut v, &format!("{p}.self_attn"), (nh, kv, d, h));
-        let w = c.intermediate_size;
-        v.push(TensorSpec::new(
-            format!("{p}.mlp.gate_proj.weight"),
-            bf,
-            &[w, h],
-        ));
-        v.push(TensorSpec::new(
-            format!("{p}.mlp.up_proj.weight"),
-            bf,
-            &[w, h],
-        ));
-        v.push(TensorSpec::new(
-            format!("{p}.mlp.down_proj.weight"),
-            bf,
-            &[h, w],
-        ));
+        swiglu_specs(&mut v, &format!("{p}.mlp"), c.intermediate_size, h);
     }
     v.sort_by(|a, b| a.name.cmp(&b.name));
     v
