@@ -49,7 +49,10 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, const f
     __shared__ int chosen[64];
     const float* l = logits + (size_t)blockIdx.x * E;
     const int t = threadIdx.x;
-    for (int e = t; e < E; e += 256) {
+    // Strides and the reduction follow blockDim.x (a power of two up to 256), so a launch with
+    // fewer threads still reads only initialised shared memory.
+    const int nt = blockDim.x;
+    for (int e = t; e < E; e += nt) {
         float x = l[e];
         if (softcap > 0.f) x = softcap * tanhf(x / softcap);
         const float s = 1.f / (1.f + expf(-x));
@@ -61,13 +64,13 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, const f
     for (int round = 0; round < k; round++) {
         float best = NEG_INF;
         int idx = 0x7fffffff;
-        for (int e = t; e < E; e += 256) {
+        for (int e = t; e < E; e += nt) {
             if (sel[e] > best) { best = sel[e]; idx = e; }  // ascending scan: ties keep the lower index
         }
         bv[t] = best;
         bi[t] = idx;
         __syncthreads();
-        for (int s = 128; s > 0; s >>= 1) {
+        for (int s = nt / 2; s > 0; s >>= 1) {
             if (t < s) {
                 const float v = bv[t + s];
                 const int j = bi[t + s];

@@ -1,9 +1,9 @@
 //! Launch wrappers of `kernels/dense.cu`. Shapes are checked here, before any launch.
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use half::bf16;
 
-use crate::device::Gpu;
+use crate::device::{launch_cfg, Gpu};
 use crate::error::{CudaError, Result};
 
 /// Rows one GEMV launch can carry (the kernel keeps one accumulator per row in registers).
@@ -36,11 +36,7 @@ impl Gpu {
         })?;
         let f = self.function("dense", "embed_rows")?;
         let h = hidden as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = launch_cfg((rows as u32, 1), 256, 0);
         // SAFETY: argument types and sizes match the kernel signature; shapes checked above.
         unsafe {
             self.stream
@@ -70,11 +66,7 @@ impl Gpu {
         )?;
         let f = self.function("dense", "rms_norm_rows")?;
         let nn = n as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = launch_cfg((rows as u32, 1), 256, 0);
         // SAFETY: as above.
         unsafe {
             self.stream
@@ -114,11 +106,7 @@ impl Gpu {
             format!("gemv_bf16: activations too small for {rows} rows")
         })?;
         let f = self.function("dense", "gemv_bf16")?;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks(out, 8), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = launch_cfg((blocks(out, 8), 1), 256, 0);
         let (o, i, acc) = (out as i32, inp as i32, accumulate as i32);
         for start in (0..rows).step_by(GEMV_MAX_ROWS) {
             let n = (rows - start).min(GEMV_MAX_ROWS);
@@ -155,11 +143,7 @@ impl Gpu {
         })?;
         let f = self.function("dense", "argmax_rows")?;
         let v = vocab as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = launch_cfg((rows as u32, 1), 256, 0);
         // SAFETY: as above.
         unsafe {
             self.stream

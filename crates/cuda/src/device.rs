@@ -21,6 +21,19 @@ pub const MODULES: &[(&str, &str)] = &[
     ("synth", include_str!("../kernels/synth.cu")),
 ];
 
+/// A launch of `grid.0 × grid.1` blocks of `block` threads with `shared` bytes of dynamic shared memory.
+pub(crate) fn launch_cfg(
+    grid: (u32, u32),
+    block: u32,
+    shared: u32,
+) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: (grid.0, grid.1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: shared,
+    }
+}
+
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,

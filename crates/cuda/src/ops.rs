@@ -1,18 +1,10 @@
 //! Launch wrappers of `kernels/attention.cu` and `kernels/moe.cu`.
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use half::bf16;
 
-use crate::device::Gpu;
+use crate::device::{launch_cfg, Gpu};
 use crate::error::{CudaError, Result};
-
-fn cfg(grid: (u32, u32), block: u32, shared: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid.0, grid.1, 1),
-        block_dim: (block, 1, 1),
-        shared_mem_bytes: shared,
-    }
-}
 
 /// Rotary parameters on the device.
 pub struct DevRope {
@@ -61,7 +53,7 @@ impl Gpu {
                 .arg(&rd)
                 .arg(&rope.scaling)
                 .arg(&eps)
-                .launch(cfg((heads as u32, rows as u32), 128, 0))
+                .launch(launch_cfg((heads as u32, rows as u32), 128, 0))
         }?;
         Ok(())
     }
@@ -93,7 +85,7 @@ impl Gpu {
                 .arg(pos)
                 .arg(&rg)
                 .arg(&n)
-                .launch(cfg((rows as u32, 1), 256, 0))
+                .launch(launch_cfg((rows as u32, 1), 256, 0))
         }?;
         Ok(())
     }
@@ -145,7 +137,11 @@ impl Gpu {
                 .arg(&dd)
                 .arg(&w)
                 .arg(&rg)
-                .launch(cfg((heads as u32, rows as u32), 128, (max_keys * 4) as u32))
+                .launch(launch_cfg(
+                    (heads as u32, rows as u32),
+                    128,
+                    (max_keys * 4) as u32,
+                ))
         }?;
         Ok(())
     }
@@ -182,7 +178,7 @@ impl Gpu {
                 .arg(&kk)
                 .arg(&n)
                 .arg(&softcap)
-                .launch(cfg((rows as u32, 1), 32, 0))
+                .launch(launch_cfg((rows as u32, 1), 256, 0))
         }?;
         Ok(())
     }
@@ -217,7 +213,7 @@ impl Gpu {
         b.arg(h).arg(&i).arg(&hh).arg(&s);
         // SAFETY: as above; a null ids pointer selects expert 0 in the kernel.
         unsafe {
-            b.launch(cfg(
+            b.launch(launch_cfg(
                 (inter.div_ceil(8) as u32, (rows * slots) as u32),
                 256,
                 0,
@@ -269,7 +265,7 @@ impl Gpu {
                 .arg(&is)
                 .arg(&s)
                 .arg(&scaling)
-                .launch(cfg((hidden.div_ceil(8) as u32, rows as u32), 256, 0))
+                .launch(launch_cfg((hidden.div_ceil(8) as u32, rows as u32), 256, 0))
         }?;
         Ok(())
     }
@@ -291,7 +287,7 @@ impl Gpu {
                 .arg(u)
                 .arg(a)
                 .arg(&nn)
-                .launch(cfg((n.div_ceil(256) as u32, 1), 256, 0))
+                .launch(launch_cfg((n.div_ceil(256) as u32, 1), 256, 0))
         }?;
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use half::bf16;
 use safetensors::Dtype;
 
@@ -11,7 +11,7 @@ use fastdecode_model::checkpoint::TensorStore;
 use fastdecode_model::inventory::TensorSpec;
 use fastdecode_model::synth::{float_law, nvfp4_base_scale, tensor_key};
 
-use crate::device::Gpu;
+use crate::device::{launch_cfg, Gpu};
 use crate::error::{CudaError, Result};
 
 pub enum WeightSource<'a> {
@@ -62,11 +62,7 @@ impl WeightSource<'_> {
         let key = tensor_key(*seed, &spec.name);
         let f = gpu.function("synth", "synth_fill")?;
         let nn = n as u64;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(256).min(65535) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = launch_cfg((n.div_ceil(256).min(65535) as u32, 1), 256, 0);
         // SAFETY: `out` holds n elements of the kind's type; the kernel writes exactly those.
         unsafe {
             gpu.stream
