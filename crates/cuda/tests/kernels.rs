@@ -410,7 +410,10 @@ fn moe_kernels_match_cpu() {
     use fastdecode_model::nvfp4::{dequantize_row, quantize_row};
     let g = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let (e, k, hid, inter, sh) = (20usize, 3usize, 96usize, 48usize, 32usize);
+    // More experts than a warp (a 32-thread router launch would never scan experts 32..), and
+    // biases that make every selection key negative (so uninitialised shared memory, often zero,
+    // would win a reduction that reads it).
+    let (e, k, hid, inter, sh) = (100usize, 3usize, 96usize, 48usize, 32usize);
     // NVFP4 weights: quantise random rows, keep codes/scales for the GPU and dequantised f32 for the CPU.
     let mut quant = |rows: usize, cols: usize| {
         let w = rand_vec(&mut rng, rows * cols, (3.0 / cols as f32).sqrt());
@@ -447,7 +450,10 @@ fn moe_kernels_match_cpu() {
     let (sdd, sdq) = quant(hid, sh);
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let router = linear(&mut rng, e, hid);
-    let bias = rand_vec(&mut rng, e, 0.05);
+    let bias: Vec<f32> = rand_vec(&mut rng, e, 0.05)
+        .iter()
+        .map(|b| b - 1.5)
+        .collect();
     let lin = |w: &[f32], out: usize, inp: usize| Linear {
         w: w.to_vec(),
         out,
