@@ -14,4 +14,4 @@ pub mod weights;
 pub use device::Gpu;
 pub use error::{CudaError, Result};
 pub use model::CudaModel;
-pub use target::{CudaTarget, GpuForwardOut};
+pub use target::CudaTarget;

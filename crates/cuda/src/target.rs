@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
+use fastdecode_cpu::ForwardOut;
+
 use crate::error::{CudaError, Result};
 use crate::model::{CudaModel, DevFfn};
 
@@ -36,12 +38,6 @@ pub struct CudaTarget {
     s: Scratch,
     /// When set, every op is bracketed by CUDA events (`fastdecode bench --profile`).
     pub profiler: Option<crate::profile::Profiler>,
-}
-
-/// Logits of every row and the tapped hidden states (`rows × taps × hidden`), on the host.
-pub struct GpuForwardOut {
-    pub logits: Vec<f32>,
-    pub taps: Vec<f32>,
 }
 
 impl CudaTarget {
@@ -121,7 +117,7 @@ impl CudaTarget {
         tokens: &[u32],
         positions: &[usize],
         taps: &[usize],
-    ) -> Result<GpuForwardOut> {
+    ) -> Result<ForwardOut> {
         let c = self.model.cfg.clone();
         let p0 = self.len;
         if positions.len() != tokens.len()
@@ -150,7 +146,7 @@ impl CudaTarget {
                 c.num_hidden_layers
             )));
         }
-        let mut out = GpuForwardOut {
+        let mut out = ForwardOut {
             logits: Vec::with_capacity(tokens.len() * c.vocab_size),
             taps: vec![],
         };
@@ -166,7 +162,7 @@ impl CudaTarget {
         tokens: &[u32],
         p0: usize,
         taps: &[usize],
-        out: &mut GpuForwardOut,
+        out: &mut ForwardOut,
     ) -> Result<()> {
         let m = self.model.clone();
         let c = &m.cfg;

@@ -43,14 +43,9 @@ impl TargetBackend for CudaBackend {
         positions: &[usize],
         taps: &[usize],
     ) -> Result<ForwardOut> {
-        let o = self
-            .target
+        self.target
             .forward(tokens, positions, taps)
-            .map_err(backend_err)?;
-        Ok(ForwardOut {
-            logits: o.logits,
-            taps: o.taps,
-        })
+            .map_err(backend_err)
     }
     fn kv_len(&self) -> usize {
         self.target.len()
