@@ -121,28 +121,6 @@ impl GpuTarget {
     }
 }
 
-fn run_on(
-    target: &mut dyn fastdecode_engine::TargetBackend,
-    source: Option<&mut dyn fastdecode_engine::DraftSource>,
-    prompt: &[u32],
-    max_new: usize,
-    block_size: usize,
-    stop: &[u32],
-) -> Result<Generation> {
-    let opts = fastdecode_engine::DecodeOptions {
-        max_new_tokens: max_new,
-        block_size,
-        stop_tokens: stop,
-    };
-    Ok(fastdecode_engine::generate(
-        target,
-        source,
-        prompt,
-        &opts,
-        &mut |_| {},
-    )?)
-}
-
 pub fn run(a: GenerateArgs) -> Result<()> {
     let dir = match a.model {
         Some(d) => d,
@@ -171,7 +149,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let serial_run = match (need_serial, &gpu) {
         (false, _) => None,
         (true, None) => Some(serial(&model, &prompt, a.max_new_tokens, &stop)?),
-        (true, Some(g)) => Some(run_on(
+        (true, Some(g)) => Some(fastdecode_engine::session::run(
             &mut g.session(1)?,
             None,
             &prompt,
@@ -192,7 +170,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             Some(g) => {
                 let mut source =
                     fastdecode_engine::session::draft_source(&model, &prompt, plan, truth)?;
-                run_on(
+                fastdecode_engine::session::run(
                     &mut g.session(a.block_size)?,
                     Some(source.as_mut()),
                     &prompt,

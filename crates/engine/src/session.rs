@@ -4,7 +4,7 @@ use std::str::FromStr;
 
 use fastdecode_model::{Error, Result};
 
-use crate::backend::{CpuDrafter, CpuTarget, DraftSource};
+use crate::backend::{CpuDrafter, CpuTarget, DraftSource, TargetBackend};
 use crate::decode::{generate, DecodeOptions, Generation};
 use crate::model_dir::LoadedModel;
 use crate::oracle::Oracle;
@@ -54,6 +54,23 @@ pub fn max_block(model: &LoadedModel, spec: DraftSpec) -> usize {
     }
 }
 
+/// Greedy decoding of `prompt` on any target: serial without a source, DFlash with one.
+pub fn run(
+    target: &mut dyn TargetBackend,
+    source: Option<&mut dyn DraftSource>,
+    prompt: &[u32],
+    max_new: usize,
+    block_size: usize,
+    stop: &[u32],
+) -> Result<Generation> {
+    let opts = DecodeOptions {
+        max_new_tokens: max_new,
+        block_size,
+        stop_tokens: stop,
+    };
+    generate(target, source, prompt, &opts, &mut |_| {})
+}
+
 pub fn serial(
     model: &LoadedModel,
     prompt: &[u32],
@@ -61,12 +78,7 @@ pub fn serial(
     stop: &[u32],
 ) -> Result<Generation> {
     let mut t = CpuTarget::new(model.target.clone(), 1);
-    let opts = DecodeOptions {
-        max_new_tokens: max_new,
-        block_size: 1,
-        stop_tokens: stop,
-    };
-    generate(&mut t, None, prompt, &opts, &mut |_| {})
+    run(&mut t, None, prompt, max_new, 1, stop)
 }
 
 /// How a DFlash run drafts: block size, source, and the oracle's seed.
@@ -89,12 +101,7 @@ pub fn dflash(
     let k = plan.block_size;
     let mut source = draft_source(model, prompt, plan, truth)?;
     let mut t = CpuTarget::new(model.target.clone(), k);
-    let opts = DecodeOptions {
-        max_new_tokens: max_new,
-        block_size: k,
-        stop_tokens: stop,
-    };
-    generate(&mut t, Some(source.as_mut()), prompt, &opts, &mut |_| {})
+    run(&mut t, Some(source.as_mut()), prompt, max_new, k, stop)
 }
 
 /// The draft source `plan` names, checked against its maximum block size. The oracle needs
