@@ -10,7 +10,8 @@ use serde_json::json;
 
 use fastdecode_cuda::{CudaModel, Gpu};
 use fastdecode_engine::cuda_backend::CudaBackend;
-use fastdecode_engine::{generate, DecodeOptions, TargetBackend};
+use fastdecode_engine::session;
+use fastdecode_engine::TargetBackend;
 use fastdecode_model::checkpoint::TensorStore;
 use fastdecode_model::config::LagunaConfig;
 use fastdecode_model::inventory::{target_inventory, Layout, TensorSpec};
@@ -135,33 +136,21 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
     let ctx = a.prompt_tokens + a.decode_tokens;
     let mut target = CudaBackend::new(model.clone(), 1, ctx + 16)?;
     // Warm-up: compiles and loads every kernel module.
-    let opts = DecodeOptions {
-        max_new_tokens: 4,
-        block_size: 1,
-        stop_tokens: &[],
-    };
-    generate(
+    session::run(
         &mut target,
         None,
         &prompt[..a.prompt_tokens.min(16)],
-        &opts,
-        &mut |_| {},
+        4,
+        1,
+        &[],
     )?;
     let mut prefill_ms = vec![];
     let mut decode_ms = vec![];
     let mut tokens0: Option<Vec<u32>> = None;
     for _ in 0..a.repeats {
-        target.reset();
-        let positions: Vec<usize> = (0..prompt.len()).collect();
-        let t = Instant::now();
-        target.forward(&prompt, &positions, &[])?;
-        prefill_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        let opts = DecodeOptions {
-            max_new_tokens: a.decode_tokens,
-            block_size: 1,
-            stop_tokens: &[],
-        };
-        let g = generate(&mut target, None, &prompt, &opts, &mut |_| {})?;
+        // One run times both phases: the prefill forward (all rows' logits) and the decode steps.
+        let g = session::run(&mut target, None, &prompt, a.decode_tokens, 1, &[])?;
+        prefill_ms.push(g.prefill_seconds * 1e3);
         decode_ms.push(g.decode_seconds * 1e3 / (g.tokens.len() - 1) as f64);
         match &tokens0 {
             None => tokens0 = Some(g.tokens),
