@@ -19,6 +19,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("attention", include_str!("../kernels/attention.cu")),
     ("moe", include_str!("../kernels/moe.cu")),
     ("synth", include_str!("../kernels/synth.cu")),
+    ("prefill", include_str!("../kernels/prefill.cu")),
 ];
 
 /// A launch of `grid.0 × grid.1` blocks of `block` threads with `shared` bytes of dynamic shared memory.

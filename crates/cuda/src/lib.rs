@@ -7,6 +7,7 @@ pub mod device;
 pub mod error;
 pub mod model;
 pub mod ops;
+pub mod prefill;
 pub mod profile;
 pub mod target;
 pub mod weights;

@@ -1,0 +1,1 @@
+// Prefill on tensor cores (placeholder: filled in by the prefill work).

@@ -1,0 +1,1 @@
+//! Prefill on tensor cores: launch wrappers of `kernels/prefill.cu`.
