@@ -1,119 +1,193 @@
-// Attention: per-head q/k RMSNorm fused with RoPE, KV-cache writes, and decode attention over
-// the cache (GQA, sliding ring or full) with the per-head softplus gate.
+// Attention: per-head q/k RMSNorm fused with RoPE, KV-cache writes, and split-KV ("flash
+// decoding") attention over the cache (GQA, sliding ring or full) with the per-head softplus gate.
 // CPU twins: fastdecode_cpu::layers::Attention::{norm_rope_heads, attend}.
+//
+// Inputs are the rows of one fused projection `qkvg` [rows, width]: q (heads·d) | k (kv·d) |
+// v (kv·d) | g (heads). Rows of one launch sit at consecutive positions pos[0], pos[0] + 1, ...
 
-// In place: each head vector x[r, h, :] = rope(rmsnorm(x[r, h, :]; w), pos[r]).
-// grid: (heads, rows), block: 128 (fixed). Dims rot_dim/2.. pair (j, j + rot_dim/2).
-extern "C" __global__ void qk_norm_rope(float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                                        const int* __restrict__ pos, const float* __restrict__ inv_freq,
-                                        int heads, int d, int rot_dim, float scaling, float eps) {
-    __shared__ float scratch[4];
-    __shared__ float v[512];
-    float* xh = x + ((size_t)blockIdx.y * heads + blockIdx.x) * d;
+#define ATT_SPLITS 16  // key ranges per (row, kv head): 8 kv heads × 16 fill an H200's 132 SMs
+#define ATT_TILE 32    // keys per shared-memory tile: one key per lane when scoring
+#define ATT_WARPS 8
+
+struct RopeArgs {
+    const float* inv_freq;
+    int rot_dim;
+    float scaling;
+};
+
+// One warp: dst[0..d) = rope(rmsnorm(src; w), pos), pairs (j, j + rot_dim/2). `tmp` is d floats of
+// the warp's own shared scratch. Queries, keys entering the cache and keys recomputed from this
+// launch's rows all go through this one function, so a key is bit-identical however it is reached.
+__device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, const __nv_bfloat16* __restrict__ w,
+                                               int d, RopeArgs rope, float eps, int pos, float* tmp, float* dst) {
+    const int lane = threadIdx.x % WARP;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < d; i += 128) ss += xh[i] * xh[i];
-    ss = block_sum<128>(ss, scratch);
-    const float inv = rsqrtf(ss / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += 128) v[i] = __bfloat162float(w[i]) * (xh[i] * inv);
-    __syncthreads();
-    const int half = rot_dim / 2;
-    const float p = (float)pos[blockIdx.y];
-    for (int i = threadIdx.x; i < d; i += 128) {
-        float o = v[i];
-        if (i < rot_dim) {
+    for (int i = lane; i < d; i += WARP) ss += src[i] * src[i];
+    ss = warp_sum(ss);
+    const float inv = 1.f / sqrtf(ss / (float)d + eps);
+    for (int i = lane; i < d; i += WARP) tmp[i] = __bfloat162float(w[i]) * (src[i] * inv);
+    __syncwarp();
+    const int half = rope.rot_dim / 2;
+    const float p = (float)pos;
+    for (int i = lane; i < d; i += WARP) {
+        float o = tmp[i];
+        if (i < rope.rot_dim) {
             const int j = i < half ? i : i - half;
-            const float a = p * inv_freq[j];
-            const float c = cosf(a) * scaling, s = sinf(a) * scaling;
-            o = i < half ? v[i] * c - v[i + half] * s : v[i] * c + v[i - half] * s;
+            const float a = p * rope.inv_freq[j];
+            const float c = cosf(a) * rope.scaling, s = sinf(a) * rope.scaling;
+            o = i < half ? tmp[i] * c - tmp[i + half] * s : tmp[i] * c + tmp[i - half] * s;
         }
-        xh[i] = o;
+        dst[i] = o;
+    }
+    __syncwarp();
+}
+
+__device__ __forceinline__ size_t kv_slot(int p, int ring) { return (size_t)(ring > 0 ? p % ring : p); }
+
+// Prefill side of the cache: q_out[r, h, :] = norm_rope(q of row r), and k, v of every row into the
+// cache at slot(pos[r]). grid: (heads + kv_heads, rows), block: 32.
+extern "C" __global__ void qk_norm_rope_store(const float* __restrict__ qkvg, int width,
+                                              const __nv_bfloat16* __restrict__ q_norm,
+                                              const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos,
+                                              const float* __restrict__ inv_freq, int rot_dim, float rope_scaling, float eps,
+                                              int heads, int kv_heads, int d, int ring, float* __restrict__ q_out, float* __restrict__ ck, float* __restrict__ cv) {
+    __shared__ float tmp[128];
+    const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
+    const int h = blockIdx.x, r = blockIdx.y, p = pos[r];
+    const float* row = qkvg + (size_t)r * width;
+    if (h < heads) {
+        warp_norm_rope(row + h * d, q_norm, d, rope, eps, p, tmp, q_out + ((size_t)r * heads + h) * d);
+    } else {
+        const int kh = h - heads;
+        const size_t dst = (kv_slot(p, ring) * kv_heads + kh) * d;
+        warp_norm_rope(row + (heads + kh) * d, k_norm, d, rope, eps, p, tmp, ck + dst);
+        for (int i = threadIdx.x; i < d; i += WARP) cv[dst + i] = row[(heads + kv_heads + kh) * d + i];
     }
 }
 
-// cache[slot(pos[r]), :] = src[r, :] for k and v; slot = pos % ring (ring 0: slot = pos).
-// grid: rows, block: 256.
-extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
-                                    float* __restrict__ ck, float* __restrict__ cv,
-                                    const int* __restrict__ pos, int ring, int kvd) {
-    const int p = pos[blockIdx.x];
-    const size_t dst = (size_t)(ring > 0 ? p % ring : p) * kvd, src = (size_t)blockIdx.x * kvd;
-    for (int i = threadIdx.x; i < kvd; i += 256) {
-        ck[dst + i] = k[src + i];
-        cv[dst + i] = v[src + i];
-    }
-}
-
-// out[r, h, :] = softplus(g[r, h]) · Σ_j softmax_j(q·k_j / sqrt(d)) v_j over the keys a query at
-// pos[r] sees: positions max(0, pos - window + 1) ..= pos (window 0 = all), read from the cache at
-// slot (position % ring) (ring 0 = position). Scores live in dynamic shared memory (one float per
-// key); keys are visited in position order by a fixed mapping, so the sums never depend on the
-// launch's row count. grid: (heads, rows), block: 128, shared: 4·max_keys bytes.
-extern "C" __global__ void attend(const float* __restrict__ q, const float* __restrict__ ck,
-                                  const float* __restrict__ cv, const float* __restrict__ g,
-                                  const int* __restrict__ pos, float* __restrict__ out,
-                                  int heads, int kv_heads, int d, int window, int ring) {
-    extern __shared__ float scores[];
-    __shared__ float scratch[4];
-    const int h = blockIdx.x, r = blockIdx.y;
-    const int kvh = h / (heads / kv_heads);
-    const int p = pos[r];
+// Split-KV decode attention. Block (kv head, split, row) owns the keys of one of ATT_SPLITS
+// equal ranges (a multiple of ATT_TILE keys) of the row's visible window, max(0, p - window + 1)
+// ..= p, for all heads of the kv head's group (one warp per head, so heads/kv_heads <= 8). Keys of
+// earlier launches come from the cache; keys of this launch's rows are normalised from `qkvg` on
+// the fly (so no row waits on another's cache write), and block (kvh, 0, r) writes row r's own
+// k/v into the cache. Each block leaves (max, sum, Σ p·v) per head in `part`; the last block of a
+// (row, kv head) to finish (counted in `counters`, reset afterwards) merges the splits in split
+// order, applies the softplus gate and writes out[r, h, :]. The ranges depend only on the row's
+// own position, so a row's bits never depend on the launch's other rows.
+// Shared: (G·d + TILE·(d+1) + TILE·d + WARPS·d) floats. d % 32 == 0, d <= 128.
+extern "C" __global__ void __launch_bounds__(256) attend_decode(
+    const float* __restrict__ qkvg, int width, const __nv_bfloat16* __restrict__ q_norm,
+    const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos, const float* __restrict__ inv_freq,
+    int rot_dim, float rope_scaling, float eps, float* __restrict__ ck, float* __restrict__ cv, int ring, int window, int heads, int kv_heads, int d,
+    float* __restrict__ part, unsigned int* __restrict__ counters, float* __restrict__ out) {
+    extern __shared__ float sm[];
+    __shared__ int is_last;
+    const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
+    const int G = heads / kv_heads;
+    float* qs = sm;                        // [G][d]
+    float* ks = qs + G * d;                // [TILE][d + 1]: odd stride, lane-per-key reads hit distinct banks
+    float* vs = ks + ATT_TILE * (d + 1);   // [TILE][d]
+    float* tmp = vs + ATT_TILE * d;        // [WARPS][d]
+    const int kvh = blockIdx.x, split = blockIdx.y, r = blockIdx.z;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int p = pos[r], p0 = pos[0];
+    const int koff = heads * d, voff = koff + kv_heads * d, goff = voff + kv_heads * d;
+    const float* row = qkvg + (size_t)r * width;
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int n = p - lo + 1;
-    const float* qh = q + ((size_t)r * heads + h) * d;
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const float scale = rsqrtf((float)d);
-    // Scores: warp w takes keys w, w+4, ...; lanes split the head dim, fixed butterfly sum.
-    for (int j = warp; j < n; j += 4) {
-        const int kp = lo + j;
-        const size_t slot = ring > 0 ? kp % ring : kp;
-        const float* kk = ck + (slot * kv_heads + kvh) * d;
-        float s = 0.f;
-        for (int i = lane; i < d; i += WARP) s += qh[i] * kk[i];
-        s = warp_sum(s);
-        if (lane == 0) scores[j] = s * scale;
+    const int per = ((n + ATT_SPLITS - 1) / ATT_SPLITS + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    const int beg = lo + split * per, end = min(lo + (split + 1) * per, p + 1);
+    const float scale = 1.f / sqrtf((float)d);
+
+    if (warp < G) warp_norm_rope(row + (kvh * G + warp) * d, q_norm, d, rope, eps, p, tmp + warp * d, qs + warp * d);
+    if (split == 0 && warp == ATT_WARPS - 1) {
+        const size_t dst = (kv_slot(p, ring) * kv_heads + kvh) * d;
+        warp_norm_rope(row + koff + kvh * d, k_norm, d, rope, eps, p, tmp + warp * d, ck + dst);
+        for (int i = lane; i < d; i += WARP) cv[dst + i] = row[voff + kvh * d + i];
     }
     __syncthreads();
-    float m = -__int_as_float(0x7f800000);
-    for (int j = threadIdx.x; j < n; j += 128) m = fmaxf(m, scores[j]);
-    m = warp_max(m);
-    if (lane == 0) scratch[warp] = m;
-    __syncthreads();
-    m = fmaxf(fmaxf(scratch[0], scratch[1]), fmaxf(scratch[2], scratch[3]));
-    __syncthreads();
-    float sum = 0.f;
-    for (int j = threadIdx.x; j < n; j += 128) {
-        const float e = expf(scores[j] - m);
-        scores[j] = e;
-        sum += e;
-    }
-    sum = block_sum<128>(sum, scratch);
-    for (int j = threadIdx.x; j < n; j += 128) scores[j] = scores[j] / sum;
-    __syncthreads();
-    const float gl = g[(size_t)r * heads + h];
-    const float gate = gl > 20.f ? gl : log1pf(expf(gl));
-    // Output: warp w sums keys w, w+4, ... (lane owns dims lane, lane+32, ...), then the four
-    // partial sums are added in warp order: a fixed order independent of the launch's rows.
-    __shared__ float part[4][512];
-    float acc[16];
-#pragma unroll
-    for (int c = 0; c < 16; c++) acc[c] = 0.f;
-    for (int j = warp; j < n; j += 4) {
-        const int kp = lo + j;
-        const size_t slot = ring > 0 ? kp % ring : kp;
-        const float* vv = cv + (slot * kv_heads + kvh) * d;
-        const float pj = scores[j];
-#pragma unroll
-        for (int c = 0; c < 16; c++) {
-            const int i = lane + 32 * c;
-            if (i < d) acc[c] += pj * vv[i];
+
+    float mx = NEG_INF, ls = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int t0 = beg; t0 < end; t0 += ATT_TILE) {
+        const int nt = min(ATT_TILE, end - t0);
+        for (int j = warp; j < nt; j += ATT_WARPS) {
+            const int kp = t0 + j;
+            float* kd = ks + j * (d + 1);
+            float* vd = vs + j * d;
+            if (kp >= p0) {
+                const float* src = qkvg + (size_t)(kp - p0) * width;
+                warp_norm_rope(src + koff + kvh * d, k_norm, d, rope, eps, kp, tmp + warp * d, kd);
+                for (int i = lane; i < d; i += WARP) vd[i] = src[voff + kvh * d + i];
+            } else {
+                const size_t s = (kv_slot(kp, ring) * kv_heads + kvh) * d;
+                for (int i = lane; i < d; i += WARP) {
+                    kd[i] = ck[s + i];
+                    vd[i] = cv[s + i];
+                }
+            }
         }
-    }
+        __syncthreads();
+        if (warp < G) {
+            float s = NEG_INF;
+            if (lane < nt) {
+                const float* q = qs + warp * d;
+                const float* k = ks + lane * (d + 1);
+                float dot = 0.f;
+                for (int i = 0; i < d; i++) dot += q[i] * k[i];
+                s = dot * scale;
+            }
+            const float mn = fmaxf(mx, warp_max(s));
+            const float corr = expf(mx - mn);  // 0 on the first tile (mx = -inf, mn finite)
+            const float pj = lane < nt ? expf(s - mn) : 0.f;
+            ls = ls * corr + warp_sum(pj);
 #pragma unroll
-    for (int c = 0; c < 16; c++) {
-        const int i = lane + 32 * c;
-        if (i < d) part[warp][i] = acc[c];
+            for (int c = 0; c < 4; c++) acc[c] *= corr;
+            for (int j = 0; j < nt; j++) {
+                const float pw = __shfl_sync(0xffffffffu, pj, j);
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if (lane + WARP * c < d) acc[c] += pw * vs[j * d + lane + WARP * c];
+            }
+            mx = mn;
+        }
+        __syncthreads();
     }
+
+    const int pw = d + 2;
+    if (warp < G) {
+        float* pp = part + (((size_t)r * heads + kvh * G + warp) * ATT_SPLITS + split) * pw;
+        if (lane == 0) {
+            pp[0] = mx;
+            pp[1] = ls;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (lane + WARP * c < d) pp[2 + lane + WARP * c] = acc[c];
+    }
+    __threadfence();
     __syncthreads();
-    for (int i = threadIdx.x; i < d; i += 128)
-        out[((size_t)r * heads + h) * d + i] = (((part[0][i] + part[1][i]) + part[2][i]) + part[3][i]) * gate;
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[r * kv_heads + kvh], 1u) == ATT_SPLITS - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    if (warp < G) {
+        const int h = kvh * G + warp;
+        const float* pb = part + ((size_t)r * heads + h) * ATT_SPLITS * pw;
+        float M = NEG_INF;
+        for (int s = 0; s < ATT_SPLITS; s++) M = fmaxf(M, __ldcg(pb + s * pw));
+        float L = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int s = 0; s < ATT_SPLITS; s++) {
+            const float ms = __ldcg(pb + s * pw);
+            const float wgt = ms == NEG_INF ? 0.f : expf(ms - M);  // empty ranges weigh nothing
+            L += __ldcg(pb + s * pw + 1) * wgt;
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                if (lane + WARP * c < d) o[c] += __ldcg(pb + s * pw + 2 + lane + WARP * c) * wgt;
+        }
+        const float gate = softplus(row[goff + h]);
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (lane + WARP * c < d) out[((size_t)r * heads + h) * d + lane + WARP * c] = o[c] / L * gate;
+    }
+    if (threadIdx.x == 0) counters[r * kv_heads + kvh] = 0;
 }

@@ -51,3 +51,152 @@ __device__ __forceinline__ void load8_bf16(const __nv_bfloat16* p, float out[8])
         out[2 * i + 1] = f.y;
     }
 }
+
+#include <cuda_fp16.h>
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// Eight bf16 from one 16-byte word, widened by a shift (bf16 is the top half of an f32).
+__device__ __forceinline__ void unpack_bf16x8(uint4 raw, float out[8]) {
+    const unsigned int u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = __uint_as_float(u[i] << 16);
+        out[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}
+
+// Weights are read once per token: stream them past L1 so activations keep the cache.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
+
+// 1 / rms of `rows` rows of x (width n, n % 4 == 0) into inv[0..rows) (shared memory), with a
+// fixed partition over a 256-thread block (thread t takes float4s t, t + 256, ...) and a fixed
+// reduction, so every block of every launch computes bit-identical values whatever `rows` is.
+// `red` is shared scratch of 8 · 16 floats; rows <= 16. Ends with a barrier.
+__device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int n, int rows, float eps,
+                                              float* inv, float* red) {
+    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
+    for (int r = 0; r < rows; r++) {
+        const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * n);
+        float s = 0.f;
+        for (int i = t; i < n / 4; i += 256) {
+            const float4 v = xr[i];
+            s += v.x * v.x;
+            s += v.y * v.y;
+            s += v.z * v.z;
+            s += v.w * v.w;
+        }
+        s = warp_sum(s);
+        if (lane == 0) red[warp * 16 + r] = s;
+    }
+    __syncthreads();
+    if (t < rows) {
+        float s = 0.f;
+        for (int w = 0; w < 8; w++) s += red[w * 16 + t];
+        inv[t] = 1.f / sqrtf(s / (float)n + eps);
+    }
+    __syncthreads();
+}
+
+// NVFP4, decoded with bit tricks instead of tables: an e2m1 nibble (sign, 2 exponent bits, 1
+// mantissa bit) placed at bit 9 of an f16 is the value times 2^-14; an e4m3 byte placed at bit 7
+// is the value times 2^-8. Both are exact, so products match the CPU's e4m3 · e2m1 exactly.
+#define NVFP4_UNSCALE 4194304.f  // 2^22 = 2^14 · 2^8
+
+__device__ __forceinline__ float e4m3_scaled(unsigned int b) {
+    const unsigned short bits = (unsigned short)(((b & 0x80u) << 8) | ((b & 0x7fu) << 7));
+    return __half2float(__ushort_as_half(bits));
+}
+
+// Σ_j e2m1(code_j) · x_j · 2^-14 over the 8 codes of `word` (code j ↔ x[j]), in a fixed order.
+__device__ __forceinline__ float nvfp4_word_dot(unsigned int word, const float* x) {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const unsigned int t = (word >> (4 * j)) & 0x000f000fu;  // codes j (low half) and j + 4 (high)
+        const unsigned int hb = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hb));
+        s += f.x * x[j];
+        s += f.y * x[j + 4];
+    }
+    return s;
+}
+
+// Dot of 32 NVFP4 codes (one 16-byte word: two scale groups) with x[0..32), scales s0, s1.
+__device__ __forceinline__ float nvfp4_chunk_dot(uint4 c, unsigned int s01, const float* x) {
+    const float g0 = nvfp4_word_dot(c.x, x) + nvfp4_word_dot(c.y, x + 8);
+    const float g1 = nvfp4_word_dot(c.z, x + 16) + nvfp4_word_dot(c.w, x + 24);
+    return e4m3_scaled(s01 & 0xffu) * g0 + e4m3_scaled((s01 >> 8) & 0xffu) * g1;
+}
+
+// Shared-memory layout of an activation vector read 32 floats per lane: 4 floats of padding
+// after every 32 put the 16-byte reads of 8 consecutive lanes in distinct banks.
+__device__ __forceinline__ int padded(int i) { return i + (i / 32) * 4; }
+
+__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
+
+// softplus as the CPU computes it (linear above 20, where log1p(exp(x)) == x in f32).
+__device__ __forceinline__ float softplus(float v) { return v > 20.f ? v : log1pf(expf(v)); }
+
+// bf16 GEMV building blocks (used by dense.cu's gemv_bf16 and moe.cu's router).
+// One 16-byte chunk of a weight row (8 bf16 at columns 8c..8c+8) into the R row accumulators.
+// Rows past `rows` repeat the last row (their results are discarded), so every row's arithmetic
+// is the same whatever R the launch picked.
+template <int R>
+__device__ __forceinline__ void gemv_chunk(uint4 wv, int c, const float* __restrict__ x,
+                                           const __nv_bfloat16* __restrict__ norm, const float* inv,
+                                           int in, int rows, float acc[R]) {
+    float w[8], nw[8];
+    unpack_bf16x8(wv, w);
+    if (norm) unpack_bf16x8(*reinterpret_cast<const uint4*>(norm + 8 * c), nw);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int rr = r < rows ? r : rows - 1;
+        const float4 a = __ldg(reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c));
+        const float4 b = __ldg(reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c + 4));
+        float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        if (norm) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) xv[j] = nw[j] * (xv[j] * inv[rr]);
+        }
+        float s = acc[r];
+#pragma unroll
+        for (int j = 0; j < 8; j++) s += w[j] * xv[j];
+        acc[r] = s;
+    }
+}
+
+// One warp per output o: lane l takes the 16-byte chunks l, l + 32, ... of W's row in that
+// order (eight loads in flight before the first use), then a fixed butterfly sum. The weights
+// are read once for all R rows, and a row's sum never depends on R.
+template <int R>
+__device__ __forceinline__ void gemv_rows(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
+                                          const __nv_bfloat16* __restrict__ norm, const float* inv,
+                                          float* __restrict__ y, int out, int in, int rows, int accumulate) {
+    const int lane = threadIdx.x % WARP;
+    const int o = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (o >= out) return;
+    const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)o * in);
+    const int nc = in / 8;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
+    int c = lane;
+    for (; c + 7 * WARP < nc; c += 8 * WARP) {
+        uint4 wv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) wv[u] = load_stream(wr + c + u * WARP);
+#pragma unroll
+        for (int u = 0; u < 8; u++) gemv_chunk<R>(wv[u], c + u * WARP, x, norm, inv, in, rows, acc);
+    }
+    for (; c < nc; c += WARP) gemv_chunk<R>(load_stream(wr + c), c, x, norm, inv, in, rows, acc);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0 && r < rows) {
+            float* dst = y + (size_t)r * out + o;
+            *dst = accumulate ? *dst + s : s;
+        }
+    }
+}
+

@@ -5,9 +5,7 @@ use half::bf16;
 
 use crate::device::{launch_cfg, Gpu};
 use crate::error::{CudaError, Result};
-
-/// Rows one GEMV launch can carry (the kernel keeps one accumulator per row in registers).
-pub const GEMV_MAX_ROWS: usize = 16;
+use crate::ops::MAX_ROWS;
 
 fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
     if cond {
@@ -26,7 +24,7 @@ impl Gpu {
     pub fn embed_rows(
         &self,
         embed: &CudaSlice<bf16>,
-        tokens: &CudaSlice<i32>,
+        tokens: &CudaView<i32>,
         x: &mut CudaSlice<f32>,
         hidden: usize,
     ) -> Result<()> {
@@ -50,7 +48,7 @@ impl Gpu {
         Ok(())
     }
 
-    /// RMSNorm of `rows` rows of width `n`.
+    /// RMSNorm of `rows` rows of width `n` (n % 4 == 0).
     pub fn rms_norm_rows(
         &self,
         x: &CudaView<f32>,
@@ -61,7 +59,7 @@ impl Gpu {
         eps: f32,
     ) -> Result<()> {
         check(
-            x.len() >= rows * n && out.len() >= rows * n && w.len() == n,
+            x.len() >= rows * n && out.len() >= rows * n && w.len() == n && n.is_multiple_of(4),
             || format!("rms_norm_rows: bad shapes for {rows}×{n}"),
         )?;
         let f = self.function("dense", "rms_norm_rows")?;
@@ -81,12 +79,14 @@ impl Gpu {
         Ok(())
     }
 
-    /// `y[r] (+)= x[r] · Wᵀ` for any number of rows (launched 16 rows at a time).
+    /// `y[r] (+)= x'[r] · Wᵀ` for any number of rows (launched 16 rows at a time), where `x'` is
+    /// `x`, or `RMSNorm(x; norm.0, eps = norm.1)` computed inside the kernel.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_bf16(
         &self,
         w: &CudaView<bf16>,
         x: &CudaView<f32>,
+        norm: Option<(&CudaView<bf16>, f32)>,
         y: &mut CudaViewMut<f32>,
         out: usize,
         inp: usize,
@@ -105,28 +105,60 @@ impl Gpu {
         check(x.len() >= rows * inp && y.len() >= rows * out, || {
             format!("gemv_bf16: activations too small for {rows} rows")
         })?;
-        let f = self.function("dense", "gemv_bf16")?;
+        if let Some((nw, _)) = norm {
+            check(nw.len() == inp, || {
+                format!(
+                    "gemv_bf16: norm weight has {} elements, expected {inp}",
+                    nw.len()
+                )
+            })?;
+        }
         let cfg = launch_cfg((blocks(out, 8), 1), 256, 0);
         let (o, i, acc) = (out as i32, inp as i32, accumulate as i32);
-        for start in (0..rows).step_by(GEMV_MAX_ROWS) {
-            let n = (rows - start).min(GEMV_MAX_ROWS);
+        let null: u64 = 0;
+        let eps = norm.map_or(0.0, |n| n.1);
+        for start in (0..rows).step_by(MAX_ROWS) {
+            let n = (rows - start).min(MAX_ROWS);
             let xs = x.slice(start * inp..(start + n) * inp);
             let mut ys = y.slice_mut(start * out..(start + n) * out);
             let nr = n as i32;
-            // SAFETY: as above.
-            unsafe {
-                self.stream
-                    .launch_builder(&f)
-                    .arg(w)
-                    .arg(&xs)
-                    .arg(&mut ys)
-                    .arg(&o)
-                    .arg(&i)
-                    .arg(&nr)
-                    .arg(&acc)
-                    .launch(cfg)
-            }?;
+            let r = n.next_power_of_two();
+            let f = self.function("dense", &format!("gemv_bf16_{r}"))?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(w).arg(&xs);
+            match norm {
+                Some((nw, _)) => b.arg(nw),
+                None => b.arg(&null),
+            };
+            b.arg(&eps).arg(&mut ys).arg(&o).arg(&i).arg(&nr).arg(&acc);
+            // SAFETY: as above; a null norm pointer selects the plain GEMV in the kernel.
+            unsafe { b.launch(cfg) }?;
         }
+        Ok(())
+    }
+
+    /// `a[r, i] = silu(gu[r, i]) · gu[r, n + i]` for a fused gate|up projection of width 2n.
+    pub fn silu_mul(
+        &self,
+        gu: &CudaView<f32>,
+        a: &mut CudaViewMut<f32>,
+        n: usize,
+        rows: usize,
+    ) -> Result<()> {
+        check(gu.len() >= rows * 2 * n && a.len() >= rows * n, || {
+            format!("silu_mul: buffers too small for {rows}×{n}")
+        })?;
+        let f = self.function("dense", "silu_mul")?;
+        let nn = n as i32;
+        // SAFETY: as above.
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(gu)
+                .arg(a)
+                .arg(&nn)
+                .launch(launch_cfg((blocks(n, 256), rows as u32), 256, 0))
+        }?;
         Ok(())
     }
 
@@ -143,7 +175,7 @@ impl Gpu {
         })?;
         let f = self.function("dense", "argmax_rows")?;
         let v = vocab as i32;
-        let cfg = launch_cfg((rows as u32, 1), 256, 0);
+        let cfg = launch_cfg((rows as u32, 1), 1024, 0);
         // SAFETY: as above.
         unsafe {
             self.stream

@@ -101,7 +101,12 @@ impl Gpu {
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_for(major, minor)?;
         let name = ctx.name()?;
-        let stream = ctx.default_stream();
+        // One non-default stream for all work: CUDA graphs cannot capture the legacy default
+        // stream. With a single stream cudarc's cross-stream event tracking has nothing to order,
+        // and its events would break a capture, so it is off.
+        // SAFETY: every slice of this context is used on this one stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
         Ok(Gpu {
             ctx,
             stream,

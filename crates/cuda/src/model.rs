@@ -33,8 +33,8 @@ pub struct DevMoe {
 
 pub enum DevFfn {
     Dense {
-        gate: CudaSlice<bf16>,
-        up: CudaSlice<bf16>,
+        /// gate_proj rows, then up_proj rows: one GEMV computes both.
+        gate_up: CudaSlice<bf16>,
         down: CudaSlice<bf16>,
     },
     Moe(Box<DevMoe>),
@@ -43,11 +43,9 @@ pub enum DevFfn {
 pub struct DevLayer {
     pub input_norm: CudaSlice<bf16>,
     pub post_norm: CudaSlice<bf16>,
-    pub q: CudaSlice<bf16>,
-    pub k: CudaSlice<bf16>,
-    pub v: CudaSlice<bf16>,
+    /// q_proj, k_proj, v_proj and g_proj rows stacked: one GEMV computes all four.
+    pub qkvg: CudaSlice<bf16>,
     pub o: CudaSlice<bf16>,
-    pub g: CudaSlice<bf16>,
     pub q_norm: CudaSlice<bf16>,
     pub k_norm: CudaSlice<bf16>,
     pub rope: DevRope,
@@ -68,6 +66,23 @@ pub struct CudaModel {
 
 fn bf16s(store: &WeightSource, name: &str, gpu: &Gpu) -> Result<CudaSlice<bf16>> {
     store.bf16(gpu, name)
+}
+
+/// Several weight matrices of equal input width stacked row-wise into one device buffer.
+fn stacked(store: &WeightSource, names: &[String], gpu: &Gpu) -> Result<CudaSlice<bf16>> {
+    let parts = names
+        .iter()
+        .map(|n| bf16s(store, n, gpu))
+        .collect::<Result<Vec<_>>>()?;
+    let total = parts.iter().map(|p| p.len()).sum();
+    let mut out = gpu.stream.alloc_zeros::<bf16>(total)?;
+    let mut at = 0;
+    for p in &parts {
+        gpu.stream
+            .memcpy_dtod(p, &mut out.slice_mut(at..at + p.len()))?;
+        at += p.len();
+    }
+    Ok(out)
 }
 
 fn nvfp4(store: &WeightSource, base: &str, gpu: &Gpu) -> Result<DevNvfp4> {
@@ -123,19 +138,26 @@ impl CudaModel {
                 }))
             } else {
                 DevFfn::Dense {
-                    gate: bf16s(store, &format!("{m}.gate_proj.weight"), g)?,
-                    up: bf16s(store, &format!("{m}.up_proj.weight"), g)?,
+                    gate_up: stacked(
+                        store,
+                        &[
+                            format!("{m}.gate_proj.weight"),
+                            format!("{m}.up_proj.weight"),
+                        ],
+                        g,
+                    )?,
                     down: bf16s(store, &format!("{m}.down_proj.weight"), g)?,
                 }
             };
             layers.push(DevLayer {
                 input_norm: bf16s(store, &format!("{p}.input_layernorm.weight"), g)?,
                 post_norm: bf16s(store, &format!("{p}.post_attention_layernorm.weight"), g)?,
-                q: bf16s(store, &format!("{a}.q_proj.weight"), g)?,
-                k: bf16s(store, &format!("{a}.k_proj.weight"), g)?,
-                v: bf16s(store, &format!("{a}.v_proj.weight"), g)?,
+                qkvg: stacked(
+                    store,
+                    &["q_proj", "k_proj", "v_proj", "g_proj"].map(|n| format!("{a}.{n}.weight")),
+                    g,
+                )?,
                 o: bf16s(store, &format!("{a}.o_proj.weight"), g)?,
-                g: bf16s(store, &format!("{a}.g_proj.weight"), g)?,
                 q_norm: bf16s(store, &format!("{a}.q_norm.weight"), g)?,
                 k_norm: bf16s(store, &format!("{a}.k_norm.weight"), g)?,
                 rope: DevRope {
@@ -187,10 +209,29 @@ fn check_shapes(c: &LagunaConfig) -> Result<()> {
             )));
         }
     }
-    if c.head_dim > 512 || c.num_experts_per_tok > 64 {
-        return Err(CudaError::Shape(
-            "head_dim above 512 or top-k above 64 is not supported by the CUDA kernels".into(),
-        ));
+    for i in 0..c.num_hidden_layers {
+        crate::ops::AttnShape {
+            heads: c.heads(i),
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            window: 0,
+            ring: 0,
+        }
+        .check(&format!("layer {i} attention"))?;
+    }
+    if c.num_experts > 0 {
+        moe_shape(c).check()?;
     }
     Ok(())
+}
+
+/// The MoE shape of `c` as the kernels take it.
+pub fn moe_shape(c: &LagunaConfig) -> crate::ops::MoeShape {
+    crate::ops::MoeShape {
+        hidden: c.hidden_size,
+        experts: c.num_experts,
+        top_k: c.num_experts_per_tok,
+        inter: c.moe_intermediate_size,
+        shared_inter: c.shared_expert_intermediate_size,
+    }
 }

@@ -1,10 +1,18 @@
-//! Launch wrappers of `kernels/attention.cu` and `kernels/moe.cu`.
+//! Launch wrappers of `kernels/attention.cu` and `kernels/moe.cu`. Shapes are checked here,
+//! before any launch.
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use half::bf16;
 
 use crate::device::{launch_cfg, Gpu};
 use crate::error::{CudaError, Result};
+
+/// Key ranges per (row, kv head) of `attend_decode` (`ATT_SPLITS` in attention.cu).
+pub const ATT_SPLITS: usize = 16;
+const ATT_TILE: usize = 32;
+const ATT_WARPS: usize = 8;
+/// Rows one decode-kernel launch carries (the GEMVs keep one accumulator per row in registers).
+pub const MAX_ROWS: usize = 16;
 
 /// Rotary parameters on the device.
 pub struct DevRope {
@@ -19,133 +27,215 @@ pub struct DevNvfp4 {
     pub scales: CudaSlice<u8>,
 }
 
+/// Shapes of one attention layer, as the fused `qkvg` projection lays them out.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// 0 = full attention.
+    pub window: usize,
+    /// KV-cache ring length (0 = slot is the position).
+    pub ring: usize,
+}
+
+impl AttnShape {
+    /// Width of one fused projection row: q | k | v | g.
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim + 2 * self.kv_heads * self.head_dim + self.heads
+    }
+
+    pub(crate) fn check(&self, what: &str) -> Result<()> {
+        let d = self.head_dim;
+        let g = self.heads / self.kv_heads.max(1);
+        if self.kv_heads == 0
+            || !self.heads.is_multiple_of(self.kv_heads)
+            || g > ATT_WARPS
+            || !d.is_multiple_of(32)
+            || d > 128
+        {
+            return Err(CudaError::Shape(format!(
+                "{what}: {} heads on {} kv heads of dim {d}: needs a group of at most {ATT_WARPS} heads and head_dim a multiple of 32 up to 128",
+                self.heads, self.kv_heads
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Shapes of one MoE layer.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeShape {
+    pub hidden: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub inter: usize,
+    pub shared_inter: usize,
+}
+
+impl MoeShape {
+    /// Width of one slot of the `h` buffer (`[rows, top_k + 1, slot_width]`).
+    pub fn slot_width(&self) -> usize {
+        self.inter.max(self.shared_inter)
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        let ok = self.hidden.is_multiple_of(32)
+            && self.hidden <= 4096
+            && self.inter.is_multiple_of(32)
+            && self.shared_inter.is_multiple_of(32)
+            && self.top_k < 32
+            && self.top_k <= self.experts
+            && self.experts <= 1024;
+        if !ok {
+            return Err(CudaError::Shape(format!(
+                "moe: {self:?}: needs hidden a multiple of 32 up to 4096, intermediate sizes multiples of 32, top_k below 32 and at most 1024 experts"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn rows_ok(what: &str, rows: usize) -> Result<()> {
+    if rows == 0 || rows > MAX_ROWS {
+        return Err(CudaError::Shape(format!(
+            "{what}: {rows} rows per launch (1..={MAX_ROWS})"
+        )));
+    }
+    Ok(())
+}
+
 impl Gpu {
-    /// In place per-head RMSNorm + RoPE of `rows × heads × d`.
+    /// Prefill side of the cache: `q_out[r, h] = norm_rope(q)`, and k, v of every row into the cache.
     #[allow(clippy::too_many_arguments)]
-    pub fn qk_norm_rope(
+    pub fn qk_norm_rope_store(
         &self,
-        x: &mut CudaViewMut<f32>,
-        w: &CudaSlice<bf16>,
+        qkvg: &CudaView<f32>,
+        q_norm: &CudaSlice<bf16>,
+        k_norm: &CudaSlice<bf16>,
         pos: &CudaView<i32>,
         rope: &DevRope,
-        heads: usize,
-        d: usize,
-        rows: usize,
         eps: f32,
-    ) -> Result<()> {
-        if d > 512 || x.len() < rows * heads * d || w.len() != d {
-            return Err(CudaError::Shape(format!(
-                "qk_norm_rope: bad shapes (d {d}, heads {heads}, rows {rows})"
-            )));
-        }
-        let f = self.function("attention", "qk_norm_rope")?;
-        let (h, dd, rd) = (heads as i32, d as i32, rope.rot_dim as i32);
-        // SAFETY: argument types match the kernel; shapes checked above.
-        unsafe {
-            self.stream
-                .launch_builder(&f)
-                .arg(x)
-                .arg(w)
-                .arg(pos)
-                .arg(&rope.inv_freq)
-                .arg(&h)
-                .arg(&dd)
-                .arg(&rd)
-                .arg(&rope.scaling)
-                .arg(&eps)
-                .launch(launch_cfg((heads as u32, rows as u32), 128, 0))
-        }?;
-        Ok(())
-    }
-
-    /// Writes `rows` rows of k and v into the cache at their positions' slots (`pos % ring`,
-    /// or the position itself when `ring` is 0).
-    #[allow(clippy::too_many_arguments)]
-    pub fn kv_store(
-        &self,
-        k: &CudaView<f32>,
-        v: &CudaView<f32>,
+        shape: AttnShape,
+        rows: usize,
+        q_out: &mut CudaViewMut<f32>,
         ck: &mut CudaSlice<f32>,
         cv: &mut CudaSlice<f32>,
-        pos: &CudaView<i32>,
-        ring: usize,
-        kvd: usize,
-        rows: usize,
     ) -> Result<()> {
-        let f = self.function("attention", "kv_store")?;
-        let (n, rg) = (kvd as i32, ring as i32);
-        // SAFETY: argument types match the kernel; the caller sized the cache for these positions.
-        unsafe {
-            self.stream
-                .launch_builder(&f)
-                .arg(k)
-                .arg(v)
-                .arg(ck)
-                .arg(cv)
-                .arg(pos)
-                .arg(&rg)
-                .arg(&n)
-                .launch(launch_cfg((rows as u32, 1), 256, 0))
-        }?;
-        Ok(())
-    }
-
-    /// Gated attention of `rows` query rows over the cache; `max_keys` bounds the keys any row sees.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend(
-        &self,
-        q: &CudaView<f32>,
-        ck: &CudaSlice<f32>,
-        cv: &CudaSlice<f32>,
-        g: &CudaView<f32>,
-        pos: &CudaView<i32>,
-        out: &mut CudaViewMut<f32>,
-        heads: usize,
-        kv_heads: usize,
-        d: usize,
-        window: usize,
-        ring: usize,
-        rows: usize,
-        max_keys: usize,
-    ) -> Result<()> {
-        // 48 KiB of shared memory per block: 8 KiB of partial sums + one f32 score per key.
-        if max_keys > 10240 || d > 512 {
+        shape.check("qk_norm_rope_store")?;
+        let (h, kvh, d) = (shape.heads, shape.kv_heads, shape.head_dim);
+        if qkvg.len() < rows * shape.width() || q_out.len() < rows * h * d || pos.len() < rows {
             return Err(CudaError::Shape(format!(
-                "attend: {max_keys} keys exceed the shared-memory score buffer (10240), or head_dim {d} is above 512"
+                "qk_norm_rope_store: buffers too small for {rows} rows"
             )));
         }
-        let f = self.function("attention", "attend")?;
-        let (h, kvh, dd, w, rg) = (
-            heads as i32,
-            kv_heads as i32,
-            d as i32,
-            window as i32,
-            ring as i32,
-        );
-        // SAFETY: as above.
+        let f = self.function("attention", "qk_norm_rope_store")?;
+        let ints = [shape.width(), h, kvh, d, shape.ring, rope.rot_dim].map(|v| v as i32);
+        // SAFETY: argument types match the kernel; shapes checked above; the caller sized the
+        // cache for these positions.
         unsafe {
             self.stream
                 .launch_builder(&f)
-                .arg(q)
+                .arg(qkvg)
+                .arg(&ints[0])
+                .arg(q_norm)
+                .arg(k_norm)
+                .arg(pos)
+                .arg(&rope.inv_freq)
+                .arg(&ints[5])
+                .arg(&rope.scaling)
+                .arg(&eps)
+                .arg(&ints[1])
+                .arg(&ints[2])
+                .arg(&ints[3])
+                .arg(&ints[4])
+                .arg(q_out)
                 .arg(ck)
                 .arg(cv)
-                .arg(g)
-                .arg(pos)
-                .arg(out)
-                .arg(&h)
-                .arg(&kvh)
-                .arg(&dd)
-                .arg(&w)
-                .arg(&rg)
-                .launch(launch_cfg(
-                    (heads as u32, rows as u32),
-                    128,
-                    (max_keys * 4) as u32,
-                ))
+                .launch(launch_cfg(((h + kvh) as u32, rows as u32), 32, 0))
         }?;
         Ok(())
     }
 
+    /// Split-KV attention of `rows` rows (consecutive positions from `pos[0]`) from their fused
+    /// projections, writing each row's k/v into the cache and the gated output to `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_decode(
+        &self,
+        qkvg: &CudaView<f32>,
+        q_norm: &CudaSlice<bf16>,
+        k_norm: &CudaSlice<bf16>,
+        pos: &CudaView<i32>,
+        rope: &DevRope,
+        eps: f32,
+        shape: AttnShape,
+        rows: usize,
+        ck: &mut CudaSlice<f32>,
+        cv: &mut CudaSlice<f32>,
+        part: &mut CudaSlice<f32>,
+        counters: &mut CudaSlice<u32>,
+        out: &mut CudaViewMut<f32>,
+    ) -> Result<()> {
+        shape.check("attend_decode")?;
+        rows_ok("attend_decode", rows)?;
+        let (h, kvh, d) = (shape.heads, shape.kv_heads, shape.head_dim);
+        if qkvg.len() < rows * shape.width()
+            || out.len() < rows * h * d
+            || part.len() < rows * h * ATT_SPLITS * (d + 2)
+            || counters.len() < rows * kvh
+            || pos.len() < rows
+        {
+            return Err(CudaError::Shape(format!(
+                "attend_decode: buffers too small for {rows} rows of {h} heads"
+            )));
+        }
+        let g = h / kvh;
+        let shared = (g * d + ATT_TILE * (d + 1) + ATT_TILE * d + ATT_WARPS * d) * 4;
+        let f = self.function("attention", "attend_decode")?;
+        let ints = [
+            shape.width(),
+            rope.rot_dim,
+            shape.ring,
+            shape.window,
+            h,
+            kvh,
+            d,
+        ]
+        .map(|v| v as i32);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (kvh as u32, ATT_SPLITS as u32, rows as u32),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        // SAFETY: as above; `counters` is zero between launches (the kernel resets it).
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(qkvg)
+                .arg(&ints[0])
+                .arg(q_norm)
+                .arg(k_norm)
+                .arg(pos)
+                .arg(&rope.inv_freq)
+                .arg(&ints[1])
+                .arg(&rope.scaling)
+                .arg(&eps)
+                .arg(ck)
+                .arg(cv)
+                .arg(&ints[2])
+                .arg(&ints[3])
+                .arg(&ints[4])
+                .arg(&ints[5])
+                .arg(&ints[6])
+                .arg(part)
+                .arg(counters)
+                .arg(out)
+                .launch(cfg)
+        }?;
+        Ok(())
+    }
+
+    /// Top-k selection of `rows` rows of router logits (any number of rows).
     #[allow(clippy::too_many_arguments)]
     pub fn router_topk(
         &self,
@@ -153,19 +243,20 @@ impl Gpu {
         bias: &CudaSlice<f32>,
         ids: &mut CudaViewMut<i32>,
         wts: &mut CudaViewMut<f32>,
-        experts: usize,
-        k: usize,
+        shape: MoeShape,
         norm_topk: bool,
         softcap: f32,
         rows: usize,
     ) -> Result<()> {
-        if k > 64 || k > experts {
+        shape.check()?;
+        let (e, k) = (shape.experts, shape.top_k);
+        if logits.len() < rows * e || ids.len() < rows * k || wts.len() < rows * k {
             return Err(CudaError::Shape(format!(
-                "router_topk: top-{k} of {experts} (at most 64)"
+                "router_topk: buffers too small for {rows} rows"
             )));
         }
         let f = self.function("moe", "router_topk")?;
-        let (e, kk, n) = (experts as i32, k as i32, norm_topk as i32);
+        let (ee, kk, n) = (e as i32, k as i32, norm_topk as i32);
         // SAFETY: as above.
         unsafe {
             self.stream
@@ -174,121 +265,187 @@ impl Gpu {
                 .arg(bias)
                 .arg(ids)
                 .arg(wts)
-                .arg(&e)
+                .arg(&ee)
                 .arg(&kk)
                 .arg(&n)
                 .arg(&softcap)
-                .launch(launch_cfg((rows as u32, 1), 256, 0))
+                .launch(launch_cfg((rows as u32, 1), 32, 0))
         }?;
         Ok(())
     }
 
-    /// `h[r, s] = silu(G_e x_r) · (U_e x_r)`, e = ids[r, s], or the single (shared) expert when `ids` is None.
+    /// The whole router of up to 16 rows: `xn = RMSNorm(x)`, logits, top-k ids and weights.
     #[allow(clippy::too_many_arguments)]
-    pub fn nvfp4_gate_up(
+    pub fn router(
         &self,
+        x: &CudaView<f32>,
+        norm: &CudaSlice<bf16>,
+        eps: f32,
+        w: &CudaSlice<bf16>,
+        bias: &CudaSlice<f32>,
+        shape: MoeShape,
+        norm_topk: bool,
+        softcap: f32,
+        rows: usize,
+        xn: &mut CudaViewMut<f32>,
+        logits: &mut CudaViewMut<f32>,
+        ids: &mut CudaViewMut<i32>,
+        wts: &mut CudaViewMut<f32>,
+        counter: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        shape.check()?;
+        rows_ok("router", rows)?;
+        let (hd, e, k) = (shape.hidden, shape.experts, shape.top_k);
+        if x.len() < rows * hd
+            || xn.len() < rows * hd
+            || w.len() != e * hd
+            || logits.len() < rows * e
+            || ids.len() < rows * k
+            || wts.len() < rows * k
+        {
+            return Err(CudaError::Shape(format!(
+                "router: buffers too small for {rows} rows of {e} experts"
+            )));
+        }
+        let f = self.function("moe", "router")?;
+        let ints = [e, hd, k, norm_topk as usize, rows].map(|v| v as i32);
+        // SAFETY: as above; `counter` is zero between launches (the kernel resets it).
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(x)
+                .arg(norm)
+                .arg(&eps)
+                .arg(w)
+                .arg(bias)
+                .arg(xn)
+                .arg(logits)
+                .arg(ids)
+                .arg(wts)
+                .arg(counter)
+                .arg(&ints[0])
+                .arg(&ints[1])
+                .arg(&ints[2])
+                .arg(&ints[3])
+                .arg(&softcap)
+                .arg(&ints[4])
+                .launch(launch_cfg((e.div_ceil(8) as u32, 1), 256, 0))
+        }?;
+        Ok(())
+    }
+
+    /// `h[r, s] = silu(G_e xn_r) · (U_e xn_r)` for the routed slots and the shared expert (slot k).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gate_up(
+        &self,
+        xn: &CudaView<f32>,
+        ids: &CudaView<i32>,
         gate: &DevNvfp4,
         up: &DevNvfp4,
-        x: &CudaView<f32>,
-        ids: Option<&CudaView<i32>>,
+        shared_gate: &DevNvfp4,
+        shared_up: &DevNvfp4,
+        shape: MoeShape,
+        rows: usize,
         h: &mut CudaViewMut<f32>,
-        inter: usize,
-        hidden: usize,
-        rows: usize,
-        slots: usize,
     ) -> Result<()> {
-        let f = self.function("moe", "nvfp4_gate_up")?;
-        let (i, hh, s) = (inter as i32, hidden as i32, slots as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&gate.codes)
-            .arg(&gate.scales)
-            .arg(&up.codes)
-            .arg(&up.scales)
-            .arg(x);
-        let null: u64 = 0;
-        match ids {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
+        shape.check()?;
+        let (hd, k, i, is) = (shape.hidden, shape.top_k, shape.inter, shape.shared_inter);
+        let sw = shape.slot_width();
+        if xn.len() < rows * hd || ids.len() < rows * k || h.len() < rows * (k + 1) * sw {
+            return Err(CudaError::Shape(format!(
+                "moe_gate_up: buffers too small for {rows} rows"
+            )));
+        }
+        let f = self.function("moe", "moe_gate_up")?;
+        let ints = [hd, i, is, k].map(|v| v as i32);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (sw.div_ceil(8) as u32, (k + 1) as u32, rows as u32),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: (padded(hd) * 4) as u32,
         };
-        b.arg(h).arg(&i).arg(&hh).arg(&s);
-        // SAFETY: as above; a null ids pointer selects expert 0 in the kernel.
-        unsafe {
-            b.launch(launch_cfg(
-                (inter.div_ceil(8) as u32, (rows * slots) as u32),
-                256,
-                0,
-            ))
-        }?;
-        Ok(())
-    }
-
-    /// `x[r] += scaling · Σ_s w[r,s] · D_e h[r,s] + D_shared hs[r]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn nvfp4_down_combine(
-        &self,
-        down: &DevNvfp4,
-        shared_down: &DevNvfp4,
-        h: &CudaView<f32>,
-        hs: &CudaView<f32>,
-        ids: &CudaView<i32>,
-        wts: &CudaView<f32>,
-        x: &mut CudaViewMut<f32>,
-        hidden: usize,
-        inter: usize,
-        shared_inter: usize,
-        slots: usize,
-        scaling: f32,
-        rows: usize,
-    ) -> Result<()> {
-        let f = self.function("moe", "nvfp4_down_combine")?;
-        let (hh, i, is, s) = (
-            hidden as i32,
-            inter as i32,
-            shared_inter as i32,
-            slots as i32,
-        );
         // SAFETY: as above.
         unsafe {
             self.stream
                 .launch_builder(&f)
+                .arg(xn)
+                .arg(ids)
+                .arg(&gate.codes)
+                .arg(&gate.scales)
+                .arg(&up.codes)
+                .arg(&up.scales)
+                .arg(&shared_gate.codes)
+                .arg(&shared_gate.scales)
+                .arg(&shared_up.codes)
+                .arg(&shared_up.scales)
+                .arg(h)
+                .arg(&ints[0])
+                .arg(&ints[1])
+                .arg(&ints[2])
+                .arg(&ints[3])
+                .launch(cfg)
+        }?;
+        Ok(())
+    }
+
+    /// `x[r] += scaling · Σ_s w[r,s] · D_e h[r,s] + D_shared h[r,k]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_down(
+        &self,
+        h: &CudaView<f32>,
+        ids: &CudaView<i32>,
+        wts: &CudaView<f32>,
+        down: &DevNvfp4,
+        shared_down: &DevNvfp4,
+        shape: MoeShape,
+        scaling: f32,
+        rows: usize,
+        x: &mut CudaViewMut<f32>,
+    ) -> Result<()> {
+        shape.check()?;
+        let (hd, k, i, is) = (shape.hidden, shape.top_k, shape.inter, shape.shared_inter);
+        let sw = shape.slot_width();
+        if x.len() < rows * hd || ids.len() < rows * k || h.len() < rows * (k + 1) * sw {
+            return Err(CudaError::Shape(format!(
+                "moe_down: buffers too small for {rows} rows"
+            )));
+        }
+        let t = k * i / 32 + is / 32;
+        let shared = ((k + 1) * padded(sw) + 8 * t) * 4;
+        if shared > 48 * 1024 {
+            return Err(CudaError::Shape(format!(
+                "moe_down: {shared} bytes of shared memory for {k} slots of {sw} (at most 48 KiB)"
+            )));
+        }
+        let f = self.function("moe", "moe_down")?;
+        let ints = [hd, i, is, k].map(|v| v as i32);
+        // SAFETY: as above.
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(h)
+                .arg(ids)
+                .arg(wts)
                 .arg(&down.codes)
                 .arg(&down.scales)
                 .arg(&shared_down.codes)
                 .arg(&shared_down.scales)
-                .arg(h)
-                .arg(hs)
-                .arg(ids)
-                .arg(wts)
                 .arg(x)
-                .arg(&hh)
-                .arg(&i)
-                .arg(&is)
-                .arg(&s)
+                .arg(&ints[0])
+                .arg(&ints[1])
+                .arg(&ints[2])
+                .arg(&ints[3])
                 .arg(&scaling)
-                .launch(launch_cfg((hidden.div_ceil(8) as u32, rows as u32), 256, 0))
+                .launch(launch_cfg(
+                    (hd.div_ceil(8) as u32, rows as u32),
+                    256,
+                    shared as u32,
+                ))
         }?;
         Ok(())
     }
+}
 
-    pub fn silu_mul(
-        &self,
-        g: &CudaView<f32>,
-        u: &CudaView<f32>,
-        a: &mut CudaViewMut<f32>,
-        n: usize,
-    ) -> Result<()> {
-        let f = self.function("moe", "silu_mul")?;
-        let nn = n as i32;
-        // SAFETY: as above.
-        unsafe {
-            self.stream
-                .launch_builder(&f)
-                .arg(g)
-                .arg(u)
-                .arg(a)
-                .arg(&nn)
-                .launch(launch_cfg((n.div_ceil(256) as u32, 1), 256, 0))
-        }?;
-        Ok(())
-    }
+/// `padded` of common.cuh: 4 floats of padding after every 32.
+fn padded(n: usize) -> usize {
+    n + n.div_ceil(32) * 4
 }

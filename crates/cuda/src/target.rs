@@ -1,56 +1,89 @@
 //! The GPU target session: KV cache (full layers hold `max_positions`; sliding layers a ring of
-//! window + chunk slots) and the forward entry point.
+//! window + chunk slots), the forward entry point, and the greedy step that decoding replays as
+//! a CUDA graph.
+//!
+//! One step of up to `MAX_ROWS` rows is a fixed sequence of launches whose inputs (token ids,
+//! positions) live in device buffers, so the same sequence is captured once per row count and
+//! replayed: the host writes the ids and positions, launches the graph and reads the chosen
+//! tokens back, the step's only synchronisation.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
 
 use fastdecode_cpu::ForwardOut;
 
 use crate::error::{CudaError, Result};
-use crate::model::{CudaModel, DevFfn};
+use crate::model::{moe_shape, CudaModel, DevFfn};
+use crate::ops::{AttnShape, ATT_SPLITS, MAX_ROWS};
 
-/// Scratch activations for one chunk of rows, allocated once.
+/// Scratch activations and step inputs for one launch of up to `MAX_ROWS` rows, allocated once.
 struct Scratch {
+    tok: CudaSlice<i32>,
+    pos: CudaSlice<i32>,
+    next: CudaSlice<i32>,
     x: CudaSlice<f32>,
-    xn: CudaSlice<f32>,
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
-    g: CudaSlice<f32>,
+    qkvg: CudaSlice<f32>,
     att: CudaSlice<f32>,
-    a: CudaSlice<f32>,
-    b: CudaSlice<f32>,
-    rl: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    router_logits: CudaSlice<f32>,
     ids: CudaSlice<i32>,
     wts: CudaSlice<f32>,
     h: CudaSlice<f32>,
-    hs: CudaSlice<f32>,
+    gate_up: CudaSlice<f32>,
+    act: CudaSlice<f32>,
     logits: CudaSlice<f32>,
+    part: CudaSlice<f32>,
+    att_counters: CudaSlice<u32>,
+    router_counter: CudaSlice<u32>,
+    taps: CudaSlice<f32>,
+}
+
+/// Which rows of a step get logits and a greedy choice.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Logits {
+    /// Every row (a decode step or a verify block).
+    All,
+    /// Only the last row (the end of a prefill).
+    Last,
+    /// None (a prefill chunk before the last).
+    Skip,
 }
 
 pub struct CudaTarget {
     pub model: Arc<CudaModel>,
     kv: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
     len: usize,
-    chunk: usize,
     max_positions: usize,
     s: Scratch,
-    /// When set, every op is bracketed by CUDA events (`fastdecode bench --profile`).
+    graphs: HashMap<(usize, Logits), CudaGraph>,
+    /// Replay steps as CUDA graphs (default); off, every kernel is launched one by one.
+    pub use_graphs: bool,
+    /// When set, every op is bracketed by CUDA events (`fastdecode bench --profile`); steps are
+    /// then launched one by one, so each op's figure includes its launch gap.
     pub profiler: Option<crate::profile::Profiler>,
 }
+
+/// Rows of one step and of the ring margin of sliding layers.
+const CHUNK: usize = MAX_ROWS;
 
 impl CudaTarget {
     /// A session for verify blocks of up to `max_block` rows and contexts of up to `max_positions`.
     pub fn new(model: Arc<CudaModel>, max_block: usize, max_positions: usize) -> Result<Self> {
+        if max_block > MAX_ROWS {
+            return Err(CudaError::Shape(format!(
+                "blocks of {max_block} rows: the CUDA step carries at most {MAX_ROWS}"
+            )));
+        }
         let c = &model.cfg;
         let st = &model.gpu.stream;
-        let chunk = max_block.max(16);
         let kvd = c.num_key_value_heads * c.head_dim;
         let mut kv = vec![];
         for l in &model.layers {
             let slots = if l.window > 0 {
-                l.window + chunk
+                l.window + CHUNK
             } else {
                 max_positions
             };
@@ -65,32 +98,37 @@ impl CudaTarget {
             .copied()
             .max()
             .unwrap_or(1);
-        let k = c.num_experts_per_tok.max(1);
-        let (h, d, n) = (c.hidden_size, c.head_dim, chunk);
+        let ms = moe_shape(c);
+        let (h, d, n) = (c.hidden_size, c.head_dim, CHUNK);
+        let width = hmax * d + 2 * kvd + hmax;
         let s = Scratch {
+            tok: st.alloc_zeros(n)?,
+            pos: st.alloc_zeros(n)?,
+            next: st.alloc_zeros(n)?,
             x: st.alloc_zeros(n * h)?,
-            xn: st.alloc_zeros(n * h)?,
-            q: st.alloc_zeros(n * hmax * d)?,
-            k: st.alloc_zeros(n * kvd)?,
-            v: st.alloc_zeros(n * kvd)?,
-            g: st.alloc_zeros(n * hmax)?,
+            qkvg: st.alloc_zeros(n * width)?,
             att: st.alloc_zeros(n * hmax * d)?,
-            a: st.alloc_zeros(n * c.intermediate_size.max(1))?,
-            b: st.alloc_zeros(n * c.intermediate_size.max(1))?,
-            rl: st.alloc_zeros(n * c.num_experts.max(1))?,
-            ids: st.alloc_zeros(n * k)?,
-            wts: st.alloc_zeros(n * k)?,
-            h: st.alloc_zeros(n * k * c.moe_intermediate_size.max(1))?,
-            hs: st.alloc_zeros(n * c.shared_expert_intermediate_size.max(1))?,
+            xn: st.alloc_zeros(n * h)?,
+            router_logits: st.alloc_zeros(n * c.num_experts.max(1))?,
+            ids: st.alloc_zeros(n * ms.top_k.max(1))?,
+            wts: st.alloc_zeros(n * ms.top_k.max(1))?,
+            h: st.alloc_zeros(n * (ms.top_k + 1) * ms.slot_width().max(1))?,
+            gate_up: st.alloc_zeros(n * 2 * c.intermediate_size.max(1))?,
+            act: st.alloc_zeros(n * c.intermediate_size.max(1))?,
             logits: st.alloc_zeros(n * c.vocab_size)?,
+            part: st.alloc_zeros(n * hmax * ATT_SPLITS * (d + 2))?,
+            att_counters: st.alloc_zeros(n * c.num_key_value_heads)?,
+            router_counter: st.alloc_zeros(1)?,
+            taps: st.alloc_zeros(n * c.num_hidden_layers * h)?,
         };
         Ok(CudaTarget {
             model,
             kv,
             len: 0,
-            chunk,
             max_positions,
             s,
+            graphs: HashMap::new(),
+            use_graphs: true,
             profiler: None,
         })
     }
@@ -112,14 +150,12 @@ impl CudaTarget {
         self.len = 0;
     }
 
-    pub fn forward(
-        &mut self,
-        tokens: &[u32],
-        positions: &[usize],
-        taps: &[usize],
-    ) -> Result<ForwardOut> {
-        let c = self.model.cfg.clone();
+    fn validate(&self, tokens: &[u32], positions: &[usize], taps: &[usize]) -> Result<()> {
+        let c = &self.model.cfg;
         let p0 = self.len;
+        if tokens.is_empty() {
+            return Err(CudaError::Shape("forward: no rows".into()));
+        }
         if positions.len() != tokens.len()
             || positions.iter().enumerate().any(|(i, &p)| p != p0 + i)
         {
@@ -146,36 +182,119 @@ impl CudaTarget {
                 c.num_hidden_layers
             )));
         }
+        Ok(())
+    }
+
+    /// Runs rows `tokens` at `positions` (continuing the cache) and returns every row's logits
+    /// and the hidden states of the `taps` layers (the CPU reference's entry point).
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        positions: &[usize],
+        taps: &[usize],
+    ) -> Result<ForwardOut> {
+        self.validate(tokens, positions, taps)?;
+        let (vocab, h) = (self.model.cfg.vocab_size, self.model.cfg.hidden_size);
         let mut out = ForwardOut {
-            logits: Vec::with_capacity(tokens.len() * c.vocab_size),
-            taps: vec![],
+            logits: Vec::with_capacity(tokens.len() * vocab),
+            taps: Vec::with_capacity(tokens.len() * taps.len() * h),
         };
-        for start in (0..tokens.len()).step_by(self.chunk) {
-            let end = (start + self.chunk).min(tokens.len());
-            self.forward_chunk(&tokens[start..end], p0 + start, taps, &mut out)?;
+        for start in (0..tokens.len()).step_by(CHUNK) {
+            let end = (start + CHUNK).min(tokens.len());
+            let n = end - start;
+            self.step(&tokens[start..end], self.len, taps, Logits::All)?;
+            let st = &self.model.gpu.stream;
+            out.logits
+                .extend(st.clone_dtoh(&self.s.logits.slice(0..n * vocab))?);
+            out.taps
+                .extend(st.clone_dtoh(&self.s.taps.slice(0..n * taps.len() * h))?);
         }
         Ok(out)
     }
 
-    fn forward_chunk(
+    /// `forward` keeping only the greedy choice (argmax, ties to the lower id) of every row, or
+    /// of the last row only when `last_only`, computed on the device; plus the taps.
+    pub fn forward_greedy(
         &mut self,
         tokens: &[u32],
-        p0: usize,
+        positions: &[usize],
         taps: &[usize],
-        out: &mut ForwardOut,
-    ) -> Result<()> {
+        last_only: bool,
+    ) -> Result<(Vec<u32>, Vec<f32>)> {
+        self.validate(tokens, positions, taps)?;
+        let h = self.model.cfg.hidden_size;
+        let mut chosen = vec![];
+        let mut tap_rows = Vec::with_capacity(tokens.len() * taps.len() * h);
+        for start in (0..tokens.len()).step_by(CHUNK) {
+            let end = (start + CHUNK).min(tokens.len());
+            let n = end - start;
+            let mode = match (last_only, end == tokens.len()) {
+                (false, _) => Logits::All,
+                (true, true) => Logits::Last,
+                (true, false) => Logits::Skip,
+            };
+            self.step(&tokens[start..end], self.len, taps, mode)?;
+            let st = &self.model.gpu.stream;
+            let m = match mode {
+                Logits::All => n,
+                Logits::Last => 1,
+                Logits::Skip => 0,
+            };
+            if m > 0 {
+                let ids = st.clone_dtoh(&self.s.next.slice(0..m))?;
+                chosen.extend(ids.into_iter().map(|t| t as u32));
+            }
+            if !taps.is_empty() {
+                tap_rows.extend(st.clone_dtoh(&self.s.taps.slice(0..n * taps.len() * h))?);
+            }
+        }
+        Ok((chosen, tap_rows))
+    }
+
+    /// One launch sequence of `tokens.len() <= MAX_ROWS` rows starting at position `p0`,
+    /// replayed from a CUDA graph when possible.
+    fn step(&mut self, tokens: &[u32], p0: usize, taps: &[usize], mode: Logits) -> Result<()> {
+        let n = tokens.len();
+        let st = self.model.gpu.stream.clone();
+        let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
+        st.memcpy_htod(&toks, &mut self.s.tok.slice_mut(0..n))?;
+        st.memcpy_htod(&pos, &mut self.s.pos.slice_mut(0..n))?;
+        let graphable = self.use_graphs && taps.is_empty() && self.profiler.is_none();
+        if !graphable {
+            self.launch(n, p0, taps, mode)?;
+        } else if let Some(g) = self.graphs.get(&(n, mode)) {
+            g.launch()?;
+        } else {
+            // Compile and load every module before capturing (module loads are not stream work),
+            // by running this step eagerly once; then capture the same sequence for the next.
+            self.launch(n, p0, taps, mode)?;
+            st.synchronize()?;
+            let saved = self.len;
+            st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let captured = self.launch(n, p0, taps, mode);
+            let graph = st.end_capture(CUgraphInstantiate_flags(0))?;
+            captured?;
+            self.len = saved;
+            let graph = graph.ok_or_else(|| {
+                CudaError::Shape("CUDA graph capture of the step returned no graph".into())
+            })?;
+            graph.upload()?;
+            self.graphs.insert((n, mode), graph);
+        }
+        self.len = p0 + n;
+        Ok(())
+    }
+
+    /// Enqueues the kernels of one step; reads token ids and positions from the device buffers.
+    fn launch(&mut self, n: usize, p0: usize, taps: &[usize], mode: Logits) -> Result<()> {
         let m = self.model.clone();
         let c = &m.cfg;
         let g = m.gpu.as_ref();
         let st = &g.stream;
-        let n = tokens.len();
         let (h, d, kvh) = (c.hidden_size, c.head_dim, c.num_key_value_heads);
-        let kvd = kvh * d;
         let eps = c.rms_norm_eps as f32;
-        let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
-        let dtok = st.clone_htod(&toks)?;
-        let dpos = st.clone_htod(&pos)?;
+        let ms = moe_shape(c);
         let mut prof = self.profiler.take();
         macro_rules! mark {
             ($name:expr) => {
@@ -186,275 +305,163 @@ impl CudaTarget {
         }
         mark!("start");
         let s = &mut self.s;
-        g.embed_rows(&m.embed, &dtok, &mut s.x, h)?;
+        g.embed_rows(&m.embed, &s.tok.slice(0..n), &mut s.x, h)?;
         mark!("embed_rows");
-        let mut tap_rows = vec![vec![0f32; 0]; taps.len()];
         for (li, l) in m.layers.iter().enumerate() {
-            let nh = l.heads;
-            g.rms_norm_rows(
-                &s.x.as_view(),
-                &l.input_norm.as_view(),
-                &mut s.xn.as_view_mut(),
-                h,
-                n,
-                eps,
-            )?;
-            mark!("rms_norm");
-            g.gemv_bf16(
-                &l.q.as_view(),
-                &s.xn.as_view(),
-                &mut s.q.as_view_mut(),
-                nh * d,
-                h,
-                n,
-                false,
-            )?;
-            mark!("gemv q_proj");
-            g.gemv_bf16(
-                &l.k.as_view(),
-                &s.xn.as_view(),
-                &mut s.k.as_view_mut(),
-                kvd,
-                h,
-                n,
-                false,
-            )?;
-            mark!("gemv k_proj");
-            g.gemv_bf16(
-                &l.v.as_view(),
-                &s.xn.as_view(),
-                &mut s.v.as_view_mut(),
-                kvd,
-                h,
-                n,
-                false,
-            )?;
-            mark!("gemv v_proj");
-            g.gemv_bf16(
-                &l.g.as_view(),
-                &s.xn.as_view(),
-                &mut s.g.as_view_mut(),
-                nh,
-                h,
-                n,
-                false,
-            )?;
-            mark!("gemv g_proj");
-            g.qk_norm_rope(
-                &mut s.q.as_view_mut(),
-                &l.q_norm,
-                &dpos.as_view(),
-                &l.rope,
-                nh,
-                d,
-                n,
-                eps,
-            )?;
-            mark!("qk_norm_rope");
-            g.qk_norm_rope(
-                &mut s.k.as_view_mut(),
-                &l.k_norm,
-                &dpos.as_view(),
-                &l.rope,
-                kvh,
-                d,
-                n,
-                eps,
-            )?;
-            mark!("qk_norm_rope");
-            let ring = if l.window > 0 {
-                l.window + self.chunk
-            } else {
-                0
+            let shape = AttnShape {
+                heads: l.heads,
+                kv_heads: kvh,
+                head_dim: d,
+                window: l.window,
+                ring: if l.window > 0 { l.window + CHUNK } else { 0 },
             };
+            let width = shape.width();
+            g.gemv_bf16(
+                &l.qkvg.as_view(),
+                &s.x.as_view(),
+                Some((&l.input_norm.as_view(), eps)),
+                &mut s.qkvg.as_view_mut(),
+                width,
+                h,
+                n,
+                false,
+            )?;
+            mark!("norm + gemv qkvg");
             let (ck, cv) = &mut self.kv[li];
-            g.kv_store(
-                &s.k.as_view(),
-                &s.v.as_view(),
-                ck,
-                cv,
-                &dpos.as_view(),
-                ring,
-                kvd,
+            g.attend_decode(
+                &s.qkvg.as_view(),
+                &l.q_norm,
+                &l.k_norm,
+                &s.pos.as_view(),
+                &l.rope,
+                eps,
+                shape,
                 n,
-            )?;
-            mark!("kv_store");
-            let max_keys = if l.window > 0 { l.window } else { p0 + n };
-            g.attend(
-                &s.q.as_view(),
                 ck,
                 cv,
-                &s.g.as_view(),
-                &dpos.as_view(),
+                &mut s.part,
+                &mut s.att_counters,
                 &mut s.att.as_view_mut(),
-                nh,
-                kvh,
-                d,
-                l.window,
-                ring,
-                n,
-                max_keys,
             )?;
-            mark!("attend");
+            mark!("attend (qk norm, rope, kv store, split-KV, gate)");
             g.gemv_bf16(
                 &l.o.as_view(),
                 &s.att.as_view(),
+                None,
                 &mut s.x.as_view_mut(),
                 h,
-                nh * d,
+                l.heads * d,
                 n,
                 true,
             )?;
-            mark!("gemv o_proj (+residual)");
-            g.rms_norm_rows(
-                &s.x.as_view(),
-                &l.post_norm.as_view(),
-                &mut s.xn.as_view_mut(),
-                h,
-                n,
-                eps,
-            )?;
-            mark!("rms_norm");
+            mark!("gemv o_proj + residual");
             match &l.ffn {
-                DevFfn::Dense { gate, up, down } => {
+                DevFfn::Dense { gate_up, down } => {
                     let w = c.intermediate_size;
                     g.gemv_bf16(
-                        &gate.as_view(),
-                        &s.xn.as_view(),
-                        &mut s.a.as_view_mut(),
-                        w,
+                        &gate_up.as_view(),
+                        &s.x.as_view(),
+                        Some((&l.post_norm.as_view(), eps)),
+                        &mut s.gate_up.as_view_mut(),
+                        2 * w,
                         h,
                         n,
                         false,
                     )?;
-                    mark!("dense gate");
-                    g.gemv_bf16(
-                        &up.as_view(),
-                        &s.xn.as_view(),
-                        &mut s.b.as_view_mut(),
-                        w,
-                        h,
-                        n,
-                        false,
-                    )?;
-                    mark!("dense up");
-                    let (av, bv) = (s.a.as_view(), s.b.as_view());
-                    let mut act = st.alloc_zeros::<f32>(n * w)?;
-                    g.silu_mul(&av, &bv, &mut act.as_view_mut(), n * w)?;
-                    mark!("silu_mul");
+                    mark!("dense norm + gemv gate_up");
+                    g.silu_mul(&s.gate_up.as_view(), &mut s.act.as_view_mut(), w, n)?;
+                    mark!("dense silu_mul");
                     g.gemv_bf16(
                         &down.as_view(),
-                        &act.as_view(),
+                        &s.act.as_view(),
+                        None,
                         &mut s.x.as_view_mut(),
                         h,
                         w,
                         n,
                         true,
                     )?;
-                    mark!("dense down (+residual)");
+                    mark!("dense gemv down + residual");
                 }
                 DevFfn::Moe(e) => {
-                    let (ne, k, mi, si) = (
-                        c.num_experts,
-                        c.num_experts_per_tok,
-                        c.moe_intermediate_size,
-                        c.shared_expert_intermediate_size,
-                    );
-                    g.gemv_bf16(
-                        &e.router.as_view(),
-                        &s.xn.as_view(),
-                        &mut s.rl.as_view_mut(),
-                        ne,
-                        h,
-                        n,
-                        false,
-                    )?;
-                    mark!("gemv router");
-                    g.router_topk(
-                        &s.rl.as_view(),
+                    g.router(
+                        &s.x.as_view(),
+                        &l.post_norm,
+                        eps,
+                        &e.router,
                         &e.bias,
-                        &mut s.ids.as_view_mut(),
-                        &mut s.wts.as_view_mut(),
-                        ne,
-                        k,
+                        ms,
                         c.norm_topk_prob,
                         c.moe_router_logit_softcapping as f32,
                         n,
+                        &mut s.xn.as_view_mut(),
+                        &mut s.router_logits.as_view_mut(),
+                        &mut s.ids.as_view_mut(),
+                        &mut s.wts.as_view_mut(),
+                        &mut s.router_counter,
                     )?;
-                    mark!("router_topk");
-                    g.nvfp4_gate_up(
+                    mark!("router (norm, logits, top-k)");
+                    g.moe_gate_up(
+                        &s.xn.as_view(),
+                        &s.ids.as_view(),
                         &e.gate,
                         &e.up,
-                        &s.xn.as_view(),
-                        Some(&s.ids.as_view()),
-                        &mut s.h.as_view_mut(),
-                        mi,
-                        h,
-                        n,
-                        k,
-                    )?;
-                    mark!("nvfp4 gate_up (routed)");
-                    g.nvfp4_gate_up(
                         &e.shared_gate,
                         &e.shared_up,
-                        &s.xn.as_view(),
-                        None,
-                        &mut s.hs.as_view_mut(),
-                        si,
-                        h,
+                        ms,
                         n,
-                        1,
+                        &mut s.h.as_view_mut(),
                     )?;
-                    mark!("nvfp4 gate_up (shared)");
-                    g.nvfp4_down_combine(
-                        &e.down,
-                        &e.shared_down,
+                    mark!("nvfp4 gate_up (routed + shared)");
+                    g.moe_down(
                         &s.h.as_view(),
-                        &s.hs.as_view(),
                         &s.ids.as_view(),
                         &s.wts.as_view(),
-                        &mut s.x.as_view_mut(),
-                        h,
-                        mi,
-                        si,
-                        k,
+                        &e.down,
+                        &e.shared_down,
+                        ms,
                         c.moe_routed_scaling_factor as f32,
                         n,
+                        &mut s.x.as_view_mut(),
                     )?;
-                    mark!("nvfp4 down+combine+shared+residual");
+                    mark!("nvfp4 down + combine + residual");
                 }
             }
             for (t, _) in taps.iter().enumerate().filter(|(_, &tl)| tl == li) {
-                tap_rows[t] = st.clone_dtoh(&s.x.slice(0..n * h))?;
+                for r in 0..n {
+                    let at = (r * taps.len() + t) * h;
+                    st.memcpy_dtod(
+                        &s.x.slice(r * h..(r + 1) * h),
+                        &mut s.taps.slice_mut(at..at + h),
+                    )?;
+                }
             }
         }
-        g.rms_norm_rows(
-            &s.x.as_view(),
-            &m.norm.as_view(),
-            &mut s.xn.as_view_mut(),
-            h,
-            n,
-            eps,
-        )?;
-        mark!("rms_norm");
-        g.gemv_bf16(
-            &m.lm_head.as_view(),
-            &s.xn.as_view(),
-            &mut s.logits.as_view_mut(),
-            c.vocab_size,
-            h,
-            n,
-            false,
-        )?;
-        mark!("gemv lm_head");
-        out.logits
-            .extend(st.clone_dtoh(&s.logits.slice(0..n * c.vocab_size))?);
-        for r in 0..n {
-            for tr in &tap_rows {
-                out.taps.extend_from_slice(&tr[r * h..(r + 1) * h]);
-            }
+        let (first, rows) = match mode {
+            Logits::All => (0, n),
+            Logits::Last => (n - 1, 1),
+            Logits::Skip => (n, 0),
+        };
+        if rows > 0 {
+            g.gemv_bf16(
+                &m.lm_head.as_view(),
+                &s.x.slice(first * h..(first + rows) * h),
+                Some((&m.norm.as_view(), eps)),
+                &mut s.logits.as_view_mut(),
+                c.vocab_size,
+                h,
+                rows,
+                false,
+            )?;
+            mark!("norm + gemv lm_head");
+            g.argmax_rows(
+                &s.logits.as_view(),
+                c.vocab_size,
+                rows,
+                &mut s.next.as_view_mut(),
+            )?;
+            mark!("argmax");
         }
-        mark!("logits to host");
         if let Some(p) = prof.as_mut() {
             p.collect()?;
         }

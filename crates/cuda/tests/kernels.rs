@@ -52,68 +52,72 @@ fn no_gpu_is_an_error_not_a_panic() {
 fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
     let g = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    for (out, inp) in [(1000, 136), (7, 8), (513, 2048), (64, 1032)] {
+    for (out, inp) in [(1000, 136), (7, 8), (513, 2048), (64, 8200)] {
         let w = to_bf16(&rand_vec(&mut rng, out * inp, 0.1));
         let wf: Vec<f32> = w.iter().map(|x| x.to_f32()).collect();
         let dw = g.stream.clone_htod(&w).unwrap();
-        for rows in [1usize, 3, 16, 37] {
-            let x = rand_vec(&mut rng, rows * inp, 1.0);
-            let dx = g.stream.clone_htod(&x).unwrap();
-            let mut dy = g.stream.alloc_zeros::<f32>(rows * out).unwrap();
-            g.gemv_bf16(
-                &dw.as_view(),
-                &dx.as_view(),
-                &mut dy.as_view_mut(),
-                out,
-                inp,
-                rows,
-                false,
-            )
-            .unwrap();
-            let y = g.stream.clone_dtoh(&dy).unwrap();
-            let mut want = vec![0f32; rows * out];
-            for r in 0..rows {
-                ops::matvec(
-                    &wf,
-                    &x[r * inp..(r + 1) * inp],
-                    &mut want[r * out..(r + 1) * out],
+        let nw = to_bf16(&rand_vec(&mut rng, inp, 1.0));
+        let nwf: Vec<f32> = nw.iter().map(|x| x.to_f32()).collect();
+        let dnw = g.stream.clone_htod(&nw).unwrap();
+        for normed in [false, true] {
+            for rows in [1usize, 3, 16, 37] {
+                let x = rand_vec(&mut rng, rows * inp, 2.0);
+                let dx = g.stream.clone_htod(&x).unwrap();
+                let norm = normed.then(|| (dnw.as_view(), 1e-6f32));
+                let run = |dx: &cudarc::driver::CudaSlice<f32>, rows: usize| {
+                    let mut dy = g.stream.alloc_zeros::<f32>(rows * out).unwrap();
+                    g.gemv_bf16(
+                        &dw.as_view(),
+                        &dx.as_view(),
+                        norm.as_ref().map(|(v, e)| (v, *e)),
+                        &mut dy.as_view_mut(),
+                        out,
+                        inp,
+                        rows,
+                        false,
+                    )
+                    .unwrap();
+                    (g.stream.clone_dtoh(&dy).unwrap(), dy)
+                };
+                let (y, mut dy) = run(&dx, rows);
+                let mut want = vec![0f32; rows * out];
+                for r in 0..rows {
+                    let xr = &x[r * inp..(r + 1) * inp];
+                    let mut xn = xr.to_vec();
+                    if normed {
+                        ops::rms_norm(xr, &nwf, 1e-6, &mut xn);
+                    }
+                    ops::matvec(&wf, &xn, &mut want[r * out..(r + 1) * out]);
+                }
+                let e = max_rel(&y, &want);
+                assert!(
+                    e < 1e-5,
+                    "gemv {out}x{inp} rows {rows} norm {normed}: max rel err {e}"
                 );
-            }
-            let e = max_rel(&y, &want);
-            assert!(e < 1e-5, "gemv {out}x{inp} rows {rows}: max rel err {e}");
-            // Each row alone gives the same bits as inside the batch.
-            for r in [0, rows - 1] {
-                let dx1 = g.stream.clone_htod(&x[r * inp..(r + 1) * inp]).unwrap();
-                let mut dy1 = g.stream.alloc_zeros::<f32>(out).unwrap();
+                // Each row alone gives the same bits as inside the batch.
+                for r in [0, rows - 1] {
+                    let dx1 = g.stream.clone_htod(&x[r * inp..(r + 1) * inp]).unwrap();
+                    let (y1, _) = run(&dx1, 1);
+                    assert!(
+                        y1 == y[r * out..(r + 1) * out],
+                        "row {r} of {rows} depends on the row count (norm {normed})"
+                    );
+                }
+                // Accumulate mode adds onto y; and a rerun is bit-identical.
                 g.gemv_bf16(
                     &dw.as_view(),
-                    &dx1.as_view(),
-                    &mut dy1.as_view_mut(),
+                    &dx.as_view(),
+                    norm.as_ref().map(|(v, e)| (v, *e)),
+                    &mut dy.as_view_mut(),
                     out,
                     inp,
-                    1,
-                    false,
+                    rows,
+                    true,
                 )
                 .unwrap();
-                let y1 = g.stream.clone_dtoh(&dy1).unwrap();
-                assert!(
-                    y1 == y[r * out..(r + 1) * out],
-                    "row {r} depends on the row count"
-                );
+                let y2 = g.stream.clone_dtoh(&dy).unwrap();
+                assert!(y2.iter().zip(&y).all(|(a, b)| *a == b + b), "accumulate");
             }
-            // Accumulate mode adds onto y; and a rerun is bit-identical.
-            g.gemv_bf16(
-                &dw.as_view(),
-                &dx.as_view(),
-                &mut dy.as_view_mut(),
-                out,
-                inp,
-                rows,
-                true,
-            )
-            .unwrap();
-            let y2 = g.stream.clone_dtoh(&dy).unwrap();
-            assert!(y2.iter().zip(&y).all(|(a, b)| *a == b + b), "accumulate");
         }
     }
 }
@@ -160,7 +164,7 @@ fn rms_norm_embed_and_argmax_match_cpu() {
     let de = g.stream.clone_htod(&e).unwrap();
     let dt = g.stream.clone_htod(&toks).unwrap();
     let mut dx = g.stream.alloc_zeros::<f32>(toks.len() * hidden).unwrap();
-    g.embed_rows(&de, &dt, &mut dx, hidden).unwrap();
+    g.embed_rows(&de, &dt.as_view(), &mut dx, hidden).unwrap();
     let x = g.stream.clone_dtoh(&dx).unwrap();
     for (r, &t) in toks.iter().enumerate() {
         for i in 0..hidden {
@@ -213,11 +217,10 @@ fn identity(n: usize) -> Linear {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn attention_kernels_match_cpu_for_sliding_ring_and_full_yarn() {
-    use fastdecode_cuda::ops::DevRope;
+fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant() {
+    use fastdecode_cuda::ops::{AttnShape, DevRope, ATT_SPLITS};
     let g = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    let (heads, kv_heads, d) = (6usize, 2usize, 48usize);
     let yarn = RopeParams {
         theta: 5e5,
         partial_rotary_factor: 0.5,
@@ -235,7 +238,15 @@ fn attention_kernels_match_cpu_for_sliding_ring_and_full_yarn() {
         partial_rotary_factor: 1.0,
         scaling: RopeScaling::Default,
     };
-    for (params, window, ring) in [(&default, 13usize, 13 + 16), (&yarn, 0, 0)] {
+    // (heads, kv heads, head_dim, rope, window, positions): GQA groups 3, 8 and 1; a window
+    // smaller than a tile and one larger; full contexts long enough for several tiles per split.
+    let cases = [
+        (6usize, 2usize, 64usize, &default, 13usize, 80usize),
+        (6, 2, 64, &yarn, 0, 600),
+        (16, 2, 128, &yarn, 0, 300),
+        (8, 8, 32, &default, 40, 120),
+    ];
+    for (heads, kv_heads, d, params, window, total) in cases {
         let rope = Rope::new(params, d);
         let attn = Attention {
             q: identity(heads * d),
@@ -255,339 +266,385 @@ fn attention_kernels_match_cpu_for_sliding_ring_and_full_yarn() {
             rope: rope.clone(),
             window: (window > 0).then_some(window),
         };
-        // Positions 0..40 in blocks of at most 16 rows (a ring of window + 16 slots holds any
-        // block of up to 16 rows without overwriting a key an earlier row of the block still sees).
-        let total = 40usize;
         let kvd = kv_heads * d;
-        let slots = if ring > 0 { ring } else { total };
-        let mut ck = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
-        let mut cv = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim: d,
+            window,
+            ring: if window > 0 { window + 16 } else { 0 },
+        };
+        let width = shape.width();
+        let raw = rand_vec(&mut rng, total * width, 2.0);
         let drope = DevRope {
             inv_freq: g.stream.clone_htod(&rope.inv_freq).unwrap(),
             rot_dim: rope.rotary_dim,
             scaling: rope.attention_scaling,
         };
-        let qn = g
-            .stream
-            .clone_htod(
-                &attn
-                    .q_norm
-                    .iter()
-                    .map(|&x| bf16::from_f32(x))
-                    .collect::<Vec<_>>(),
-            )
-            .unwrap();
-        let kn = g
-            .stream
-            .clone_htod(
-                &attn
-                    .k_norm
-                    .iter()
-                    .map(|&x| bf16::from_f32(x))
-                    .collect::<Vec<_>>(),
-            )
-            .unwrap();
-        let mut cpu_k: Vec<Vec<f32>> = vec![];
-        let mut cpu_v: Vec<Vec<f32>> = vec![];
-        for block in [(0usize, 16usize), (16, 30), (30, 35), (35, 40)] {
-            let n = block.1 - block.0;
-            let (mut q, mut k) = (
-                rand_vec(&mut rng, n * heads * d, 2.0),
-                rand_vec(&mut rng, n * kvd, 2.0),
-            );
-            let v = rand_vec(&mut rng, n * kvd, 1.0);
-            let gl = rand_vec(&mut rng, n * heads, 3.0);
-            let pos: Vec<i32> = (block.0..block.1).map(|p| p as i32).collect();
-            let dpos = g.stream.clone_htod(&pos).unwrap();
-            let mut dq = g.stream.clone_htod(&q).unwrap();
-            let mut dk = g.stream.clone_htod(&k).unwrap();
-            g.qk_norm_rope(
-                &mut dq.as_view_mut(),
-                &qn,
-                &dpos.as_view(),
-                &drope,
-                heads,
-                d,
-                n,
-                1e-6,
-            )
-            .unwrap();
-            g.qk_norm_rope(
-                &mut dk.as_view_mut(),
-                &kn,
-                &dpos.as_view(),
-                &drope,
-                kv_heads,
-                d,
-                n,
-                1e-6,
-            )
-            .unwrap();
-            for r in 0..n {
-                attn.norm_rope_heads(
-                    &mut q[r * heads * d..(r + 1) * heads * d],
-                    &attn.q_norm,
+        let dqn = g.stream.clone_htod(&to_bf16(&attn.q_norm)).unwrap();
+        let dkn = g.stream.clone_htod(&to_bf16(&attn.k_norm)).unwrap();
+        let slots = if shape.ring > 0 { shape.ring } else { total };
+        // Runs the positions in launches of the given sizes; returns the outputs and the cache.
+        let run = |sizes: &[usize]| {
+            let mut ck = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
+            let mut cv = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
+            let mut part = g
+                .stream
+                .alloc_zeros::<f32>(16 * heads * ATT_SPLITS * (d + 2))
+                .unwrap();
+            let mut counters = g.stream.alloc_zeros::<u32>(16 * kv_heads).unwrap();
+            let mut out = vec![];
+            let mut p0 = 0;
+            for &n in sizes {
+                let n = n.min(total - p0);
+                if n == 0 {
+                    break;
+                }
+                let dq = g
+                    .stream
+                    .clone_htod(&raw[p0 * width..(p0 + n) * width])
+                    .unwrap();
+                let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
+                let dpos = g.stream.clone_htod(&pos).unwrap();
+                let mut dout = g.stream.alloc_zeros::<f32>(n * heads * d).unwrap();
+                g.attend_decode(
+                    &dq.as_view(),
+                    &dqn,
+                    &dkn,
+                    &dpos.as_view(),
+                    &drope,
                     1e-6,
-                    block.0 + r,
-                );
-                attn.norm_rope_heads(
-                    &mut k[r * kvd..(r + 1) * kvd],
-                    &attn.k_norm,
-                    1e-6,
-                    block.0 + r,
-                );
+                    shape,
+                    n,
+                    &mut ck,
+                    &mut cv,
+                    &mut part,
+                    &mut counters,
+                    &mut dout.as_view_mut(),
+                )
+                .unwrap();
+                out.extend(g.stream.clone_dtoh(&dout).unwrap());
+                p0 += n;
             }
-            let gq = g.stream.clone_dtoh(&dq).unwrap();
+            (out, g.stream.clone_dtoh(&ck).unwrap())
+        };
+        let mixed: Vec<usize> = [16usize, 5, 1, 16, 9, 3, 16, 2]
+            .iter()
+            .cycle()
+            .take(total)
+            .copied()
+            .collect();
+        let (out, _) = run(&mixed);
+        let (single, _) = run(&vec![1; total]);
+        assert!(
+            out == single,
+            "heads {heads}/{kv_heads} window {window}: a row's output depends on the launch's other rows"
+        );
+        let (again, _) = run(&mixed);
+        assert!(out == again, "attend_decode is not deterministic");
+        // CPU reference: its own q/k norm + RoPE, raw v, the softplus gate.
+        let (mut cpu_k, mut cpu_v) = (vec![], vec![]);
+        for p in 0..total {
+            let row = &raw[p * width..(p + 1) * width];
+            let mut k = row[heads * d..heads * d + kvd].to_vec();
+            attn.norm_rope_heads(&mut k, &attn.k_norm, 1e-6, p);
+            cpu_k.push(k);
+            cpu_v.push(row[heads * d + kvd..heads * d + 2 * kvd].to_vec());
+        }
+        for p in 0..total {
+            let row = &raw[p * width..(p + 1) * width];
+            let mut q = row[..heads * d].to_vec();
+            attn.norm_rope_heads(&mut q, &attn.q_norm, 1e-6, p);
+            let proj = Projected {
+                q,
+                k: vec![],
+                v: vec![],
+                gate: row[heads * d + 2 * kvd..]
+                    .iter()
+                    .map(|&x| fastdecode_cpu::ops::softplus(x))
+                    .collect(),
+            };
+            let keys: Vec<(&[f32], &[f32])> = (attn.first_visible(p)..=p)
+                .map(|j| (cpu_k[j].as_slice(), cpu_v[j].as_slice()))
+                .collect();
+            let want = attn.attend(&proj, &keys);
+            let e = max_rel(&out[p * heads * d..(p + 1) * heads * d], &want);
             assert!(
-                max_rel(&gq, &q) < 2e-6,
-                "qk_norm_rope q: {}",
-                max_rel(&gq, &q)
+                e < 2e-5,
+                "attend heads {heads}/{kv_heads} d {d} window {window} position {p}: {e}"
             );
-            let gk = g.stream.clone_dtoh(&dk).unwrap();
-            // Attention reads the GPU's own k (same values up to rounding) from the cache.
-            let dv = g.stream.clone_htod(&v).unwrap();
-            g.kv_store(
-                &dk.as_view(),
-                &dv.as_view(),
-                &mut ck,
-                &mut cv,
-                &dpos.as_view(),
-                ring,
-                kvd,
-                n,
-            )
-            .unwrap();
-            let dg = g.stream.clone_htod(&gl).unwrap();
-            let mut dout = g.stream.alloc_zeros::<f32>(n * heads * d).unwrap();
-            let max_keys = if window > 0 { window } else { block.1 };
-            g.attend(
-                &dq.as_view(),
-                &ck,
-                &cv,
-                &dg.as_view(),
-                &dpos.as_view(),
-                &mut dout.as_view_mut(),
-                heads,
-                kv_heads,
-                d,
-                window,
-                ring,
-                n,
-                max_keys,
-            )
-            .unwrap();
-            let got = g.stream.clone_dtoh(&dout).unwrap();
-            for r in 0..n {
-                cpu_k.push(gk[r * kvd..(r + 1) * kvd].to_vec());
-                cpu_v.push(v[r * kvd..(r + 1) * kvd].to_vec());
-            }
-            for r in 0..n {
-                let p = block.0 + r;
-                let proj = Projected {
-                    q: gq[r * heads * d..(r + 1) * heads * d].to_vec(),
-                    k: vec![],
-                    v: vec![],
-                    gate: gl[r * heads..(r + 1) * heads]
-                        .iter()
-                        .map(|&x| fastdecode_cpu::ops::softplus(x))
-                        .collect(),
-                };
-                let keys: Vec<(&[f32], &[f32])> = (attn.first_visible(p)..=p)
-                    .map(|j| (cpu_k[j].as_slice(), cpu_v[j].as_slice()))
-                    .collect();
-                let want = attn.attend(&proj, &keys);
-                let e = max_rel(&got[r * heads * d..(r + 1) * heads * d], &want);
-                assert!(e < 1e-5, "attend window {window} position {p}: {e}");
-            }
+        }
+        // The prefill path's cache writes are bit-identical to the decode path's, and its
+        // queries match the CPU's.
+        let n = 16.min(total);
+        let (_, cache_decode) = run(&[n]);
+        let dq = g.stream.clone_htod(&raw[..n * width]).unwrap();
+        let pos: Vec<i32> = (0..n as i32).collect();
+        let dpos = g.stream.clone_htod(&pos).unwrap();
+        let mut q_out = g.stream.alloc_zeros::<f32>(n * heads * d).unwrap();
+        let mut ck = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
+        let mut cv = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
+        g.qk_norm_rope_store(
+            &dq.as_view(),
+            &dqn,
+            &dkn,
+            &dpos.as_view(),
+            &drope,
+            1e-6,
+            shape,
+            n,
+            &mut q_out.as_view_mut(),
+            &mut ck,
+            &mut cv,
+        )
+        .unwrap();
+        let cache_prefill = g.stream.clone_dtoh(&ck).unwrap();
+        assert!(
+            cache_prefill[..n * kvd] == cache_decode[..n * kvd],
+            "qk_norm_rope_store and attend_decode write different keys"
+        );
+        let gq = g.stream.clone_dtoh(&q_out).unwrap();
+        for p in 0..n {
+            let mut q = raw[p * width..p * width + heads * d].to_vec();
+            attn.norm_rope_heads(&mut q, &attn.q_norm, 1e-6, p);
+            let e = max_rel(&gq[p * heads * d..(p + 1) * heads * d], &q);
+            assert!(e < 2e-6, "qk_norm_rope_store q at {p}: {e}");
         }
     }
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn moe_kernels_match_cpu() {
-    use fastdecode_cuda::ops::DevNvfp4;
+fn moe_kernels_match_cpu_and_are_batch_invariant() {
+    use fastdecode_cuda::ops::{DevNvfp4, MoeShape};
     use fastdecode_model::nvfp4::{dequantize_row, quantize_row};
     let g = gpu();
-    let mut rng = ChaCha8Rng::seed_from_u64(4);
-    // More experts than a warp (a 32-thread router launch would never scan experts 32..), and
-    // biases that make every selection key negative (so uninitialised shared memory, often zero,
-    // would win a reduction that reads it).
-    let (e, k, hid, inter, sh) = (100usize, 3usize, 96usize, 48usize, 32usize);
-    // NVFP4 weights: quantise random rows, keep codes/scales for the GPU and dequantised f32 for the CPU.
-    let mut quant = |rows: usize, cols: usize| {
-        let w = rand_vec(&mut rng, rows * cols, (3.0 / cols as f32).sqrt());
-        let (mut codes, mut scales, mut deq) = (
-            vec![0u32; rows * cols / 8],
-            vec![0u8; rows * cols / 16],
-            vec![0f32; rows * cols],
-        );
-        for r in 0..rows {
-            quantize_row(
-                &w[r * cols..(r + 1) * cols],
-                &mut codes[r * cols / 8..(r + 1) * cols / 8],
-                &mut scales[r * cols / 16..(r + 1) * cols / 16],
+    // (experts, top-k, hidden, intermediate, shared intermediate): awkward small sizes with more
+    // experts than a warp and biases that make every selection key negative; then the XS 2.1
+    // widths (2048 / 512, top-8) with fewer experts.
+    for (e, k, hid, inter, sh) in [
+        (100usize, 3usize, 96usize, 64usize, 32usize),
+        (24, 8, 2048, 512, 512),
+    ] {
+        let mut rng = ChaCha8Rng::seed_from_u64(4 + hid as u64);
+        // NVFP4 weights: quantise random rows, keep codes/scales for the GPU and dequantised
+        // f32 for the CPU.
+        let mut quant = |rows: usize, cols: usize| {
+            let w = rand_vec(&mut rng, rows * cols, (3.0 / cols as f32).sqrt());
+            let (mut codes, mut scales, mut deq) = (
+                vec![0u32; rows * cols / 8],
+                vec![0u8; rows * cols / 16],
+                vec![0f32; rows * cols],
             );
-            dequantize_row(
-                &codes[r * cols / 8..(r + 1) * cols / 8],
-                &scales[r * cols / 16..(r + 1) * cols / 16],
-                &mut deq[r * cols..(r + 1) * cols],
-            );
-        }
-        (
-            DevNvfp4 {
-                codes: g.stream.clone_htod(&codes).unwrap(),
-                scales: g.stream.clone_htod(&scales).unwrap(),
-            },
-            deq,
-        )
-    };
-    let (gd, gq) = quant(e * inter, hid);
-    let (ud, uq) = quant(e * inter, hid);
-    let (dd, dq) = quant(e * hid, inter);
-    let (sgd, sgq) = quant(sh, hid);
-    let (sud, suq) = quant(sh, hid);
-    let (sdd, sdq) = quant(hid, sh);
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let router = linear(&mut rng, e, hid);
-    let bias: Vec<f32> = rand_vec(&mut rng, e, 0.05)
-        .iter()
-        .map(|b| b - 1.5)
-        .collect();
-    let lin = |w: &[f32], out: usize, inp: usize| Linear {
-        w: w.to_vec(),
-        out,
-        inp,
-    };
-    let moe = Moe {
-        router: Linear {
-            w: router.w.clone(),
-            out: e,
-            inp: hid,
-        },
-        bias: bias.clone(),
-        experts: (0..e)
-            .map(|x| Mlp {
-                gate: lin(&gq[x * inter * hid..(x + 1) * inter * hid], inter, hid),
-                up: lin(&uq[x * inter * hid..(x + 1) * inter * hid], inter, hid),
-                down: lin(&dq[x * hid * inter..(x + 1) * hid * inter], hid, inter),
-            })
-            .collect(),
-        shared: Mlp {
-            gate: lin(&sgq, sh, hid),
-            up: lin(&suq, sh, hid),
-            down: lin(&sdq, hid, sh),
-        },
-        top_k: k,
-        routed_scaling: 2.5,
-        norm_topk: true,
-        softcap: 0.0,
-    };
-    let rows = 7;
-    let xn = rand_vec(&mut rng, rows * hid, 1.0);
-    let resid = rand_vec(&mut rng, rows * hid, 1.0);
-    let dxn = g.stream.clone_htod(&xn).unwrap();
-    let drouter = g
-        .stream
-        .clone_htod(
-            &router
-                .w
-                .iter()
-                .map(|&x| bf16::from_f32(x))
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
-    let dbias = g.stream.clone_htod(&bias).unwrap();
-    let mut rl = g.stream.alloc_zeros::<f32>(rows * e).unwrap();
-    g.gemv_bf16(
-        &drouter.as_view(),
-        &dxn.as_view(),
-        &mut rl.as_view_mut(),
-        e,
-        hid,
-        rows,
-        false,
-    )
-    .unwrap();
-    let mut ids = g.stream.alloc_zeros::<i32>(rows * k).unwrap();
-    let mut wts = g.stream.alloc_zeros::<f32>(rows * k).unwrap();
-    g.router_topk(
-        &rl.as_view(),
-        &dbias,
-        &mut ids.as_view_mut(),
-        &mut wts.as_view_mut(),
-        e,
-        k,
-        true,
-        0.0,
-        rows,
-    )
-    .unwrap();
-    let (gids, gw) = (
-        g.stream.clone_dtoh(&ids).unwrap(),
-        g.stream.clone_dtoh(&wts).unwrap(),
-    );
-    for r in 0..rows {
-        let want = moe.route(&xn[r * hid..(r + 1) * hid]);
-        for (s, (eid, w)) in want.iter().enumerate() {
-            assert_eq!(gids[r * k + s] as usize, *eid, "row {r} slot {s}");
-            assert!((gw[r * k + s] - w).abs() < 1e-5);
-        }
-    }
-    let mut h = g.stream.alloc_zeros::<f32>(rows * k * inter).unwrap();
-    let mut hs = g.stream.alloc_zeros::<f32>(rows * sh).unwrap();
-    g.nvfp4_gate_up(
-        &gd,
-        &ud,
-        &dxn.as_view(),
-        Some(&ids.as_view()),
-        &mut h.as_view_mut(),
-        inter,
-        hid,
-        rows,
-        k,
-    )
-    .unwrap();
-    g.nvfp4_gate_up(
-        &sgd,
-        &sud,
-        &dxn.as_view(),
-        None,
-        &mut hs.as_view_mut(),
-        sh,
-        hid,
-        rows,
-        1,
-    )
-    .unwrap();
-    let mut dx = g.stream.clone_htod(&resid).unwrap();
-    g.nvfp4_down_combine(
-        &dd,
-        &sdd,
-        &h.as_view(),
-        &hs.as_view(),
-        &ids.as_view(),
-        &wts.as_view(),
-        &mut dx.as_view_mut(),
-        hid,
-        inter,
-        sh,
-        k,
-        2.5,
-        rows,
-    )
-    .unwrap();
-    let got = g.stream.clone_dtoh(&dx).unwrap();
-    for r in 0..rows {
-        let y = moe.forward(&xn[r * hid..(r + 1) * hid]);
-        let want: Vec<f32> = resid[r * hid..(r + 1) * hid]
+            for r in 0..rows {
+                quantize_row(
+                    &w[r * cols..(r + 1) * cols],
+                    &mut codes[r * cols / 8..(r + 1) * cols / 8],
+                    &mut scales[r * cols / 16..(r + 1) * cols / 16],
+                );
+                dequantize_row(
+                    &codes[r * cols / 8..(r + 1) * cols / 8],
+                    &scales[r * cols / 16..(r + 1) * cols / 16],
+                    &mut deq[r * cols..(r + 1) * cols],
+                );
+            }
+            (
+                DevNvfp4 {
+                    codes: g.stream.clone_htod(&codes).unwrap(),
+                    scales: g.stream.clone_htod(&scales).unwrap(),
+                },
+                deq,
+            )
+        };
+        let (gd, gq) = quant(e * inter, hid);
+        let (ud, uq) = quant(e * inter, hid);
+        let (dd, dq) = quant(e * hid, inter);
+        let (sgd, sgq) = quant(sh, hid);
+        let (sud, suq) = quant(sh, hid);
+        let (sdd, sdq) = quant(hid, sh);
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let router = linear(&mut rng, e, hid);
+        let bias: Vec<f32> = rand_vec(&mut rng, e, 0.05)
             .iter()
-            .zip(&y)
-            .map(|(a, b)| a + b)
+            .map(|b| b - 1.5)
             .collect();
-        let e = max_rel(&got[r * hid..(r + 1) * hid], &want);
-        assert!(e < 1e-5, "moe row {r}: {e}");
+        let norm = to_bf16(&rand_vec(&mut rng, hid, 1.0));
+        let normf: Vec<f32> = norm.iter().map(|x| x.to_f32()).collect();
+        let lin = |w: &[f32], out: usize, inp: usize| Linear {
+            w: w.to_vec(),
+            out,
+            inp,
+        };
+        let moe = Moe {
+            router: Linear {
+                w: router.w.clone(),
+                out: e,
+                inp: hid,
+            },
+            bias: bias.clone(),
+            experts: (0..e)
+                .map(|x| Mlp {
+                    gate: lin(&gq[x * inter * hid..(x + 1) * inter * hid], inter, hid),
+                    up: lin(&uq[x * inter * hid..(x + 1) * inter * hid], inter, hid),
+                    down: lin(&dq[x * hid * inter..(x + 1) * hid * inter], hid, inter),
+                })
+                .collect(),
+            shared: Mlp {
+                gate: lin(&sgq, sh, hid),
+                up: lin(&suq, sh, hid),
+                down: lin(&sdq, hid, sh),
+            },
+            top_k: k,
+            routed_scaling: 2.5,
+            norm_topk: true,
+            softcap: 0.0,
+        };
+        let shape = MoeShape {
+            hidden: hid,
+            experts: e,
+            top_k: k,
+            inter,
+            shared_inter: sh,
+        };
+        let drouter = g.stream.clone_htod(&to_bf16(&router.w)).unwrap();
+        let dbias = g.stream.clone_htod(&bias).unwrap();
+        let dnorm = g.stream.clone_htod(&norm).unwrap();
+        let mut counter = g.stream.alloc_zeros::<u32>(1).unwrap();
+        // The MoE half of a layer on `rows` rows: router, gate/up, down + residual. Returns the
+        // new x, the ids and weights, and the router logits.
+        let mut layer = |x: &[f32], rows: usize| {
+            let mut dx = g.stream.clone_htod(x).unwrap();
+            let mut xn = g.stream.alloc_zeros::<f32>(rows * hid).unwrap();
+            let mut logits = g.stream.alloc_zeros::<f32>(rows * e).unwrap();
+            let mut ids = g.stream.alloc_zeros::<i32>(rows * k).unwrap();
+            let mut wts = g.stream.alloc_zeros::<f32>(rows * k).unwrap();
+            let mut h = g
+                .stream
+                .alloc_zeros::<f32>(rows * (k + 1) * shape.slot_width())
+                .unwrap();
+            g.router(
+                &dx.as_view(),
+                &dnorm,
+                1e-6,
+                &drouter,
+                &dbias,
+                shape,
+                true,
+                0.0,
+                rows,
+                &mut xn.as_view_mut(),
+                &mut logits.as_view_mut(),
+                &mut ids.as_view_mut(),
+                &mut wts.as_view_mut(),
+                &mut counter,
+            )
+            .unwrap();
+            g.moe_gate_up(
+                &xn.as_view(),
+                &ids.as_view(),
+                &gd,
+                &ud,
+                &sgd,
+                &sud,
+                shape,
+                rows,
+                &mut h.as_view_mut(),
+            )
+            .unwrap();
+            g.moe_down(
+                &h.as_view(),
+                &ids.as_view(),
+                &wts.as_view(),
+                &dd,
+                &sdd,
+                shape,
+                2.5,
+                rows,
+                &mut dx.as_view_mut(),
+            )
+            .unwrap();
+            (
+                g.stream.clone_dtoh(&dx).unwrap(),
+                g.stream.clone_dtoh(&ids).unwrap(),
+                g.stream.clone_dtoh(&wts).unwrap(),
+                logits,
+            )
+        };
+        for rows in [1usize, 7, 16] {
+            let x = rand_vec(&mut rng, rows * hid, 1.0);
+            let (got, gids, gw, logits) = layer(&x, rows);
+            for r in 0..rows {
+                let xr = &x[r * hid..(r + 1) * hid];
+                let mut xn = vec![0f32; hid];
+                ops::rms_norm(xr, &normf, 1e-6, &mut xn);
+                let route = moe.route(&xn);
+                for (s, (eid, w)) in route.iter().enumerate() {
+                    assert_eq!(gids[r * k + s] as usize, *eid, "row {r} slot {s}");
+                    assert!((gw[r * k + s] - w).abs() < 1e-5, "row {r} slot {s} weight");
+                }
+                let y = moe.forward(&xn);
+                let want: Vec<f32> = xr.iter().zip(&y).map(|(a, b)| a + b).collect();
+                let err = max_rel(&got[r * hid..(r + 1) * hid], &want);
+                assert!(err < 1e-5, "moe {e}x{hid} rows {rows} row {r}: {err}");
+                // Alone, the row gives the same bits.
+                if r == rows - 1 {
+                    let (one, _, _, _) = layer(xr, 1);
+                    assert!(
+                        one == got[r * hid..(r + 1) * hid],
+                        "row {r} depends on the row count"
+                    );
+                }
+            }
+            // The prefill router (top-k of given logits) picks the same experts and weights.
+            let mut ids2 = g.stream.alloc_zeros::<i32>(rows * k).unwrap();
+            let mut wts2 = g.stream.alloc_zeros::<f32>(rows * k).unwrap();
+            g.router_topk(
+                &logits.as_view(),
+                &dbias,
+                &mut ids2.as_view_mut(),
+                &mut wts2.as_view_mut(),
+                shape,
+                true,
+                0.0,
+                rows,
+            )
+            .unwrap();
+            assert_eq!(g.stream.clone_dtoh(&ids2).unwrap(), gids);
+            assert_eq!(g.stream.clone_dtoh(&wts2).unwrap(), gw);
+        }
     }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_step_graph_equals_eager_and_is_deterministic() {
+    use fastdecode_cuda::{CudaModel, CudaTarget};
+    use std::sync::Arc;
+    let g = Arc::new(gpu());
+    let p = fastdecode_model::synth::preset("tiny").unwrap();
+    let vocab = p.target.vocab_size;
+    let model = Arc::new(CudaModel::synthetic(g, p.target.clone(), 3).unwrap());
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % vocab) as u32).collect();
+    let run = |graphs: bool| {
+        let mut t = CudaTarget::new(model.clone(), 4, 200).unwrap();
+        t.use_graphs = graphs;
+        let pos: Vec<usize> = (0..prompt.len()).collect();
+        let (mut toks, _) = t.forward_greedy(&prompt, &pos, &[], true).unwrap();
+        for _ in 0..30 {
+            let p = t.len();
+            let last = *toks.last().unwrap();
+            let (next, _) = t.forward_greedy(&[last], &[p], &[], false).unwrap();
+            toks.extend(next);
+        }
+        let p = t.len();
+        let rows: Vec<usize> = (p..p + 4).collect();
+        let out = t.forward(&toks[..4], &rows, &[]).unwrap();
+        (toks, out.logits)
+    };
+    let a = run(true);
+    assert_eq!(a.0.len(), 31);
+    assert!(a == run(true), "two graph runs differ");
+    assert!(a == run(false), "graph replay differs from eager launches");
 }
 
 #[test]

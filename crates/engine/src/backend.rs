@@ -6,7 +6,14 @@ use std::sync::Arc;
 use fastdecode_cpu::{DrafterContext, DrafterModel, KvCache, TargetModel};
 use fastdecode_model::{LagunaConfig, Result};
 
+use fastdecode_cpu::ops::argmax;
 pub use fastdecode_cpu::ForwardOut;
+
+/// The greedy choices of a forward's rows and the tapped hidden states (`rows × taps × hidden`).
+pub struct Greedy {
+    pub tokens: Vec<u32>,
+    pub taps: Vec<f32>,
+}
 
 /// A target model with its KV cache.
 pub trait TargetBackend {
@@ -19,6 +26,26 @@ pub trait TargetBackend {
         positions: &[usize],
         taps: &[usize],
     ) -> Result<ForwardOut>;
+    /// `forward`, keeping only each row's greedy choice (argmax, ties to the lower id), or only
+    /// the last row's when `last_only` (a prefill), plus the taps. Decoding needs no more, and a
+    /// GPU backend then picks on the device instead of shipping every logit to the host.
+    fn forward_greedy(
+        &mut self,
+        tokens: &[u32],
+        positions: &[usize],
+        taps: &[usize],
+        last_only: bool,
+    ) -> Result<Greedy> {
+        let out = self.forward(tokens, positions, taps)?;
+        let vocab = self.config().vocab_size;
+        let first = if last_only { tokens.len() - 1 } else { 0 };
+        Ok(Greedy {
+            tokens: (first..tokens.len())
+                .map(|r| argmax(&out.logits[r * vocab..(r + 1) * vocab]) as u32)
+                .collect(),
+            taps: out.taps,
+        })
+    }
     /// Positions held in the KV cache.
     fn kv_len(&self) -> usize;
     /// Rollback to `len` positions (DFlash rejection): a change of logical length only.

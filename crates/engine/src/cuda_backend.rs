@@ -5,7 +5,7 @@ use std::sync::Arc;
 use fastdecode_cuda::{CudaModel, CudaTarget};
 use fastdecode_model::{Error, LagunaConfig, Result};
 
-use crate::backend::{ForwardOut, TargetBackend};
+use crate::backend::{ForwardOut, Greedy, TargetBackend};
 
 pub struct CudaBackend {
     target: CudaTarget,
@@ -46,6 +46,19 @@ impl TargetBackend for CudaBackend {
         self.target
             .forward(tokens, positions, taps)
             .map_err(backend_err)
+    }
+    fn forward_greedy(
+        &mut self,
+        tokens: &[u32],
+        positions: &[usize],
+        taps: &[usize],
+        last_only: bool,
+    ) -> Result<Greedy> {
+        let (tokens, taps) = self
+            .target
+            .forward_greedy(tokens, positions, taps, last_only)
+            .map_err(backend_err)?;
+        Ok(Greedy { tokens, taps })
     }
     fn kv_len(&self) -> usize {
         self.target.len()

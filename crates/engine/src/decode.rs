@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use crate::backend::{DraftSource, TargetBackend};
-use fastdecode_cpu::ops::argmax;
 use fastdecode_model::{Error, Result};
 
 /// What a round did, for observers (tests check KV bookkeeping through this).
@@ -46,10 +45,6 @@ pub struct DecodeOptions<'a> {
     /// 1 = serial.
     pub block_size: usize,
     pub stop_tokens: &'a [u32],
-}
-
-fn row(logits: &[f32], vocab: usize, r: usize) -> &[f32] {
-    &logits[r * vocab..(r + 1) * vocab]
 }
 
 /// Prefill `prompt`, then decode greedily. `source` is required when `block_size > 1`.
@@ -104,8 +99,8 @@ pub fn generate_observed(
     }
     let t0 = Instant::now();
     let positions: Vec<usize> = (0..prompt.len()).collect();
-    let out = target.forward(prompt, &positions, &taps)?;
-    let mut bonus = argmax(row(&out.logits, vocab, prompt.len() - 1)) as u32;
+    let out = target.forward_greedy(prompt, &positions, &taps, true)?;
+    let mut bonus = out.tokens[0];
     if let Some(s) = source.as_mut() {
         s.commit(&out.taps)?;
     }
@@ -131,10 +126,8 @@ pub fn generate_observed(
             rows.extend(drafts);
         }
         let positions: Vec<usize> = (o..o + k).collect();
-        let out = target.forward(&rows, &positions, &taps)?;
-        let choices: Vec<u32> = (0..k)
-            .map(|j| argmax(row(&out.logits, vocab, j)) as u32)
-            .collect();
+        let out = target.forward_greedy(&rows, &positions, &taps, false)?;
+        let choices = out.tokens;
         let mut a = 0;
         while a + 1 < k && rows[a + 1] == choices[a] {
             a += 1;
