@@ -5,7 +5,7 @@
 // Inputs are the rows of one fused projection `qkvg` [rows, width]: q (heads·d) | k (kv·d) |
 // v (kv·d) | g (heads). Rows of one launch sit at consecutive positions pos[0], pos[0] + 1, ...
 
-#define ATT_SPLITS 16  // key ranges per (row, kv head): 8 kv heads × 16 fill an H200's 132 SMs
+#define ATT_SPLITS 32  // key ranges per (row, kv head): 8 kv heads × 32 keep every SM of an H200 busy
 #define ATT_TILE 32    // keys per shared-memory tile: one key per lane when scoring
 #define ATT_WARPS 8
 
@@ -96,8 +96,29 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int n = p - lo + 1;
     const int per = ((n + ATT_SPLITS - 1) / ATT_SPLITS + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    // Splits past the window's end have no keys: they do nothing, and the merge skips them.
+    const int used = (n + per - 1) / per;
+    if (split >= used) return;
     const int beg = lo + split * per, end = min(lo + (split + 1) * per, p + 1);
     const float scale = 1.f / sqrtf((float)d);
+
+    // Cached keys of a tile: warp w copies keys w, w + 8, w + 16, w + 24, lane l dims 4l..4l+4,
+    // into registers first. The first tile is fetched before the queries are normalised and each
+    // next tile while the current one is scored, so the loads overlap the work.
+    float4 kr[ATT_TILE / ATT_WARPS], vr[ATT_TILE / ATT_WARPS];
+    auto fetch = [&](int t0) {
+        const int nt = min(ATT_TILE, end - t0);
+#pragma unroll
+        for (int q = 0; q < ATT_TILE / ATT_WARPS; q++) {
+            const int j = warp + ATT_WARPS * q, kp = t0 + j;
+            if (j < nt && kp < p0 && 4 * lane < d) {
+                const size_t s = (kv_slot(kp, ring) * kv_heads + kvh) * d + 4 * lane;
+                kr[q] = *reinterpret_cast<const float4*>(ck + s);
+                vr[q] = *reinterpret_cast<const float4*>(cv + s);
+            }
+        }
+    };
+    fetch(beg);
 
     if (warp < G) warp_norm_rope(row + (kvh * G + warp) * d, q_norm, d, rope, eps, p, tmp + warp * d, qs + warp * d);
     if (split == 0 && warp == ATT_WARPS - 1) {
@@ -110,31 +131,43 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     float mx = NEG_INF, ls = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int t0 = beg; t0 < end; t0 += ATT_TILE) {
         const int nt = min(ATT_TILE, end - t0);
+#pragma unroll
+        for (int q = 0; q < ATT_TILE / ATT_WARPS; q++) {
+            const int j = warp + ATT_WARPS * q, kp = t0 + j;
+            if (j < nt && kp < p0 && 4 * lane < d) {
+                float* kd = ks + j * (d + 1) + 4 * lane;
+                kd[0] = kr[q].x;
+                kd[1] = kr[q].y;
+                kd[2] = kr[q].z;
+                kd[3] = kr[q].w;
+                *reinterpret_cast<float4*>(vs + j * d + 4 * lane) = vr[q];
+            }
+        }
+        // Keys of this launch's rows: normalised and rotated here, as the cache writer does.
         for (int j = warp; j < nt; j += ATT_WARPS) {
             const int kp = t0 + j;
-            float* kd = ks + j * (d + 1);
-            float* vd = vs + j * d;
             if (kp >= p0) {
                 const float* src = qkvg + (size_t)(kp - p0) * width;
-                warp_norm_rope(src + koff + kvh * d, k_norm, d, rope, eps, kp, tmp + warp * d, kd);
-                for (int i = lane; i < d; i += WARP) vd[i] = src[voff + kvh * d + i];
-            } else {
-                const size_t s = (kv_slot(kp, ring) * kv_heads + kvh) * d;
-                for (int i = lane; i < d; i += WARP) {
-                    kd[i] = ck[s + i];
-                    vd[i] = cv[s + i];
-                }
+                warp_norm_rope(src + koff + kvh * d, k_norm, d, rope, eps, kp, tmp + warp * d, ks + j * (d + 1));
+                for (int i = lane; i < d; i += WARP) vs[j * d + i] = src[voff + kvh * d + i];
             }
         }
         __syncthreads();
+        if (t0 + ATT_TILE < end) fetch(t0 + ATT_TILE);
         if (warp < G) {
             float s = NEG_INF;
             if (lane < nt) {
                 const float* q = qs + warp * d;
                 const float* k = ks + lane * (d + 1);
-                float dot = 0.f;
-                for (int i = 0; i < d; i++) dot += q[i] * k[i];
-                s = dot * scale;
+                // Four interleaved partial sums: a 128-long dependent chain would stall.
+                float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+                for (int i = 0; i < d; i += 4) {
+                    d0 += q[i] * k[i];
+                    d1 += q[i + 1] * k[i + 1];
+                    d2 += q[i + 2] * k[i + 2];
+                    d3 += q[i + 3] * k[i + 3];
+                }
+                s = ((d0 + d1) + (d2 + d3)) * scale;
             }
             const float mn = fmaxf(mx, warp_max(s));
             const float corr = expf(mx - mn);  // 0 on the first tile (mx = -inf, mn finite)
@@ -166,23 +199,27 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     }
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(&counters[r * kv_heads + kvh], 1u) == ATT_SPLITS - 1;
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[r * kv_heads + kvh], 1u) == (unsigned int)(used - 1);
     __syncthreads();
     if (!is_last) return;
     __threadfence();
+    static_assert(ATT_SPLITS == WARP, "the merge gives each lane one split");
     if (warp < G) {
         const int h = kvh * G + warp;
         const float* pb = part + ((size_t)r * heads + h) * ATT_SPLITS * pw;
-        float M = NEG_INF;
-        for (int s = 0; s < ATT_SPLITS; s++) M = fmaxf(M, __ldcg(pb + s * pw));
-        float L = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int s = 0; s < ATT_SPLITS; s++) {
-            const float ms = __ldcg(pb + s * pw);
-            const float wgt = ms == NEG_INF ? 0.f : expf(ms - M);  // empty ranges weigh nothing
-            L += __ldcg(pb + s * pw + 1) * wgt;
+        // Lane s holds split s's max and sum: the maxima and the weighted sum reduce in a fixed
+        // butterfly, then each lane adds its dims over the splits in split order.
+        const float ms = lane < used ? __ldcg(pb + lane * pw) : NEG_INF;
+        const float M = warp_max(ms);
+        const float wgt = ms == NEG_INF ? 0.f : expf(ms - M);  // unused splits weigh nothing
+        const float L = warp_sum(lane < used ? __ldcg(pb + lane * pw + 1) * wgt : 0.f);
+        float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+        for (int s = 0; s < used; s++) {
+            const float ws = __shfl_sync(0xffffffffu, wgt, s);
 #pragma unroll
             for (int c = 0; c < 4; c++)
-                if (lane + WARP * c < d) o[c] += __ldcg(pb + s * pw + 2 + lane + WARP * c) * wgt;
+                if (lane + WARP * c < d) o[c] += __ldcg(pb + s * pw + 2 + lane + WARP * c) * ws;
         }
         const float gate = softplus(row[goff + h]);
 #pragma unroll

@@ -67,7 +67,24 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float out[8]) {
 }
 
 // Weights are read once per token: stream them past L1 so activations keep the cache.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
+// FD_WEIGHT_LOAD picks the load flavour (a tuning knob: FASTDECODE_NVRTC_DEFINES=-DFD_WEIGHT_LOAD=n):
+// 0 non-coherent, no L1 allocation, 256-byte L2 prefetch; 1 evict-first (.cs); 2 plain __ldg.
+#ifndef FD_WEIGHT_LOAD
+#define FD_WEIGHT_LOAD 0
+#endif
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+#if FD_WEIGHT_LOAD == 0
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+#elif FD_WEIGHT_LOAD == 1
+    return __ldcs(p);
+#else
+    return __ldg(p);
+#endif
+}
 
 // 1 / rms of `rows` rows of x (width n, n % 4 == 0) into inv[0..rows) (shared memory), with a
 // fixed partition over a 256-thread block (thread t takes float4s t, t + 256, ...) and a fixed
@@ -129,9 +146,6 @@ __device__ __forceinline__ float nvfp4_chunk_dot(uint4 c, unsigned int s01, cons
     return e4m3_scaled(s01 & 0xffu) * g0 + e4m3_scaled((s01 >> 8) & 0xffu) * g1;
 }
 
-// Shared-memory layout of an activation vector read 32 floats per lane: 4 floats of padding
-// after every 32 put the 16-byte reads of 8 consecutive lanes in distinct banks.
-__device__ __forceinline__ int padded(int i) { return i + (i / 32) * 4; }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 
@@ -152,8 +166,9 @@ __device__ __forceinline__ void gemv_chunk(uint4 wv, int c, const float* __restr
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int rr = r < rows ? r : rows - 1;
-        const float4 a = __ldg(reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c));
-        const float4 b = __ldg(reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c + 4));
+        // Plain loads: x may be global (L1-cached) or a shared-memory copy.
+        const float4 a = *reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c);
+        const float4 b = *reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c + 4);
         float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
         if (norm) {
 #pragma unroll
@@ -166,37 +181,75 @@ __device__ __forceinline__ void gemv_chunk(uint4 wv, int c, const float* __restr
     }
 }
 
-// One warp per output o: lane l takes the 16-byte chunks l, l + 32, ... of W's row in that
-// order (eight loads in flight before the first use), then a fixed butterfly sum. The weights
-// are read once for all R rows, and a row's sum never depends on R.
-template <int R>
-__device__ __forceinline__ void gemv_rows(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
-                                          const __nv_bfloat16* __restrict__ norm, const float* inv,
-                                          float* __restrict__ y, int out, int in, int rows, int accumulate) {
+// Persistent, double-buffered GEMV for R rows. The weights are cut into units of 256 16-byte
+// chunks (one row segment; a 2048-wide bf16 row is one unit): warp w of the grid takes rows w,
+// w + warps, ... and their segments in order, lane l taking chunks l, l + 32, ... of a segment,
+// and issues the next unit's eight loads before computing the current one, so HBM always has a
+// warp's next 4 KiB in flight. The first unit is loaded before the caller's prologue (`ready`,
+// e.g. the RMSNorm of x) so the two overlap. Each row's sum runs over its chunks in one fixed order
+// and ends in a fixed butterfly: it never depends on R, the grid, or which warp ran it.
+template <int R, typename Prologue>
+__device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
+                                                const __nv_bfloat16* __restrict__ norm, const float* inv,
+                                                float* __restrict__ y, int out, int in, int rows, int accumulate,
+                                                Prologue ready) {
     const int lane = threadIdx.x % WARP;
-    const int o = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    if (o >= out) return;
-    const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)o * in);
-    const int nc = in / 8;
+    const int nw = gridDim.x * (blockDim.x / WARP);
+    const int nc = in / 8, nseg = (nc + 8 * WARP - 1) / (8 * WARP);
+    const uint4* Wv = reinterpret_cast<const uint4*>(W);
+    auto load = [&](uint4* buf, int o, int seg) {
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int c = seg * 8 * WARP + lane + u * WARP;
+            buf[u] = c < nc ? load_stream(Wv + (size_t)o * nc + c) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    int o = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, seg = 0;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
-    int c = lane;
-    for (; c + 7 * WARP < nc; c += 8 * WARP) {
-        uint4 wv[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) wv[u] = load_stream(wr + c + u * WARP);
-#pragma unroll
-        for (int u = 0; u < 8; u++) gemv_chunk<R>(wv[u], c + u * WARP, x, norm, inv, in, rows, acc);
-    }
-    for (; c < nc; c += WARP) gemv_chunk<R>(load_stream(wr + c), c, x, norm, inv, in, rows, acc);
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float s = warp_sum(acc[r]);
-        if (lane == 0 && r < rows) {
-            float* dst = y + (size_t)r * out + o;
-            *dst = accumulate ? *dst + s : s;
+    // The unit after (o, seg) in this warp's order.
+    auto advance = [&](int& oo, int& ss) {
+        if (++ss == nseg) {
+            ss = 0;
+            oo += nw;
         }
+    };
+    auto consume = [&](const uint4* buf, int oo, int ss) {
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int c = ss * 8 * WARP + lane + u * WARP;
+            if (c < nc) gemv_chunk<R>(buf[u], c, x, norm, inv, in, rows, acc);
+        }
+        if (ss == nseg - 1) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float s = warp_sum(acc[r]);
+                if (lane == 0 && r < rows) {
+                    float* dst = y + (size_t)r * out + oo;
+                    *dst = accumulate ? *dst + s : s;
+                }
+                acc[r] = 0.f;
+            }
+        }
+    };
+    // Two buffers used in turn (no register copies between them): while one is consumed the
+    // other's loads are in flight.
+    uint4 a[8], b[8];
+    if (o < out) load(a, o, 0);
+    ready();
+    while (o < out) {
+        int o1 = o, s1 = seg;
+        advance(o1, s1);
+        if (o1 < out) load(b, o1, s1);
+        consume(a, o, seg);
+        o = o1;
+        seg = s1;
+        if (o >= out) break;
+        advance(o1, s1);
+        if (o1 < out) load(a, o1, s1);
+        consume(b, o, seg);
+        o = o1;
+        seg = s1;
     }
 }
-

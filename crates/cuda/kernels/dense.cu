@@ -24,18 +24,39 @@ extern "C" __global__ void rms_norm_rows(const float* __restrict__ x, const __nv
 // x' = x, or when `norm` is set x' = norm ⊙ x / rms(x) (the RMSNorm fused into the GEMV: each
 // block computes the rows' rms itself, identically). One entry point per R (1, 2, 4, 8, 16), so
 // a single-row decode step is not held to the registers of 16 accumulators per thread.
-// grid: ceil(out / 8), block: 256.
+// grid: at most ceil(out / 8) (persistent: any size), block: 256.
 template <int R>
 __device__ __forceinline__ void gemv_bf16_body(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
                                                const __nv_bfloat16* __restrict__ norm, float eps,
                                                float* __restrict__ y, int out, int in, int rows, int accumulate) {
     __shared__ float inv[16], red[8 * 16];
-    if (norm) block_inv_rms(x, in, rows, eps, inv, red);
-    gemv_rows<R>(W, x, norm, inv, y, out, in, rows, accumulate);
+    gemv_persistent<R>(W, x, norm, inv, y, out, in, rows, accumulate, [&] {
+        if (norm) block_inv_rms(x, in, rows, eps, inv, red);
+    });
+}
+
+// Single-row variant for in <= 12288: the (normalised) row is staged in shared memory once per
+// block, so the inner loop reads it there instead of re-reading x and the norm weight through L1
+// for every weight row. x' is computed exactly as gemv_chunk does, so the bits match the others.
+// shared: 4·in bytes.
+#ifndef FD_GEMV_MINB
+#define FD_GEMV_MINB 1
+#endif
+extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) gemv_bf16_1s(
+    const __nv_bfloat16* __restrict__ W, const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm,
+    float eps, float* __restrict__ y, int out, int in, int rows, int accumulate) {
+    extern __shared__ float xs[];
+    __shared__ float inv[16], red[8 * 16];
+    gemv_persistent<1>(W, xs, nullptr, inv, y, out, in, 1, accumulate, [&] {
+        if (norm) block_inv_rms(x, in, 1, eps, inv, red);
+        for (int i = threadIdx.x; i < in; i += 256)
+            xs[i] = norm ? __bfloat162float(norm[i]) * (x[i] * inv[0]) : x[i];
+        __syncthreads();
+    });
 }
 
 #define GEMV_ENTRY(R)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##R(                                        \
+    extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) gemv_bf16_##R(                                        \
         const __nv_bfloat16* __restrict__ W, const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, \
         float eps, float* __restrict__ y, int out, int in, int rows, int accumulate) {                      \
         gemv_bf16_body<R>(W, x, norm, eps, y, out, in, rows, accumulate);                                   \

@@ -113,7 +113,6 @@ impl Gpu {
                 )
             })?;
         }
-        let cfg = launch_cfg((blocks(out, 8), 1), 256, 0);
         let (o, i, acc) = (out as i32, inp as i32, accumulate as i32);
         let null: u64 = 0;
         let eps = norm.map_or(0.0, |n| n.1);
@@ -123,7 +122,16 @@ impl Gpu {
             let mut ys = y.slice_mut(start * out..(start + n) * out);
             let nr = n as i32;
             let r = n.next_power_of_two();
-            let f = self.function("dense", &format!("gemv_bf16_{r}"))?;
+            // One row with a small enough input: the shared-memory staged variant.
+            let staged = n == 1 && inp * 4 <= 48 * 1024;
+            let (name, shared) = if staged {
+                ("gemv_bf16_1s".to_string(), inp * 4)
+            } else {
+                (format!("gemv_bf16_{r}"), 0)
+            };
+            let f = self.function("dense", &name)?;
+            let grid = self.persistent_grid(&f, 256, shared, out.div_ceil(8))?;
+            let cfg = launch_cfg((grid, 1), 256, shared as u32);
             let mut b = self.stream.launch_builder(&f);
             b.arg(w).arg(&xs);
             match norm {

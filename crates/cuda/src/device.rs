@@ -39,6 +39,8 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub name: String,
+    /// Streaming multiprocessors: persistent kernels launch a whole number of blocks per SM.
+    pub sm_count: u32,
     arch: &'static str,
     include: PathBuf,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
@@ -101,6 +103,9 @@ impl Gpu {
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_for(major, minor)?;
         let name = ctx.name()?;
+        let sm_count = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as u32;
         // One non-default stream for all work: CUDA graphs cannot capture the legacy default
         // stream. With a single stream cudarc's cross-stream event tracking has nothing to order,
         // and its events would break a capture, so it is off.
@@ -111,6 +116,7 @@ impl Gpu {
             ctx,
             stream,
             name,
+            sm_count,
             arch,
             include,
             modules: Mutex::new(HashMap::new()),
@@ -123,7 +129,11 @@ impl Gpu {
 
     fn compile(&self, name: &str, src: &str) -> Result<Ptx> {
         let full = format!("{COMMON}\n{src}");
-        let opts = vec!["--std=c++17".to_string(), "-default-device".to_string()];
+        let mut opts = vec!["--std=c++17".to_string(), "-default-device".to_string()];
+        // Tuning knobs for kernel variants (e.g. `-DFD_WEIGHT_LOAD=1`), part of the cache key.
+        if let Ok(defs) = std::env::var("FASTDECODE_NVRTC_DEFINES") {
+            opts.extend(defs.split_whitespace().map(str::to_string));
+        }
         let key = {
             let mut h = Sha256::new();
             h.update(full.as_bytes());
@@ -158,6 +168,21 @@ impl Gpu {
         // Best effort: a read-only cache directory only costs a recompile next time.
         let _ = write_cache(&dir, &path, &ptx.to_src());
         Ok(ptx)
+    }
+
+    /// Blocks for a persistent kernel: as many as stay resident at once (all SMs full), or
+    /// `needed` if fewer do the work.
+    pub(crate) fn persistent_grid(
+        &self,
+        f: &CudaFunction,
+        block: u32,
+        shared: usize,
+        needed: usize,
+    ) -> Result<u32> {
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(block, shared, None)?
+            .max(1);
+        Ok((needed.max(1) as u32).min(per_sm * self.sm_count))
     }
 
     /// A kernel function, compiling and loading its module on first use.

@@ -8,9 +8,12 @@ use crate::device::{launch_cfg, Gpu};
 use crate::error::{CudaError, Result};
 
 /// Key ranges per (row, kv head) of `attend_decode` (`ATT_SPLITS` in attention.cu).
-pub const ATT_SPLITS: usize = 16;
+pub const ATT_SPLITS: usize = 32;
 const ATT_TILE: usize = 32;
 const ATT_WARPS: usize = 8;
+/// Output rows per block of the expert GEMVs (`MOE_OB`, `DOWN_OB` in moe.cu).
+const MOE_OB: usize = 8;
+const DOWN_OB: usize = 16;
 /// Rows one decode-kernel launch carries (the GEMVs keep one accumulator per row in registers).
 pub const MAX_ROWS: usize = 16;
 
@@ -269,12 +272,13 @@ impl Gpu {
                 .arg(&kk)
                 .arg(&n)
                 .arg(&softcap)
-                .launch(launch_cfg((rows as u32, 1), 32, 0))
+                .launch(launch_cfg((rows as u32, 1), 256, 0))
         }?;
         Ok(())
     }
 
-    /// The whole router of up to 16 rows: `xn = RMSNorm(x)`, logits, top-k ids and weights.
+    /// The whole router of up to 16 rows: `xn = RMSNorm(x)`, logits (a norm-fused GEMV), top-k
+    /// ids and weights (one block).
     #[allow(clippy::too_many_arguments)]
     pub fn router(
         &self,
@@ -291,7 +295,6 @@ impl Gpu {
         logits: &mut CudaViewMut<f32>,
         ids: &mut CudaViewMut<i32>,
         wts: &mut CudaViewMut<f32>,
-        counter: &mut CudaSlice<u32>,
     ) -> Result<()> {
         shape.check()?;
         rows_ok("router", rows)?;
@@ -307,29 +310,37 @@ impl Gpu {
                 "router: buffers too small for {rows} rows of {e} experts"
             )));
         }
-        let f = self.function("moe", "router")?;
+        self.gemv_bf16(
+            &w.as_view(),
+            x,
+            Some((&norm.as_view(), eps)),
+            logits,
+            e,
+            hd,
+            rows,
+            false,
+        )?;
+        let f = self.function("moe", "router_select")?;
         let ints = [e, hd, k, norm_topk as usize, rows].map(|v| v as i32);
-        // SAFETY: as above; `counter` is zero between launches (the kernel resets it).
+        // SAFETY: argument types match the kernel; shapes checked above.
         unsafe {
             self.stream
                 .launch_builder(&f)
                 .arg(x)
                 .arg(norm)
                 .arg(&eps)
-                .arg(w)
+                .arg(logits)
                 .arg(bias)
                 .arg(xn)
-                .arg(logits)
                 .arg(ids)
                 .arg(wts)
-                .arg(counter)
                 .arg(&ints[0])
                 .arg(&ints[1])
                 .arg(&ints[2])
                 .arg(&ints[3])
                 .arg(&softcap)
                 .arg(&ints[4])
-                .launch(launch_cfg((e.div_ceil(8) as u32, 1), 256, 0))
+                .launch(launch_cfg((1, 1), 256, 0))
         }?;
         Ok(())
     }
@@ -359,9 +370,9 @@ impl Gpu {
         let f = self.function("moe", "moe_gate_up")?;
         let ints = [hd, i, is, k].map(|v| v as i32);
         let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (sw.div_ceil(8) as u32, (k + 1) as u32, rows as u32),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: (padded(hd) * 4) as u32,
+            grid_dim: (sw.div_ceil(MOE_OB) as u32, (k + 1) as u32, rows as u32),
+            block_dim: ((32 * (hd / 32).div_ceil(32)) as u32, 1, 1),
+            shared_mem_bytes: 0,
         };
         // SAFETY: as above.
         unsafe {
@@ -410,14 +421,18 @@ impl Gpu {
             )));
         }
         let t = k * i / 32 + is / 32;
-        let shared = ((k + 1) * padded(sw) + 8 * t) * 4;
-        if shared > 48 * 1024 {
+        if t > 8 * 32 {
             return Err(CudaError::Shape(format!(
-                "moe_down: {shared} bytes of shared memory for {k} slots of {sw} (at most 48 KiB)"
+                "moe_down: {t} code chunks per output row (at most 256)"
             )));
         }
         let f = self.function("moe", "moe_down")?;
         let ints = [hd, i, is, k].map(|v| v as i32);
+        let cfg = launch_cfg(
+            (hd.div_ceil(DOWN_OB) as u32, rows as u32),
+            (32 * t.div_ceil(32)) as u32,
+            0,
+        );
         // SAFETY: as above.
         unsafe {
             self.stream
@@ -435,17 +450,8 @@ impl Gpu {
                 .arg(&ints[2])
                 .arg(&ints[3])
                 .arg(&scaling)
-                .launch(launch_cfg(
-                    (hd.div_ceil(8) as u32, rows as u32),
-                    256,
-                    shared as u32,
-                ))
+                .launch(cfg)
         }?;
         Ok(())
     }
-}
-
-/// `padded` of common.cuh: 4 floats of padding after every 32.
-fn padded(n: usize) -> usize {
-    n + n.div_ceil(32) * 4
 }

@@ -1,1 +1,457 @@
-//! Prefill on tensor cores: launch wrappers of `kernels/prefill.cu`.
+//! Launch wrappers of `kernels/prefill.cu`: tensor-core kernels for the prefill of many rows at
+//! once (dense GEMM through cuBLAS, the NVFP4 mixture of experts, flash-style attention). Shapes
+//! are checked here, before any launch. Every result is bit-identical run to run.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg,
+};
+use half::bf16;
+
+use crate::device::{launch_cfg, Gpu};
+use crate::error::{CudaError, Result};
+use crate::ops::{DevNvfp4, MoeShape};
+
+/// Tokens per MoE work tile (`PF_TOK` in the kernels).
+const MOE_TILE: usize = 32;
+/// Experts the MoE sort kernel can count (its shared-memory tables).
+pub const MOE_MAX_EXPERTS: usize = 1024;
+/// Query rows per attention block (`64` in `pf_attend`).
+const ATTEND_ROWS: usize = 64;
+
+fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(CudaError::Shape(msg()))
+    }
+}
+
+/// The NVFP4 weights of one MoE layer: routed stacks `[E, I, H]` (gate, up) and `[E, H, I]`
+/// (down), and the shared expert as a one-expert stack (`[Is, H]`, `[H, Is]`).
+pub struct MoeWeights<'a> {
+    pub gate: &'a DevNvfp4,
+    pub up: &'a DevNvfp4,
+    pub down: &'a DevNvfp4,
+    pub shared_gate: &'a DevNvfp4,
+    pub shared_up: &'a DevNvfp4,
+    pub shared_down: &'a DevNvfp4,
+}
+
+fn nvfp4_is(w: &DevNvfp4, rows: usize, cols: usize) -> bool {
+    w.codes.len() == rows * cols / 8 && w.scales.len() == rows * cols / 16
+}
+
+/// Scratch the kernels write in full before reading it.
+fn scratch<T: DeviceRepr>(gpu: &Gpu, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: every element a kernel reads was written by an earlier kernel on this stream
+    // (each use says which).
+    Ok(unsafe { gpu.stream.alloc::<T>(n.max(1)) }?)
+}
+
+fn is_aligned<T>(v: &CudaView<T>, gpu: &Gpu, bytes: u64) -> bool {
+    let (p, _sync) = v.device_ptr(&gpu.stream);
+    p % bytes == 0
+}
+
+impl Gpu {
+    /// This stream's cuBLAS handle, created on first use and kept for the process.
+    fn with_blas<R>(&self, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Result<R> {
+        static HANDLES: OnceLock<Mutex<HashMap<usize, CudaBlas>>> = OnceLock::new();
+        // The handle holds an Arc of the stream, so this address is never reused while mapped.
+        let key = Arc::as_ptr(&self.stream) as usize;
+        let mut map = HANDLES
+            .get_or_init(Default::default)
+            .lock()
+            .expect("cuBLAS handle lock");
+        let b = match map.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                // cudarc's dynamic loader panics on a missing library; check first.
+                if !unsafe { blas_sys::is_culib_present() } {
+                    return Err(CudaError::NoDevice(
+                        "cuBLAS (libcublas.so) could not be loaded: install the CUDA toolkit's cuBLAS or put it on LD_LIBRARY_PATH".into(),
+                    ));
+                }
+                v.insert(
+                    CudaBlas::new(self.stream.clone())
+                        .map_err(|e| CudaError::NoDevice(format!("cuBLAS: {e:?}")))?,
+                )
+            }
+        };
+        f(b)
+    }
+
+    /// `y[r] (+)= x[r] · Wᵀ` for `rows` rows on the tensor cores (the semantics of `gemv_bf16`):
+    /// `w` bf16 `[out, inp]`, `x` f32 `[rows, inp]`, `y` f32 `[rows, out]`. Each activation is
+    /// split into bf16 hi + lo (`hi = bf16(x)`, `lo = bf16(x - hi)`) and `y = hi·Wᵀ + lo·Wᵀ` runs as
+    /// two cuBLAS bf16 GEMMs with f32 accumulation (the second adds onto the first), so the result
+    /// is accurate to about f32 and, cuBLAS being deterministic on a given GPU and library, the
+    /// same bits every run. Any sizes; scratch of `4 · rows · inp` bytes is taken from the stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16_tc(
+        &self,
+        w: &CudaView<bf16>,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        out: usize,
+        inp: usize,
+        rows: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        check(w.len() == out * inp, || {
+            format!(
+                "gemm_bf16_tc: weight has {} elements, expected {out}×{inp}",
+                w.len()
+            )
+        })?;
+        check(x.len() >= rows * inp && y.len() >= rows * out, || {
+            format!("gemm_bf16_tc: activations too small for {rows} rows of {inp} -> {out}")
+        })?;
+        check(
+            out <= i32::MAX as usize && inp <= i32::MAX as usize && rows <= i32::MAX as usize,
+            || format!("gemm_bf16_tc: {rows}×{inp}×{out} exceeds cuBLAS's int sizes"),
+        )?;
+        if rows == 0 || out == 0 {
+            return Ok(());
+        }
+        let n = rows * inp;
+        // xs = [hi; lo], each [rows, inp]; pf_split_rows writes all 2n elements.
+        let mut xs = scratch::<bf16>(self, 2 * n)?;
+        let f = self.function("prefill", "pf_split_rows")?;
+        let nn = n as i64;
+        // SAFETY: argument types match the kernel; x holds n elements, xs 2n.
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(x)
+                .arg(&mut xs)
+                .arg(&nn)
+                .launch(launch_cfg((n.div_ceil(256) as u32, 1), 256, 0))
+        }?;
+        self.with_blas(|b| {
+            let (wp, _s0) = w.device_ptr(&self.stream);
+            let (xp, _s1) = xs.device_ptr(&self.stream);
+            let (yp, _s2) = y.device_ptr_mut(&self.stream);
+            let one = 1f32;
+            for (half, beta) in [(0usize, if accumulate { 1f32 } else { 0f32 }), (1, 1f32)] {
+                // Column-major view: C[out, rows] = op(A)[out, inp] · B[inp, rows] with A = W
+                // (row-major [out, inp] is column-major [inp, out], transposed) and B = xs half.
+                // SAFETY: pointers are live device allocations of the sizes checked above;
+                // alpha/beta are host scalars (the handle's default pointer mode).
+                unsafe {
+                    blas::gemm_ex(
+                        *b.handle(),
+                        blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                        out as i32,
+                        rows as i32,
+                        inp as i32,
+                        (&one) as *const f32 as *const _,
+                        wp as *const _,
+                        blas_sys::cudaDataType::CUDA_R_16BF,
+                        inp as i32,
+                        (xp + (half * n * 2) as u64) as *const _,
+                        blas_sys::cudaDataType::CUDA_R_16BF,
+                        inp as i32,
+                        (&beta) as *const f32 as *const _,
+                        yp as *mut _,
+                        blas_sys::cudaDataType::CUDA_R_32F,
+                        out as i32,
+                        blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+                .map_err(|e| CudaError::NoDevice(format!("cuBLAS gemm_ex: {e:?}")))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The whole MoE layer for `rows` tokens on the tensor cores:
+    /// `x[r] += scaling · Σ_s wts[r,s] · D_e(silu(G_e xn_r) · U_e xn_r) + D_sh(silu(G_sh xn_r) · U_sh xn_r)`
+    /// with `e = ids[r, s]` (the output of `router_topk`: `[rows, k]`, ascending experts).
+    ///
+    /// The (row, slot) pairs are grouped by expert on the GPU (rows ascending), each expert's
+    /// tokens run as tiles of up to 32 through grouped GEMMs that dequantise NVFP4 in registers
+    /// (each expert's weights are read once per 32 tokens), and the combine adds the slots in
+    /// ascending expert order: no float atomics, the same bits every run. Needs `hidden`,
+    /// `inter` and `shared_inter` multiples of 128, `experts <= 1024`, and 16-byte aligned `xn`.
+    /// Scratch of about `rows · (4·hidden + (k + 1)·(4·hidden + 4·inter))` bytes comes from the stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_prefill(
+        &self,
+        w: &MoeWeights,
+        shape: MoeShape,
+        xn: &CudaView<f32>,
+        ids: &CudaView<i32>,
+        wts: &CudaView<f32>,
+        x: &mut CudaViewMut<f32>,
+        scaling: f32,
+        rows: usize,
+    ) -> Result<()> {
+        let MoeShape {
+            experts: e,
+            top_k: k,
+            hidden: hd,
+            inter: it,
+            shared_inter: is,
+        } = shape;
+        check(
+            hd % 128 == 0 && it % 128 == 0 && is % 128 == 0 && hd > 0 && it > 0 && is > 0,
+            || {
+                format!(
+                "moe_prefill: hidden {hd}, inter {it} and shared_inter {is} must be positive multiples of 128"
+            )
+            },
+        )?;
+        check(e > 0 && e <= MOE_MAX_EXPERTS && k > 0 && k <= e, || {
+            format!("moe_prefill: top-{k} of {e} experts (1..={MOE_MAX_EXPERTS} experts)")
+        })?;
+        check(
+            nvfp4_is(w.gate, e * it, hd)
+                && nvfp4_is(w.up, e * it, hd)
+                && nvfp4_is(w.down, e * hd, it)
+                && nvfp4_is(w.shared_gate, is, hd)
+                && nvfp4_is(w.shared_up, is, hd)
+                && nvfp4_is(w.shared_down, hd, is),
+            || format!("moe_prefill: NVFP4 weights do not match E {e}, H {hd}, I {it}, Is {is}"),
+        )?;
+        check(
+            xn.len() >= rows * hd
+                && x.len() >= rows * hd
+                && ids.len() >= rows * k
+                && wts.len() >= rows * k,
+            || format!("moe_prefill: activations or routing too small for {rows} rows"),
+        )?;
+        check(is_aligned(xn, self, 16), || {
+            "moe_prefill: xn is not 16-byte aligned".into()
+        })?;
+        check(rows * k <= i32::MAX as usize / hd.max(it), || {
+            format!("moe_prefill: {rows} rows overflow the kernels' int indices")
+        })?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let pairs = rows * k;
+        let max_tiles = rows.div_ceil(MOE_TILE) + pairs.div_ceil(MOE_TILE) + e.min(pairs);
+        // Scratch, each fully written before it is read: xs by pf_split_perm; order, pos and
+        // tiles by pf_moe_sort (order only where tiles point); h, hs by pf_moe_gate_up for every
+        // tile row; y by pf_moe_down for every placed pair and every shared row.
+        let mut xs = scratch::<u32>(self, rows * hd)?;
+        let mut order = scratch::<i32>(self, pairs)?;
+        let mut pos = scratch::<i32>(self, pairs)?;
+        let mut tiles = scratch::<i32>(self, 4 * max_tiles)?;
+        let mut h = scratch::<bf16>(self, 2 * pairs * it)?;
+        let mut hs = scratch::<bf16>(self, 2 * rows * is)?;
+        let mut y = scratch::<f32>(self, (pairs + rows) * hd)?;
+        let (ei, ki, hi, ii, isi, ri) = (
+            e as i32,
+            k as i32,
+            hd as i32,
+            it as i32,
+            is as i32,
+            rows as i32,
+        );
+        let (pi, mt) = (pairs as i32, max_tiles as i32);
+
+        let f = self.function("prefill", "pf_split_perm")?;
+        // SAFETY (every launch below): argument types and order match the kernel signatures in
+        // prefill.cu; sizes were checked above and the scratch sized for them.
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(xn)
+                .arg(&mut xs)
+                .arg(&ri)
+                .arg(&hi)
+                .launch(launch_cfg(
+                    ((rows * hd / 4).div_ceil(256) as u32, 1),
+                    256,
+                    0,
+                ))
+        }?;
+        let f = self.function("prefill", "pf_moe_sort")?;
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(ids)
+                .arg(&ri)
+                .arg(&ki)
+                .arg(&ei)
+                .arg(&mut order)
+                .arg(&mut pos)
+                .arg(&mut tiles)
+                .arg(&mt)
+                .launch(launch_cfg((1, 1), 1024, 0))
+        }?;
+        let f = self.function("prefill", "pf_moe_gate_up")?;
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(&w.gate.codes)
+                .arg(&w.gate.scales)
+                .arg(&w.up.codes)
+                .arg(&w.up.scales)
+                .arg(&w.shared_gate.codes)
+                .arg(&w.shared_gate.scales)
+                .arg(&w.shared_up.codes)
+                .arg(&w.shared_up.scales)
+                .arg(&xs)
+                .arg(&order)
+                .arg(&tiles)
+                .arg(&mut h)
+                .arg(&mut hs)
+                .arg(&ei)
+                .arg(&hi)
+                .arg(&ii)
+                .arg(&isi)
+                .arg(&ki)
+                .launch(launch_cfg(
+                    ((it.max(is) / 64) as u32, max_tiles as u32),
+                    128,
+                    0,
+                ))
+        }?;
+        let f = self.function("prefill", "pf_moe_down")?;
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(&w.down.codes)
+                .arg(&w.down.scales)
+                .arg(&w.shared_down.codes)
+                .arg(&w.shared_down.scales)
+                .arg(&h)
+                .arg(&hs)
+                .arg(&tiles)
+                .arg(&mut y)
+                .arg(&ei)
+                .arg(&hi)
+                .arg(&ii)
+                .arg(&isi)
+                .arg(&pi)
+                .launch(launch_cfg(((hd / 128) as u32, max_tiles as u32), 128, 0))
+        }?;
+        let f = self.function("prefill", "pf_moe_combine")?;
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(&y)
+                .arg(&pos)
+                .arg(wts)
+                .arg(x)
+                .arg(&hi)
+                .arg(&ki)
+                .arg(&ri)
+                .arg(&scaling)
+                .launch(launch_cfg((hd.div_ceil(256) as u32, rows as u32), 256, 0))
+        }?;
+        Ok(())
+    }
+
+    /// Gated attention of `rows` query rows over the cache on the tensor cores (the semantics of
+    /// `attend`): `q [rows, heads, d]` (normed and roped), caches `[slots, kv_heads, d]` holding
+    /// every key the rows see (position p at slot `p % ring`, or `p` when `ring` is 0), `g [rows,
+    /// heads]` gate logits, `pos [rows]`, `out [rows, heads, d]`. Row r sees key positions
+    /// `max(0, pos - window + 1) ..= pos` (`window` 0: all). Flash-style: 64 query rows of one
+    /// head per block, tiles of 32 keys, online softmax, q/k/P/v split hi/lo (about f32
+    /// accuracy). `d` is 32, 64 or 128; any row count and key count. A key whose slot lies past
+    /// the cache reads as zeros instead of out of bounds.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_prefill(
+        &self,
+        q: &CudaView<f32>,
+        ck: &CudaView<f32>,
+        cv: &CudaView<f32>,
+        g: &CudaView<f32>,
+        pos: &CudaView<i32>,
+        out: &mut CudaViewMut<f32>,
+        heads: usize,
+        kv_heads: usize,
+        d: usize,
+        window: usize,
+        ring: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let name = match d {
+            32 => "pf_attend_d32",
+            64 => "pf_attend_d64",
+            128 => "pf_attend_d128",
+            _ => {
+                return Err(CudaError::Shape(format!(
+                    "attend_prefill: head_dim {d} (supported: 32, 64, 128)"
+                )))
+            }
+        };
+        check(
+            kv_heads > 0 && heads > 0 && heads.is_multiple_of(kv_heads),
+            || format!("attend_prefill: {heads} heads are not a multiple of {kv_heads} kv heads"),
+        )?;
+        check(
+            q.len() >= rows * heads * d
+                && out.len() >= rows * heads * d
+                && g.len() >= rows * heads
+                && pos.len() >= rows,
+            || format!("attend_prefill: q/g/pos/out too small for {rows} rows of {heads}×{d}"),
+        )?;
+        let kvd = kv_heads * d;
+        check(ck.len() == cv.len() && ck.len().is_multiple_of(kvd), || {
+            format!(
+                "attend_prefill: caches of {} and {} floats are not slots × {kv_heads} × {d}",
+                ck.len(),
+                cv.len()
+            )
+        })?;
+        check(
+            is_aligned(q, self, 8)
+                && is_aligned(ck, self, 16)
+                && is_aligned(cv, self, 16)
+                && is_aligned(&out.as_view(), self, 8),
+            || "attend_prefill: q/out must be 8-byte and the caches 16-byte aligned".into(),
+        )?;
+        let slots = ck.len() / kvd;
+        check(
+            slots <= i32::MAX as usize && window <= i32::MAX as usize && ring <= i32::MAX as usize,
+            || "attend_prefill: cache, window or ring beyond int range".into(),
+        )?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function("prefill", name)?;
+        let (ri, h, kvh, wi, rg, sl) = (
+            rows as i32,
+            heads as i32,
+            kv_heads as i32,
+            window as i32,
+            ring as i32,
+            slots as i32,
+        );
+        // SAFETY: argument types match pf_attend_d*; sizes checked above.
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(q)
+                .arg(ck)
+                .arg(cv)
+                .arg(g)
+                .arg(pos)
+                .arg(out)
+                .arg(&ri)
+                .arg(&h)
+                .arg(&kvh)
+                .arg(&wi)
+                .arg(&rg)
+                .arg(&sl)
+                .launch(launch_cfg(
+                    (rows.div_ceil(ATTEND_ROWS) as u32, heads as u32),
+                    128,
+                    0,
+                ))
+        }?;
+        Ok(())
+    }
+}

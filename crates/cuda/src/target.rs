@@ -37,7 +37,6 @@ struct Scratch {
     logits: CudaSlice<f32>,
     part: CudaSlice<f32>,
     att_counters: CudaSlice<u32>,
-    router_counter: CudaSlice<u32>,
     taps: CudaSlice<f32>,
 }
 
@@ -118,7 +117,6 @@ impl CudaTarget {
             logits: st.alloc_zeros(n * c.vocab_size)?,
             part: st.alloc_zeros(n * hmax * ATT_SPLITS * (d + 2))?,
             att_counters: st.alloc_zeros(n * c.num_key_value_heads)?,
-            router_counter: st.alloc_zeros(1)?,
             taps: st.alloc_zeros(n * c.num_hidden_layers * h)?,
         };
         Ok(CudaTarget {
@@ -398,9 +396,8 @@ impl CudaTarget {
                         &mut s.router_logits.as_view_mut(),
                         &mut s.ids.as_view_mut(),
                         &mut s.wts.as_view_mut(),
-                        &mut s.router_counter,
                     )?;
-                    mark!("router (norm, logits, top-k)");
+                    mark!("router (norm + logits, top-k)");
                     g.moe_gate_up(
                         &s.xn.as_view(),
                         &s.ids.as_view(),

@@ -1,0 +1,612 @@
+//! The tensor-core prefill kernels against their CPU twins on random inputs of awkward sizes,
+//! plus determinism (same input twice -> same bits) and a timing run at the XS 2.1 shapes. These
+//! need an NVIDIA GPU: they are `#[ignore]`d here and run on the GPU machine with `--ignored`.
+
+use std::time::Instant;
+
+use fastdecode_cpu::layers::{Attention, Linear, Mlp, Moe, Projected};
+use fastdecode_cpu::ops;
+use fastdecode_cuda::ops::{DevNvfp4, MoeShape};
+use fastdecode_cuda::prefill::MoeWeights;
+use fastdecode_cuda::Gpu;
+use fastdecode_model::config::{RopeParams, RopeScaling};
+use fastdecode_model::nvfp4::{dequantize_row, quantize_row};
+use fastdecode_model::rope::Rope;
+use half::bf16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn gpu() -> Gpu {
+    Gpu::open(0).expect("these tests need a GPU")
+}
+
+fn rand_vec(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+        .collect()
+}
+
+fn to_bf16(v: &[f32]) -> Vec<bf16> {
+    v.iter().map(|&x| bf16::from_f32(x)).collect()
+}
+
+/// Largest |a - b| relative to the largest |b|.
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-20);
+    a.iter()
+        .zip(b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs() / scale))
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn lin(w: Vec<f32>, out: usize, inp: usize) -> Linear {
+    Linear { w, out, inp }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gemm_bf16_tc_matches_cpu_and_is_deterministic() {
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut worst = 0f32;
+    for (out, inp) in [(1000, 136), (7, 8), (513, 2048), (64, 1003)] {
+        let w = to_bf16(&rand_vec(&mut rng, out * inp, 0.1));
+        let wf: Vec<f32> = w.iter().map(|x| x.to_f32()).collect();
+        let dw = g.stream.clone_htod(&w).unwrap();
+        for rows in [1usize, 5, 37, 300] {
+            let x = rand_vec(&mut rng, rows * inp, 1.0);
+            let y0 = rand_vec(&mut rng, rows * out, 1.0);
+            let dx = g.stream.clone_htod(&x).unwrap();
+            let mut want = vec![0f32; rows * out];
+            for r in 0..rows {
+                ops::matvec(
+                    &wf,
+                    &x[r * inp..(r + 1) * inp],
+                    &mut want[r * out..(r + 1) * out],
+                );
+            }
+            let run = |acc: bool| {
+                let mut dy = g.stream.clone_htod(&y0).unwrap();
+                g.gemm_bf16_tc(
+                    &dw.as_view(),
+                    &dx.as_view(),
+                    &mut dy.as_view_mut(),
+                    out,
+                    inp,
+                    rows,
+                    acc,
+                )
+                .unwrap();
+                g.stream.clone_dtoh(&dy).unwrap()
+            };
+            let y = run(false);
+            let e = max_rel(&y, &want);
+            worst = worst.max(e);
+            assert!(e < 1e-4, "gemm {out}x{inp} rows {rows}: max rel err {e}");
+            assert!(
+                same_bits(&y, &run(false)),
+                "gemm {out}x{inp} rows {rows}: rerun differs"
+            );
+            let ya = run(true);
+            let want_a: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
+            let e = max_rel(&ya, &want_a);
+            assert!(e < 1e-4, "gemm accumulate {out}x{inp} rows {rows}: {e}");
+        }
+    }
+    println!("gemm_bf16_tc: worst max rel err {worst:.3e}");
+    // Bad shapes are errors, not panics.
+    let dw = g.stream.alloc_zeros::<bf16>(10).unwrap();
+    let dx = g.stream.alloc_zeros::<f32>(10).unwrap();
+    let mut dy = g.stream.alloc_zeros::<f32>(10).unwrap();
+    assert!(g
+        .gemm_bf16_tc(
+            &dw.as_view(),
+            &dx.as_view(),
+            &mut dy.as_view_mut(),
+            3,
+            4,
+            1,
+            false
+        )
+        .is_err());
+}
+
+/// Random NVFP4 weights `[rows, cols]`: the device copy and the dequantised f32 twin.
+fn quant(g: &Gpu, rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> (DevNvfp4, Vec<f32>) {
+    let w = rand_vec(rng, rows * cols, (3.0 / cols as f32).sqrt());
+    let (mut codes, mut scales, mut deq) = (
+        vec![0u32; rows * cols / 8],
+        vec![0u8; rows * cols / 16],
+        vec![0f32; rows * cols],
+    );
+    for r in 0..rows {
+        let (c, s) = (
+            r * cols / 8..(r + 1) * cols / 8,
+            r * cols / 16..(r + 1) * cols / 16,
+        );
+        quantize_row(
+            &w[r * cols..(r + 1) * cols],
+            &mut codes[c.clone()],
+            &mut scales[s.clone()],
+        );
+        dequantize_row(&codes[c], &scales[s], &mut deq[r * cols..(r + 1) * cols]);
+    }
+    (
+        DevNvfp4 {
+            codes: g.stream.clone_htod(&codes).unwrap(),
+            scales: g.stream.clone_htod(&scales).unwrap(),
+        },
+        deq,
+    )
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn moe_prefill_matches_cpu_and_is_deterministic() {
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    // Is != I; more tokens than one 64-token tile for some experts (expert 3's bias makes every
+    // row pick it), none at all for others (very negative biases).
+    let (e, k, hid, inter, sh) = (40usize, 4usize, 256usize, 128usize, 384usize);
+    let (gd, gq) = quant(&g, &mut rng, e * inter, hid);
+    let (ud, uq) = quant(&g, &mut rng, e * inter, hid);
+    let (dd, dq) = quant(&g, &mut rng, e * hid, inter);
+    let (sgd, sgq) = quant(&g, &mut rng, sh, hid);
+    let (sud, suq) = quant(&g, &mut rng, sh, hid);
+    let (sdd, sdq) = quant(&g, &mut rng, hid, sh);
+    let router: Vec<f32> = to_bf16(&rand_vec(&mut rng, e * hid, (3.0 / hid as f32).sqrt()))
+        .iter()
+        .map(|x| x.to_f32())
+        .collect();
+    let bias: Vec<f32> = (0..e)
+        .map(|i| match i {
+            3 => 5.0,
+            i if i % 7 == 0 => -5.0,
+            _ => rng.random_range(-0.05f32..0.05),
+        })
+        .collect();
+    let moe = Moe {
+        router: lin(router, e, hid),
+        bias,
+        experts: (0..e)
+            .map(|x| Mlp {
+                gate: lin(
+                    gq[x * inter * hid..(x + 1) * inter * hid].to_vec(),
+                    inter,
+                    hid,
+                ),
+                up: lin(
+                    uq[x * inter * hid..(x + 1) * inter * hid].to_vec(),
+                    inter,
+                    hid,
+                ),
+                down: lin(
+                    dq[x * hid * inter..(x + 1) * hid * inter].to_vec(),
+                    hid,
+                    inter,
+                ),
+            })
+            .collect(),
+        shared: Mlp {
+            gate: lin(sgq, sh, hid),
+            up: lin(suq, sh, hid),
+            down: lin(sdq, hid, sh),
+        },
+        top_k: k,
+        routed_scaling: 2.5,
+        norm_topk: true,
+        softcap: 0.0,
+    };
+    let weights = MoeWeights {
+        gate: &gd,
+        up: &ud,
+        down: &dd,
+        shared_gate: &sgd,
+        shared_up: &sud,
+        shared_down: &sdd,
+    };
+    let shape = MoeShape {
+        experts: e,
+        top_k: k,
+        hidden: hid,
+        inter,
+        shared_inter: sh,
+    };
+    let mut worst = 0f32;
+    for rows in [1usize, 5, 37, 300] {
+        let xn = rand_vec(&mut rng, rows * hid, 1.0);
+        let resid = rand_vec(&mut rng, rows * hid, 1.0);
+        let dxn = g.stream.clone_htod(&xn).unwrap();
+        // Routing on the host with the CPU twin (the GPU router has its own test).
+        let (mut hids, mut hwts) = (vec![], vec![]);
+        for r in 0..rows {
+            for (eid, w) in moe.route(&xn[r * hid..(r + 1) * hid]) {
+                hids.push(eid as i32);
+                hwts.push(w);
+            }
+        }
+        let (ids, wts) = (
+            g.stream.clone_htod(&hids).unwrap(),
+            g.stream.clone_htod(&hwts).unwrap(),
+        );
+        let run = || {
+            let mut dx = g.stream.clone_htod(&resid).unwrap();
+            g.moe_prefill(
+                &weights,
+                shape,
+                &dxn.as_view(),
+                &ids.as_view(),
+                &wts.as_view(),
+                &mut dx.as_view_mut(),
+                2.5,
+                rows,
+            )
+            .unwrap();
+            g.stream.clone_dtoh(&dx).unwrap()
+        };
+        let got = run();
+        let mut want = vec![0f32; rows * hid];
+        for r in 0..rows {
+            let y = moe.forward(&xn[r * hid..(r + 1) * hid]);
+            for (i, v) in y.iter().enumerate() {
+                want[r * hid + i] = resid[r * hid + i] + v;
+            }
+        }
+        let err = max_rel(&got, &want);
+        worst = worst.max(err);
+        assert!(err < 1e-4, "moe_prefill rows {rows}: max rel err {err}");
+        assert!(
+            same_bits(&got, &run()),
+            "moe_prefill rows {rows}: rerun differs"
+        );
+    }
+    println!("moe_prefill: worst max rel err {worst:.3e}");
+    // Bad shapes are errors, not panics.
+    let bad = MoeShape {
+        hidden: 96,
+        ..shape
+    };
+    let dxn = g.stream.alloc_zeros::<f32>(96).unwrap();
+    let ids = g.stream.alloc_zeros::<i32>(k).unwrap();
+    let wts = g.stream.alloc_zeros::<f32>(k).unwrap();
+    let mut dx = g.stream.alloc_zeros::<f32>(96).unwrap();
+    assert!(g
+        .moe_prefill(
+            &weights,
+            bad,
+            &dxn.as_view(),
+            &ids.as_view(),
+            &wts.as_view(),
+            &mut dx.as_view_mut(),
+            1.0,
+            1
+        )
+        .is_err());
+}
+
+fn identity(n: usize) -> Linear {
+    let mut w = vec![0f32; n * n];
+    for i in 0..n {
+        w[i * n + i] = 1.0;
+    }
+    lin(w, n, n)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn attend_prefill_matches_cpu_and_is_deterministic() {
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let rope = Rope::new(
+        &RopeParams {
+            theta: 1e4,
+            partial_rotary_factor: 1.0,
+            scaling: RopeScaling::Default,
+        },
+        32,
+    );
+    let mut worst = 0f32;
+    // (heads, kv_heads, d, window, first position, rows)
+    for (heads, kv_heads, d, window, p0, rows) in [
+        (6usize, 2usize, 128usize, 13usize, 50usize, 37usize),
+        (6, 2, 128, 0, 0, 300),
+        (8, 1, 64, 100, 7, 300),
+        (4, 2, 32, 0, 2000, 37),
+        (6, 1, 64, 0, 3, 1),
+        (3, 3, 32, 5, 0, 5),
+    ] {
+        let attn = Attention {
+            q: identity(1),
+            k: identity(1),
+            v: identity(1),
+            o: identity(heads * d),
+            g: identity(1),
+            q_norm: vec![],
+            k_norm: vec![],
+            heads,
+            kv_heads,
+            head_dim: d,
+            rope: rope.clone(),
+            window: (window > 0).then_some(window),
+        };
+        let kvd = kv_heads * d;
+        let total = p0 + rows;
+        // A ring (sliding layers) holds the window plus the chunk; full layers keep every position.
+        let ring = if window > 0 { window + rows } else { 0 };
+        let slots = if ring > 0 { ring } else { total };
+        let keys: Vec<Vec<f32>> = (0..total).map(|_| rand_vec(&mut rng, kvd, 2.0)).collect();
+        let vals: Vec<Vec<f32>> = (0..total).map(|_| rand_vec(&mut rng, kvd, 1.0)).collect();
+        let (mut ck, mut cv) = (vec![0f32; slots * kvd], vec![0f32; slots * kvd]);
+        for p in 0..total {
+            let s = if ring > 0 { p % ring } else { p };
+            ck[s * kvd..(s + 1) * kvd].copy_from_slice(&keys[p]);
+            cv[s * kvd..(s + 1) * kvd].copy_from_slice(&vals[p]);
+        }
+        let q = rand_vec(&mut rng, rows * heads * d, 1.5);
+        let gl = rand_vec(&mut rng, rows * heads, 3.0);
+        let pos: Vec<i32> = (p0..total).map(|p| p as i32).collect();
+        let (dq, dck, dcv, dg, dpos) = (
+            g.stream.clone_htod(&q).unwrap(),
+            g.stream.clone_htod(&ck).unwrap(),
+            g.stream.clone_htod(&cv).unwrap(),
+            g.stream.clone_htod(&gl).unwrap(),
+            g.stream.clone_htod(&pos).unwrap(),
+        );
+        let run = || {
+            let mut dout = g.stream.alloc_zeros::<f32>(rows * heads * d).unwrap();
+            g.attend_prefill(
+                &dq.as_view(),
+                &dck.as_view(),
+                &dcv.as_view(),
+                &dg.as_view(),
+                &dpos.as_view(),
+                &mut dout.as_view_mut(),
+                heads,
+                kv_heads,
+                d,
+                window,
+                ring,
+                rows,
+            )
+            .unwrap();
+            g.stream.clone_dtoh(&dout).unwrap()
+        };
+        let got = run();
+        let mut want = vec![0f32; rows * heads * d];
+        for r in 0..rows {
+            let p = p0 + r;
+            let proj = Projected {
+                q: q[r * heads * d..(r + 1) * heads * d].to_vec(),
+                k: vec![],
+                v: vec![],
+                gate: gl[r * heads..(r + 1) * heads]
+                    .iter()
+                    .map(|&x| ops::softplus(x))
+                    .collect(),
+            };
+            let kv: Vec<(&[f32], &[f32])> = (attn.first_visible(p)..=p)
+                .map(|j| (keys[j].as_slice(), vals[j].as_slice()))
+                .collect();
+            want[r * heads * d..(r + 1) * heads * d].copy_from_slice(&attn.attend(&proj, &kv));
+        }
+        let err = max_rel(&got, &want);
+        worst = worst.max(err);
+        assert!(
+            err < 1e-4,
+            "attend_prefill heads {heads}/{kv_heads} d {d} window {window} rows {rows}: {err}"
+        );
+        assert!(same_bits(&got, &run()), "attend_prefill: rerun differs");
+    }
+    println!("attend_prefill: worst max rel err {worst:.3e}");
+    let z = g.stream.alloc_zeros::<f32>(64).unwrap();
+    let zp = g.stream.alloc_zeros::<i32>(1).unwrap();
+    let mut out = g.stream.alloc_zeros::<f32>(64).unwrap();
+    assert!(g
+        .attend_prefill(
+            &z.as_view(),
+            &z.as_view(),
+            &z.as_view(),
+            &z.as_view(),
+            &zp.as_view(),
+            &mut out.as_view_mut(),
+            1,
+            1,
+            48,
+            0,
+            0,
+            1
+        )
+        .is_err());
+}
+
+/// Mean wall time of `f` over `n` runs after one warm-up, in ms (the stream synchronised).
+fn time_ms(g: &Gpu, n: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    g.stream.synchronize().unwrap();
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    g.stream.synchronize().unwrap();
+    t.elapsed().as_secs_f64() * 1e3 / n as f64
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn prefill_kernels_timing_xs_shapes() {
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    let rows = 512usize;
+    let mut total = 0f64;
+    for (out, inp) in [
+        (10304usize, 2048usize),
+        (2048, 8192),
+        (256, 2048),
+        (8192, 2048),
+    ] {
+        let w: Vec<bf16> = (0..out * inp)
+            .map(|_| bf16::from_f32(rng.random_range(-0.05f32..0.05)))
+            .collect();
+        let dw = g.stream.clone_htod(&w).unwrap();
+        let dx = g
+            .stream
+            .clone_htod(&rand_vec(&mut rng, rows * inp, 1.0))
+            .unwrap();
+        let mut dy = g.stream.alloc_zeros::<f32>(rows * out).unwrap();
+        let ms = time_ms(&g, 20, || {
+            g.gemm_bf16_tc(
+                &dw.as_view(),
+                &dx.as_view(),
+                &mut dy.as_view_mut(),
+                out,
+                inp,
+                rows,
+                false,
+            )
+            .unwrap()
+        });
+        let tflops = 2.0 * 2.0 * (rows * out * inp) as f64 / (ms * 1e-3) / 1e12;
+        println!(
+            "gemm_bf16_tc rows {rows} out {out} in {inp}: {ms:.4} ms, {tflops:.1} TFLOP/s (hi+lo, counted twice)"
+        );
+    }
+    // MoE at XS 2.1: E 256, k 8, H 2048, I = Is = 512; random codes and sane scales.
+    let (e, k, hid, inter) = (256usize, 8usize, 2048usize, 512usize);
+    let mut nv = |n_rows: usize, cols: usize| DevNvfp4 {
+        codes: g
+            .stream
+            .clone_htod(
+                &(0..n_rows * cols / 8)
+                    .map(|_| rng.random::<u32>())
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap(),
+        scales: g
+            .stream
+            .clone_htod(
+                &(0..n_rows * cols / 16)
+                    .map(|_| rng.random_range(0x20u8..0x38))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap(),
+    };
+    let (gd, ud, dd) = (nv(e * inter, hid), nv(e * inter, hid), nv(e * hid, inter));
+    let (sgd, sud, sdd) = (nv(inter, hid), nv(inter, hid), nv(hid, inter));
+    let weights = MoeWeights {
+        gate: &gd,
+        up: &ud,
+        down: &dd,
+        shared_gate: &sgd,
+        shared_up: &sud,
+        shared_down: &sdd,
+    };
+    let shape = MoeShape {
+        experts: e,
+        top_k: k,
+        hidden: hid,
+        inter,
+        shared_inter: inter,
+    };
+    // A short chunk (weight streaming dominates) and the full one.
+    for n in [64usize, rows] {
+        let mut ids = vec![];
+        for _ in 0..n {
+            let mut chosen: Vec<i32> = vec![];
+            while chosen.len() < k {
+                let c = rng.random_range(0..e as i32);
+                if !chosen.contains(&c) {
+                    chosen.push(c);
+                }
+            }
+            chosen.sort_unstable();
+            ids.extend(chosen);
+        }
+        let wts: Vec<f32> = (0..n * k).map(|_| rng.random_range(0.0f32..0.25)).collect();
+        let (dids, dwts) = (
+            g.stream.clone_htod(&ids).unwrap(),
+            g.stream.clone_htod(&wts).unwrap(),
+        );
+        let dxn = g
+            .stream
+            .clone_htod(&rand_vec(&mut rng, n * hid, 1.0))
+            .unwrap();
+        let mut dx = g.stream.alloc_zeros::<f32>(n * hid).unwrap();
+        let ms = time_ms(&g, 20, || {
+            g.moe_prefill(
+                &weights,
+                shape,
+                &dxn.as_view(),
+                &dids.as_view(),
+                &dwts.as_view(),
+                &mut dx.as_view_mut(),
+                2.5,
+                n,
+            )
+            .unwrap()
+        });
+        let bytes = ((e + 1) * 3 * inter * hid) as f64 * (0.5 + 1.0 / 16.0);
+        let flops = 2.0 * 2.0 * ((n * k + n) * 3 * inter * hid) as f64;
+        if n == rows {
+            total = ms;
+        }
+        println!(
+            "moe_prefill rows {n} E {e} k {k} H {hid} I {inter}: {ms:.4} ms, {:.0} GB/s of expert weights, {:.1} TFLOP/s (hi+lo)",
+            bytes / (ms * 1e-3) / 1e9,
+            flops / (ms * 1e-3) / 1e12
+        );
+    }
+    // Attention at XS 2.1: 64 heads (and 48), 8 kv heads, d 128, positions 0..512, window 512 or all.
+    for (heads, window) in [(64usize, 512usize), (64, 0), (48, 512)] {
+        let (kvh, d) = (8usize, 128usize);
+        let dq = g
+            .stream
+            .clone_htod(&rand_vec(&mut rng, rows * heads * d, 1.0))
+            .unwrap();
+        let dck = g
+            .stream
+            .clone_htod(&rand_vec(&mut rng, rows * kvh * d, 2.0))
+            .unwrap();
+        let dcv = g
+            .stream
+            .clone_htod(&rand_vec(&mut rng, rows * kvh * d, 1.0))
+            .unwrap();
+        let dg = g
+            .stream
+            .clone_htod(&rand_vec(&mut rng, rows * heads, 1.0))
+            .unwrap();
+        let dpos = g
+            .stream
+            .clone_htod(&(0..rows as i32).collect::<Vec<_>>())
+            .unwrap();
+        let mut dout = g.stream.alloc_zeros::<f32>(rows * heads * d).unwrap();
+        let ms = time_ms(&g, 20, || {
+            g.attend_prefill(
+                &dq.as_view(),
+                &dck.as_view(),
+                &dcv.as_view(),
+                &dg.as_view(),
+                &dpos.as_view(),
+                &mut dout.as_view_mut(),
+                heads,
+                kvh,
+                d,
+                window,
+                0,
+                rows,
+            )
+            .unwrap()
+        });
+        // Causal pairs (the window covers the whole chunk), q·k and P·v, three products each.
+        let pairs = (rows * (rows + 1) / 2) as f64;
+        let flops = pairs * heads as f64 * d as f64 * 2.0 * 2.0 * 3.0;
+        println!(
+            "attend_prefill rows {rows} heads {heads}/{kvh} d {d} window {window}: {ms:.4} ms, {:.1} TFLOP/s (3 products)",
+            flops / (ms * 1e-3) / 1e12
+        );
+    }
+    println!("(moe per layer: {total:.4} ms)");
+}
