@@ -511,7 +511,7 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
         let dnorm = g.stream.clone_htod(&norm).unwrap();
         // The MoE half of a layer on `rows` rows: router, gate/up, down + residual. Returns the
         // new x, the ids and weights, and the router logits.
-        let mut layer = |x: &[f32], rows: usize| {
+        let layer = |x: &[f32], rows: usize| {
             let mut dx = g.stream.clone_htod(x).unwrap();
             let mut xn = g.stream.alloc_zeros::<f32>(rows * hid).unwrap();
             let mut logits = g.stream.alloc_zeros::<f32>(rows * e).unwrap();
