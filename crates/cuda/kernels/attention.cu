@@ -15,11 +15,24 @@ struct RopeArgs {
     float scaling;
 };
 
-// One warp: dst[0..d) = rope(rmsnorm(src; w), pos), pairs (j, j + rot_dim/2). `tmp` is d floats of
-// the warp's own shared scratch. Queries, keys entering the cache and keys recomputed from this
-// launch's rows all go through this one function, so a key is bit-identical however it is reached.
+// cos and sin (times the rope scaling) of position `pos` for the rot_dim/2 frequencies, spread
+// over `n` threads starting at thread index `i0`. Every table of a position is bit-identical.
+__device__ __forceinline__ void rope_table(RopeArgs rope, int pos, float* cs, float* sn, int i0, int n) {
+    const float p = (float)pos;
+    for (int j = i0; j < rope.rot_dim / 2; j += n) {
+        const float a = p * rope.inv_freq[j];
+        cs[j] = cosf(a) * rope.scaling;
+        sn[j] = sinf(a) * rope.scaling;
+    }
+}
+
+// One warp: dst[0..d) = rope(rmsnorm(src; w)) with the position's table (cs, sn), pairs
+// (j, j + rot_dim/2). `tmp` is d floats of the warp's own shared scratch. Queries, keys entering
+// the cache and keys recomputed from this launch's rows all go through this one function, so a
+// key is bit-identical however it is reached.
 __device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, const __nv_bfloat16* __restrict__ w,
-                                               int d, RopeArgs rope, float eps, int pos, float* tmp, float* dst) {
+                                               int d, int rot_dim, float eps, const float* cs, const float* sn,
+                                               float* tmp, float* dst) {
     const int lane = threadIdx.x % WARP;
     float ss = 0.f;
     for (int i = lane; i < d; i += WARP) ss += src[i] * src[i];
@@ -27,15 +40,12 @@ __device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, co
     const float inv = 1.f / sqrtf(ss / (float)d + eps);
     for (int i = lane; i < d; i += WARP) tmp[i] = __bfloat162float(w[i]) * (src[i] * inv);
     __syncwarp();
-    const int half = rope.rot_dim / 2;
-    const float p = (float)pos;
+    const int half = rot_dim / 2;
     for (int i = lane; i < d; i += WARP) {
         float o = tmp[i];
-        if (i < rope.rot_dim) {
+        if (i < rot_dim) {
             const int j = i < half ? i : i - half;
-            const float a = p * rope.inv_freq[j];
-            const float c = cosf(a) * rope.scaling, s = sinf(a) * rope.scaling;
-            o = i < half ? tmp[i] * c - tmp[i + half] * s : tmp[i] * c + tmp[i - half] * s;
+            o = i < half ? tmp[i] * cs[j] - tmp[i + half] * sn[j] : tmp[i] * cs[j] + tmp[i - half] * sn[j];
         }
         dst[i] = o;
     }
@@ -51,16 +61,19 @@ extern "C" __global__ void qk_norm_rope_store(const float* __restrict__ qkvg, in
                                               const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos,
                                               const float* __restrict__ inv_freq, int rot_dim, float rope_scaling, float eps,
                                               int heads, int kv_heads, int d, int ring, float* __restrict__ q_out, float* __restrict__ ck, float* __restrict__ cv) {
-    __shared__ float tmp[128];
+    __shared__ float tmp[128], cs[64], sn[64];
     const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
     const int h = blockIdx.x, r = blockIdx.y, p = pos[r];
+    rope_table(rope, p, cs, sn, threadIdx.x, WARP);
+    pdl_wait();
+    __syncwarp();
     const float* row = qkvg + (size_t)r * width;
     if (h < heads) {
-        warp_norm_rope(row + h * d, q_norm, d, rope, eps, p, tmp, q_out + ((size_t)r * heads + h) * d);
+        warp_norm_rope(row + h * d, q_norm, d, rot_dim, eps, cs, sn, tmp, q_out + ((size_t)r * heads + h) * d);
     } else {
         const int kh = h - heads;
         const size_t dst = (kv_slot(p, ring) * kv_heads + kh) * d;
-        warp_norm_rope(row + (heads + kh) * d, k_norm, d, rope, eps, p, tmp, ck + dst);
+        warp_norm_rope(row + (heads + kh) * d, k_norm, d, rot_dim, eps, cs, sn, tmp, ck + dst);
         for (int i = threadIdx.x; i < d; i += WARP) cv[dst + i] = row[(heads + kv_heads + kh) * d + i];
     }
 }
@@ -74,7 +87,7 @@ extern "C" __global__ void qk_norm_rope_store(const float* __restrict__ qkvg, in
 // (row, kv head) to finish (counted in `counters`, reset afterwards) merges the splits in split
 // order, applies the softplus gate and writes out[r, h, :]. The ranges depend only on the row's
 // own position, so a row's bits never depend on the launch's other rows.
-// Shared: (G·d + TILE·(d+1) + TILE·d + WARPS·d) floats. d % 32 == 0, d <= 128.
+// Shared: (G·d + TILE·(d+1) + TILE·d + 2·WARPS·d + d) floats. d % 32 == 0, d <= 128.
 extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const float* __restrict__ qkvg, int width, const __nv_bfloat16* __restrict__ q_norm,
     const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos, const float* __restrict__ inv_freq,
@@ -88,6 +101,9 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     float* ks = qs + G * d;                // [TILE][d + 1]: odd stride, lane-per-key reads hit distinct banks
     float* vs = ks + ATT_TILE * (d + 1);   // [TILE][d]
     float* tmp = vs + ATT_TILE * d;        // [WARPS][d]
+    float* cs = tmp + ATT_WARPS * d;       // [d / 2]: this row's rope table
+    float* sn = cs + d / 2;
+    float* kcs = sn + d / 2;               // [WARPS][d]: per-warp tables of other positions
     const int kvh = blockIdx.x, split = blockIdx.y, r = blockIdx.z;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int p = pos[r], p0 = pos[0];
@@ -98,7 +114,10 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const int per = ((n + ATT_SPLITS - 1) / ATT_SPLITS + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
     // Splits past the window's end have no keys: they do nothing, and the merge skips them.
     const int used = (n + per - 1) / per;
-    if (split >= used) return;
+    if (split >= used) {
+        pdl_wait();  // lets the successor start once every block has passed here
+        return;
+    }
     const int beg = lo + split * per, end = min(lo + (split + 1) * per, p + 1);
     const float scale = 1.f / sqrtf((float)d);
 
@@ -118,12 +137,17 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             }
         }
     };
-    fetch(beg);
+    fetch(beg);  // earlier steps' keys: no kernel of this step writes them before this one
+    rope_table(rope, p, cs, sn, threadIdx.x, blockDim.x);  // constants only: before the wait too
+    pdl_wait();
+    __syncthreads();
 
-    if (warp < G) warp_norm_rope(row + (kvh * G + warp) * d, q_norm, d, rope, eps, p, tmp + warp * d, qs + warp * d);
+    if (warp < G)
+        warp_norm_rope(row + (kvh * G + warp) * d, q_norm, d, rope.rot_dim, eps, cs, sn, tmp + warp * d,
+                       qs + warp * d);
     if (split == 0 && warp == ATT_WARPS - 1) {
         const size_t dst = (kv_slot(p, ring) * kv_heads + kvh) * d;
-        warp_norm_rope(row + koff + kvh * d, k_norm, d, rope, eps, p, tmp + warp * d, ck + dst);
+        warp_norm_rope(row + koff + kvh * d, k_norm, d, rope.rot_dim, eps, cs, sn, tmp + warp * d, ck + dst);
         for (int i = lane; i < d; i += WARP) cv[dst + i] = row[voff + kvh * d + i];
     }
     __syncthreads();
@@ -148,7 +172,11 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             const int kp = t0 + j;
             if (kp >= p0) {
                 const float* src = qkvg + (size_t)(kp - p0) * width;
-                warp_norm_rope(src + koff + kvh * d, k_norm, d, rope, eps, kp, tmp + warp * d, ks + j * (d + 1));
+                float* kc = kcs + warp * d;
+                rope_table(rope, kp, kc, kc + d / 2, lane, WARP);
+                __syncwarp();
+                warp_norm_rope(src + koff + kvh * d, k_norm, d, rope.rot_dim, eps, kc, kc + d / 2, tmp + warp * d,
+                               ks + j * (d + 1));
                 for (int i = lane; i < d; i += WARP) vs[j * d + i] = src[voff + kvh * d + i];
             }
         }
@@ -206,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     static_assert(ATT_SPLITS == WARP, "the merge gives each lane one split");
     if (warp < G) {
         const int h = kvh * G + warp;
+        const float gate = softplus(row[goff + h]);  // loaded alongside the partials
         const float* pb = part + ((size_t)r * heads + h) * ATT_SPLITS * pw;
         // Lane s holds split s's max and sum: the maxima and the weighted sum reduce in a fixed
         // butterfly, then each lane adds its dims over the splits in split order.
@@ -221,7 +250,6 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             for (int c = 0; c < 4; c++)
                 if (lane + WARP * c < d) o[c] += __ldcg(pb + s * pw + 2 + lane + WARP * c) * ws;
         }
-        const float gate = softplus(row[goff + h]);
 #pragma unroll
         for (int c = 0; c < 4; c++)
             if (lane + WARP * c < d) out[((size_t)r * heads + h) * d + lane + WARP * c] = o[c] / L * gate;

@@ -56,6 +56,18 @@ __device__ __forceinline__ void load8_bf16(const __nv_bfloat16* p, float out[8])
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// Programmatic dependent launch (device.rs `Launch`): a kernel may start while its predecessor
+// still runs. Before pdl_wait() it only loads data no earlier kernel of the stream is still
+// writing (weights; KV-cache rows of earlier steps; anything written two kernels back, since the
+// predecessor passed its own wait before letting this one start). After the wait it lets its own
+// successor start launching.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Eight bf16 from one 16-byte word, widened by a shift (bf16 is the top half of an f32).
 __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float out[8]) {
     const unsigned int u[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -87,13 +99,14 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 }
 
 // 1 / rms of `rows` rows of x (width n, n % 4 == 0) into inv[0..rows) (shared memory), with a
-// fixed partition over a 256-thread block (thread t takes float4s t, t + 256, ...) and a fixed
-// reduction, so every block of every launch computes bit-identical values whatever `rows` is.
-// `red` is shared scratch of 8 · 16 floats; rows <= 16. Ends with a barrier.
+// fixed partition over the first 256 threads of the block (thread t takes float4s t, t + 256,
+// ...) and a fixed reduction, so every block of every launch computes bit-identical values
+// whatever `rows` or the block size (>= 256) is. `red` is shared scratch of 8 · 16 floats;
+// rows <= 16. Every thread of the block must call it; it ends with a barrier.
 __device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int n, int rows, float eps,
                                               float* inv, float* red) {
     const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
-    for (int r = 0; r < rows; r++) {
+    for (int r = 0; r < rows && t < 256; r++) {
         const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * n);
         float s = 0.f;
         for (int i = t; i < n / 4; i += 256) {
@@ -237,6 +250,7 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
     // other's loads are in flight.
     uint4 a[8], b[8];
     if (o < out) load(a, o, 0);
+    pdl_wait();
     ready();
     while (o < out) {
         int o1 = o, s1 = seg;

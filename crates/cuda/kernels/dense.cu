@@ -5,6 +5,7 @@
 // x[r, :] = embed[tokens[r], :]  (bf16 -> f32). grid: rows, block: 256.
 extern "C" __global__ void embed_rows(const __nv_bfloat16* __restrict__ embed, const int* __restrict__ tokens,
                                       float* __restrict__ x, int hidden) {
+    pdl_wait();
     const int r = blockIdx.x;
     const __nv_bfloat16* src = embed + (size_t)tokens[r] * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) x[(size_t)r * hidden + i] = __bfloat162float(src[i]);
@@ -13,6 +14,7 @@ extern "C" __global__ void embed_rows(const __nv_bfloat16* __restrict__ embed, c
 // out[r, :] = w * x[r, :] / rms(x[r, :]). grid: rows (at most 16 per launch), block: 256.
 extern "C" __global__ void rms_norm_rows(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                          float* __restrict__ out, int n, float eps) {
+    pdl_wait();
     __shared__ float inv[16], red[8 * 16];
     const float* xr = x + (size_t)blockIdx.x * n;
     block_inv_rms(xr, n, 1, eps, inv, red);
@@ -70,6 +72,7 @@ GEMV_ENTRY(16)
 // a[r, i] = silu(gu[r, i]) · gu[r, n + i]: gu holds a fused gate|up projection of width 2n.
 // grid: (ceil(n / 256), rows), block: 256.
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ a, int n) {
+    pdl_wait();
     const int i = blockIdx.x * 256 + threadIdx.x, r = blockIdx.y;
     if (i < n) a[(size_t)r * n + i] = silu(gu[(size_t)r * 2 * n + i]) * gu[(size_t)r * 2 * n + n + i];
 }
@@ -78,6 +81,7 @@ extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restr
 // grid: rows, block: 1024.
 extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int vocab,
                                                                int* __restrict__ out) {
+    pdl_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* l = logits + (size_t)blockIdx.x * vocab;

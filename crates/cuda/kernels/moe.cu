@@ -3,36 +3,48 @@
 // launch; down fused with the routing-weight combine, the shared expert and the residual add).
 // CPU twins: fastdecode_cpu::layers::{Moe::route, Moe::forward}.
 
-// The router's second half for up to 16 rows (the logits come from gemv_bf16 with the same
-// RMSNorm fused): xn = RMSNorm(x) for the experts, with the very inverse rms the logits used, and
-// the top-k of every row. Selection by rank, all experts at once: expert e is chosen when fewer
-// than k experts beat it (a larger key, or an equal key at a lower index), the order the CPU
-// sorts by. The chosen are then listed in ascending index and weighted by their pre-bias
-// scores, summed in that order (renormalised when norm_topk). E <= 1024, k <= 64.
-// grid: 1, block: 256.
+// Expert selection for up to 16 rows of router logits, by one block. Selection by rank, all
+// experts at once: expert e is chosen when fewer than k experts beat it (a larger key, or an
+// equal key at a lower index), the order the CPU sorts by. The chosen are then listed in
+// ascending index and weighted by their pre-bias scores, summed in that order (renormalised
+// when norm_topk). The ranking is E² comparisons spread over all the block's threads (four per
+// expert). E <= 1024, k < 32.
 __device__ __forceinline__ void select_experts(const float* __restrict__ logits, const float* __restrict__ bias,
                                                int* __restrict__ ids, float* __restrict__ wts, int E, int k,
                                                int norm_topk, float softcap, int rows) {
     __shared__ float key[1024], sc[1024];
     __shared__ int chosen[1024];
     __shared__ int count[WARP];
+    __shared__ int list[32];
+    __shared__ float list_w[1];
     const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
+    const int nt = blockDim.x;
     for (int r = 0; r < rows; r++) {
-        for (int e = t; e < E; e += 256) {
-            float v = logits[(size_t)r * E + e];
+        for (int e = t; e < E; e += nt) {
+            float v = __ldcg(logits + (size_t)r * E + e);  // other blocks wrote them: skip L1
             if (softcap > 0.f) v = softcap * tanhf(v / softcap);
             sc[e] = 1.f / (1.f + expf(-v));
             key[e] = sc[e] + bias[e];
         }
         __syncthreads();
-        for (int e = t; e < E; e += 256) {
-            const float ke = key[e];
+        // Four threads per expert, each counting the experts that beat it in a quarter of the
+        // list (integer counts: the order of the sum does not matter).
+        const int q = (E + 3) / 4, sub = t % 4;
+        for (int e0 = 0; e0 < E; e0 += nt / 4) {
+            const int e = e0 + t / 4;
             int rank = 0;
-            for (int j = 0; j < E; j++) {
-                const float kj = key[j];
-                rank += (kj > ke) || (kj == ke && j < e);
+            if (e < E) {
+                const float ke = key[e];
+                const int hi = min(E, (sub + 1) * q);
+#pragma unroll 8
+                for (int j = sub * q; j < hi; j++) {
+                    const float kj = key[j];
+                    rank += (kj > ke) || (kj == ke && j < e);
+                }
             }
-            chosen[e] = rank < k;
+            rank += __shfl_xor_sync(0xffffffffu, rank, 1);
+            rank += __shfl_xor_sync(0xffffffffu, rank, 2);
+            if (e < E && sub == 0) chosen[e] = rank < k;
         }
         __syncthreads();
         // List the chosen in ascending index: warp 0, lane l counting experts l·E/32 ... in
@@ -47,7 +59,7 @@ __device__ __forceinline__ void select_experts(const float* __restrict__ logits,
             for (int l = 0; l < lane; l++) at += count[l];
             __syncwarp();
             for (int e = lo; e < hi; e++)
-                if (chosen[e] && at < k) ids[(size_t)r * k + at++] = e;
+                if (chosen[e] && at < k) list[at++] = e;
             __syncwarp();
             if (lane == 0) {
                 // NaN keys rank nowhere: fill up with the lowest unchosen experts, so the ids
@@ -55,36 +67,72 @@ __device__ __forceinline__ void select_experts(const float* __restrict__ logits,
                 int n = 0;
                 for (int l = 0; l < WARP; l++) n += count[l];
                 for (int e = 0; n < k && e < E; e++)
-                    if (!chosen[e]) ids[(size_t)r * k + n++] = e;
+                    if (!chosen[e]) list[n++] = e;
                 float total = 0.f;
-                for (int i = 0; i < k; i++) total += sc[ids[(size_t)r * k + i]];
-                for (int i = 0; i < k; i++) {
-                    const float s = sc[ids[(size_t)r * k + i]];
-                    wts[(size_t)r * k + i] = norm_topk ? s / total : s;
-                }
+                for (int i = 0; i < k; i++) total += sc[list[i]];
+                list_w[0] = total;
+            }
+            __syncwarp();
+            // The list stays in shared memory: reading back global stores costs a round trip each.
+            if (lane < k) {
+                const float s = sc[list[lane]];
+                ids[(size_t)r * k + lane] = list[lane];
+                wts[(size_t)r * k + lane] = norm_topk ? s / list_w[0] : s;
             }
         }
         __syncthreads();
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) router_select(
-    const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, float eps, const float* __restrict__ logits,
-    const float* __restrict__ bias, float* __restrict__ xn, int* __restrict__ ids, float* __restrict__ wts, int E,
-    int H, int k, int norm_topk, float softcap, int rows) {
+// The whole router of up to R rows in one launch: logits = RMSNorm(x)·Wᵀ (the persistent GEMV,
+// one warp per expert row), xn = RMSNorm(x) for the experts (block 0, with the very inverse rms
+// the logits used), then the last block to finish (counted in `counter`, reset afterwards)
+// selects every row's experts. One entry point per R, as gemv_bf16. grid: any (persistent),
+// block: 256.
+template <int R>
+__device__ __forceinline__ void router_body(const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm,
+                                            float eps, const __nv_bfloat16* __restrict__ W,
+                                            const float* __restrict__ bias, float* __restrict__ xn,
+                                            float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
+                                            unsigned int* __restrict__ counter, int E, int H, int k, int norm_topk,
+                                            float softcap, int rows) {
     __shared__ float inv[16], red[8 * 16];
-    block_inv_rms(x, H, rows, eps, inv, red);
-    for (int i = threadIdx.x; i < rows * H; i += 256)
-        xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
+    __shared__ int is_last;
+    gemv_persistent<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); });
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < rows * H; i += blockDim.x)
+            xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
     select_experts(logits, bias, ids, wts, E, k, norm_topk, softcap, rows);
+    if (threadIdx.x == 0) *counter = 0;
 }
 
-// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts, with router_select's
-// selection (no normed input). grid: rows, block: 256.
-extern "C" __global__ void __launch_bounds__(256) router_topk(const float* __restrict__ logits,
+#define ROUTER_ENTRY(R)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) router_##R(                                           \
+        const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, float eps,                     \
+        const __nv_bfloat16* __restrict__ W, const float* __restrict__ bias, float* __restrict__ xn,        \
+        float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,                         \
+        unsigned int* __restrict__ counter, int E, int H, int k, int norm_topk, float softcap, int rows) {  \
+        router_body<R>(x, norm, eps, W, bias, xn, logits, ids, wts, counter, E, H, k, norm_topk, softcap, rows); \
+    }
+ROUTER_ENTRY(1)
+ROUTER_ENTRY(2)
+ROUTER_ENTRY(4)
+ROUTER_ENTRY(8)
+ROUTER_ENTRY(16)
+
+// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts, with the same selection.
+// grid: rows, block: 1024.
+extern "C" __global__ void __launch_bounds__(1024) router_topk(const float* __restrict__ logits,
                                                               const float* __restrict__ bias, int* __restrict__ ids,
                                                               float* __restrict__ wts, int E, int k, int norm_topk,
                                                               float softcap) {
+    pdl_wait();
     select_experts(logits + (size_t)blockIdx.x * E, bias, ids + (size_t)blockIdx.x * k, wts + (size_t)blockIdx.x * k,
                    E, k, norm_topk, softcap, 1);
 }
@@ -121,13 +169,18 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
     const unsigned char* __restrict__ gs, const uint4* __restrict__ uc, const unsigned char* __restrict__ us,
     const uint4* __restrict__ sgc, const unsigned char* __restrict__ sgs, const uint4* __restrict__ suc,
     const unsigned char* __restrict__ sus, float* __restrict__ h, int H, int I, int Is, int k) {
-    __shared__ float red[4][MOE_OB][2];
+    __shared__ float part[MOE_OB][2][128];
+    __shared__ float red[MOE_OB][2];
     const int slot = blockIdx.y, r = blockIdx.z, t = threadIdx.x;
-    const int lane = t % WARP, warp = t / WARP, nwarps = blockDim.x / WARP;
     const bool sh = slot == k;
     const int width = sh ? Is : I, imax = max(I, Is), C = H / 32;
     const int o0 = blockIdx.x * MOE_OB;
-    if (o0 >= width) return;  // the whole block: no barrier is skipped by part of it
+    if (o0 >= width) {  // the whole block: no barrier is skipped by part of it
+        pdl_wait();
+        return;
+    }
+    // The routed slots' expert comes from the router, this kernel's predecessor.
+    if (!sh) pdl_wait();
     const size_t row0 = sh ? (size_t)o0 : (size_t)ids[r * k + slot] * I + o0;
     const uint4* g = (sh ? sgc : gc) + row0 * C;
     const uint4* u = (sh ? suc : uc) + row0 * C;
@@ -145,29 +198,29 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
             usv[q] = scale_pair(usr + (size_t)q * (H / 16), t);
         }
     }
+    if (sh) pdl_wait();  // the shared expert's weights were fetched before the wait
     float xv[32];
     if (on) load_x32(xn + (size_t)r * H + 32 * t, xv);
+    // Per-chunk dots to shared memory, then one thread per (row, gate|up) sums its row's chunks
+    // in chunk order: cheaper than a butterfly per row.
 #pragma unroll
     for (int q = 0; q < MOE_OB; q++) {
-        float gp = 0.f, up = 0.f;
         if (on && o0 + q < width) {
-            gp = nvfp4_chunk_dot(gw[q], gsv[q], xv);
-            up = nvfp4_chunk_dot(uw[q], usv[q], xv);
-        }
-        gp = warp_sum(gp);
-        up = warp_sum(up);
-        if (lane == 0) {
-            red[warp][q][0] = gp;
-            red[warp][q][1] = up;
+            part[q][0][t] = nvfp4_chunk_dot(gw[q], gsv[q], xv);
+            part[q][1][t] = nvfp4_chunk_dot(uw[q], usv[q], xv);
         }
     }
     __syncthreads();
+    if (t < 2 * MOE_OB) {
+        const int q = t / 2, which = t % 2;
+        float acc = 0.f;
+        if (o0 + q < width)
+            for (int c = 0; c < C; c++) acc += part[q][which][c];
+        red[q][which] = acc;
+    }
+    __syncthreads();
     if (t < MOE_OB && o0 + t < width) {
-        float gv = 0.f, uv = 0.f;
-        for (int w = 0; w < nwarps; w++) {
-            gv += red[w][t][0];
-            uv += red[w][t][1];
-        }
+        float gv = red[t][0], uv = red[t][1];
         gv *= NVFP4_UNSCALE;
         uv *= NVFP4_UNSCALE;
         h[((size_t)r * (k + 1) + slot) * imax + o0 + t] = silu(gv) * uv;
@@ -208,6 +261,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(
             sv[q] = scale_pair(sp + (size_t)q * (cw * 2), c);
         }
     }
+    // The ids and routing weights (the router's, two kernels back) and the expert weights are
+    // read before the wait; h is the predecessor's.
+    __shared__ float w_slot[32];
+    if (t < k) w_slot[t] = wts[(size_t)r * k + t];
+    pdl_wait();
     float xv[32];
     if (on) load_x32(h + ((size_t)r * (k + 1) + s) * imax + 32 * c, xv);
 #pragma unroll
@@ -227,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(
     __syncthreads();
     if (t < DOWN_OB && o0 + t < H) {
         float routed = 0.f;
-        for (int sl = 0; sl < k; sl++) routed += wts[(size_t)r * k + sl] * slot_sum[t][sl];
+        for (int sl = 0; sl < k; sl++) routed += w_slot[sl] * slot_sum[t][sl];
         x[(size_t)r * H + o0 + t] += scaling * routed + slot_sum[t][k];
     }
 }

@@ -89,69 +89,97 @@ extern "C" __global__ void pf_split_perm(const float* __restrict__ x, uint4* __r
     xs[u] = o;
 }
 
-// Groups the (row, slot) pairs by expert, rows ascending within an expert:
-// order[j] = pair (r·k + s) at sorted position j, pos[pair] = j (-1 for an id outside 0..E),
-// and the work tiles (expert, first sorted position, count <= PF_TOK): the shared expert's
-// tiles first (expert = E, first = row), then each routed expert's; the rest of the max_tiles
-// entries get count 0. grid: 1, block: 1024 (32 warps); E <= 1024. Ranks come from warp ballots
-// over rows in order, so the result is deterministic. ids are staged in shared memory when
-// rows·k <= 8192 (each is read 2·E/32 times).
-extern "C" __global__ void pf_moe_sort(const int* __restrict__ ids, int rows, int k, int E,
-                                       int* __restrict__ order, int* __restrict__ pos,
-                                       int4* __restrict__ tiles, int max_tiles) {
-    __shared__ int cnt[1024];
-    __shared__ int off[1024];
-    __shared__ int sid[8192];
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const bool staged = rows * k <= 8192;
-    for (int p = threadIdx.x; p < rows * k; p += blockDim.x) {
-        pos[p] = -1;
-        if (staged) sid[p] = ids[p];
+// Groups the (row, slot) pairs by expert, in two launches (both deterministic: integer counts
+// and ballot ranks only).
+//
+// pf_moe_place: warp w of block b takes expert e = 8b + w: cnt[e] = pairs with id e, and the
+// pairs with a smaller id give its first sorted position; then its pairs are placed in (row
+// chunk of 32, slot, row) order: order[j] = pair at sorted position j, pos[pair] = j; pairs
+// whose id lies outside 0..E get pos -1 (from expert 0's warp). ids are first staged in
+// dynamic shared memory when `staged` (rows·k ints). grid: ceil(E / 8), block: 256.
+extern "C" __global__ void __launch_bounds__(256) pf_moe_place(const int* __restrict__ gids, int rows, int k, int E,
+                                                               int* __restrict__ order, int* __restrict__ pos,
+                                                               int* __restrict__ cnt, int staged) {
+    extern __shared__ int pf_sids[];
+    const int lane = threadIdx.x % WARP, e = blockIdx.x * 8 + threadIdx.x / WARP;
+    const int pairs = rows * k;
+    if (staged) {
+        for (int p = threadIdx.x; p < pairs; p += blockDim.x) pf_sids[p] = gids[p];
+        __syncthreads();
     }
-    __syncthreads();
-    const int* id = staged ? sid : ids;
-    // Pass 1: count. Warp w takes experts w, w + 32, ...; lane l looks at row chunk + l.
-    for (int e = warp; e < E; e += 32) {
-        int c = 0;
-        for (int r0 = 0; r0 < rows; r0 += WARP) {
-            const int r = r0 + lane;
-            bool has = false;
-            if (r < rows)
-                for (int s = 0; s < k; s++) has |= id[r * k + s] == e;
-            c += __popc(__ballot_sync(0xffffffffu, has));
-        }
-        if (lane == 0) cnt[e] = c;
+    const int* ids = staged ? pf_sids : gids;
+    if (e >= E) return;
+    int below = 0, c = 0;
+    for (int p = lane; p < pairs; p += WARP) {
+        const int v = ids[p];
+        const bool valid = v >= 0 && v < E;
+        below += valid && v < e;
+        c += v == e;
+        if (e == 0 && !valid) pos[p] = -1;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int acc = 0, nt = 0;
-        for (int r0 = 0; r0 < rows && nt < max_tiles; r0 += PF_TOK) tiles[nt++] = make_int4(E, r0, min(PF_TOK, rows - r0), 0);
-        for (int e = 0; e < E; e++) {
-            off[e] = acc;
-            for (int c0 = 0; c0 < cnt[e] && nt < max_tiles; c0 += PF_TOK) tiles[nt++] = make_int4(e, acc + c0, min(PF_TOK, cnt[e] - c0), 0);
-            acc += cnt[e];
-        }
-        for (; nt < max_tiles; nt++) tiles[nt] = make_int4(0, 0, 0, 0);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        below += __shfl_xor_sync(0xffffffffu, below, o);
+        c += __shfl_xor_sync(0xffffffffu, c, o);
     }
-    __syncthreads();
-    // Pass 2: place, in row order within each expert.
-    for (int e = warp; e < E; e += 32) {
-        int base = off[e];
-        for (int r0 = 0; r0 < rows; r0 += WARP) {
-            const int r = r0 + lane;
-            int slot = -1;
-            if (r < rows)
-                for (int s = 0; s < k; s++)
-                    if (id[r * k + s] == e) slot = s;
-            const unsigned m = __ballot_sync(0xffffffffu, slot >= 0);
-            if (slot >= 0) {
+    if (lane == 0) cnt[e] = c;
+    if (c == 0) return;
+    int base = below;
+    for (int r0 = 0; r0 < rows; r0 += WARP) {
+        const int r = r0 + lane;
+        for (int s = 0; s < k; s++) {
+            const bool hit = r < rows && ids[r * k + s] == e;
+            const unsigned m = __ballot_sync(0xffffffffu, hit);
+            if (hit) {
                 const int j = base + __popc(m & ((1u << lane) - 1u));
-                order[j] = r * k + slot;
-                pos[r * k + slot] = j;
+                order[j] = r * k + s;
+                pos[r * k + s] = j;
             }
             base += __popc(m);
         }
     }
+}
+
+// The work tiles (expert, first sorted position, count <= PF_TOK) from the counts: the shared
+// expert's tiles first (expert = E, first = row), then each routed expert's in expert order;
+// the rest of the max_tiles entries get count 0. grid: 1, block: 1024; E <= 1024.
+extern "C" __global__ void __launch_bounds__(1024) pf_moe_tiles(const int* __restrict__ cnt, int rows, int E,
+                                                                int4* __restrict__ tiles, int max_tiles) {
+    __shared__ int wsum[2][32];
+    const int e = threadIdx.x, lane = e % WARP, warp = e / WARP;
+    const int c = e < E ? cnt[e] : 0;
+    const int n = (c + PF_TOK - 1) / PF_TOK;
+    // Inclusive scans of (c, n) over the block.
+    int sc = c, sn = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, sc, o), b = __shfl_up_sync(0xffffffffu, sn, o);
+        if (lane >= o) { sc += a; sn += b; }
+    }
+    if (lane == 31) { wsum[0][warp] = sc; wsum[1][warp] = sn; }
+    __syncthreads();
+    if (warp == 0) {
+        int a = wsum[0][lane], b = wsum[1][lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, a, o), y = __shfl_up_sync(0xffffffffu, b, o);
+            if (lane >= o) { a += x; b += y; }
+        }
+        wsum[0][lane] = a;
+        wsum[1][lane] = b;
+    }
+    __syncthreads();
+    const int pre_c = sc - c + (warp > 0 ? wsum[0][warp - 1] : 0);
+    const int pre_n = sn - n + (warp > 0 ? wsum[1][warp - 1] : 0);
+    const int nsh = (rows + PF_TOK - 1) / PF_TOK;
+    const int total = nsh + wsum[1][31];
+    for (int i = e; i < nsh && i < max_tiles; i += blockDim.x)
+        tiles[i] = make_int4(E, i * PF_TOK, min(PF_TOK, rows - i * PF_TOK), 0);
+    for (int i = 0; i < n; i++) {
+        const int t = nsh + pre_n + i;
+        if (t < max_tiles) tiles[t] = make_int4(e, pre_c + i * PF_TOK, min(PF_TOK, c - i * PF_TOK), 0);
+    }
+    for (int t = total + e; t < max_tiles; t += blockDim.x) tiles[t] = make_int4(0, 0, 0, 0);
 }
 
 // Magnitudes of four e2m1 codes (16 bits, nibbles a, b, c, d from the low end) times the
@@ -179,61 +207,104 @@ __device__ __forceinline__ unsigned pf_e4m3x2(unsigned b) {
     return v | (v << 16);
 }
 
-// acc[m][nt] += W_m · Xᵀ for two 16-row NVFP4 weight blocks (codes cm / scales sm point at row
-// 0 of block m; rows have K/8 words and K/16 scales) against ntiles (<= PF_NT, warp-uniform) n8
-// tiles of split activations; xrow[nt] is the split row (K/4 uint4) of token g of tile nt.
-// Weight codes are read straight into registers (each warp reads its rows once; one 128-column
-// block is prefetched ahead), activations through L1/L2 (every warp of a block reads the same),
-// one k step ahead so that their latency overlaps the current step's decode and mma.
-__device__ __forceinline__ void pf_nvfp4_mma(const unsigned* __restrict__ c0, const unsigned char* __restrict__ s0,
-                                             const unsigned* __restrict__ c1, const unsigned char* __restrict__ s1,
-                                             int K, const uint4* const xrow[PF_NT], int ntiles, float acc[2][PF_NT][4]) {
-    const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-    const int KB = K / 128;
-    // [block m][row g, row g + 8]
-    const uint4* wp[2][2];
-    const unsigned short* sp[2][2];
+// The expert GEMMs. A block takes one work tile (<= PF_TOK tokens of one expert) and
+// PF_MROWS = 256 weight rows (8 warps × 32 rows: two m16 blocks each), and walks K in chunks
+// of 128 columns through a PF_MSTAGES-deep cp.async pipeline in shared memory. One stage holds
+// the chunk's NVFP4 codes (64 B per row), its e4m3 scales (8 B per row) and the tile's split
+// activations (512 B per token, padded to 576 B so that a warp's B fragment reads hit 32
+// distinct banks). Weight row i of a warp's two m blocks and token j of its n8 tiles are
+// multiplied in k-step order (chunk, step) with fixed mma.sync sequences: bit-deterministic.
+#define PF_MW 8
+#define PF_MROWS (PF_MW * 32)
+#define PF_MSTAGES 3
+#define PF_ASTR 36
+#define PF_SCALE_U4 (PF_MROWS * 4)
+#define PF_ACT_U4 (PF_SCALE_U4 + PF_MROWS / 2)
+#define PF_STAGE_U4 (PF_ACT_U4 + PF_TOK * PF_ASTR)
+#define PF_MOE_SMEM (PF_MSTAGES * PF_STAGE_U4 * 16)
+
+__device__ __forceinline__ void pf_cp16(void* dst, const void* src) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+}
+// Weight streams: the L2 fetches the surrounding 256 bytes (the row's next chunks) at once, so
+// that DRAM sees 256-byte runs instead of 64-byte pieces of rows K/2 bytes apart.
+__device__ __forceinline__ void pf_cp16w(void* dst, const void* src) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+}
+__device__ __forceinline__ void pf_cp8(void* dst, const void* src) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], 8;\n" ::"r"(s), "l"(src));
+}
+__device__ __forceinline__ void pf_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void pf_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// What one thread copies per chunk: weight code rows (tid / 4) + 64 i at wbase + i · wstride
+// (uint4; bit i of wmask clear: row outside the matrix), 16-byte part tid % 4 (folded into
+// wbase); scale row tid (ssrc null: outside); activation tokens tid / 32 + 8 i at abase +
+// aoff[i] (uint4; -1: past the tile), 16-byte part tid % 32 (folded into abase).
+struct PfMoeSrc {
+    const uint4* wbase;
+    const uint2* ssrc;
+    const uint4* abase;
+    int wstride, wmask;
+    int aoff[4];
+};
+
+__device__ __forceinline__ void pf_moe_load(uint4* st, const PfMoeSrc& src, int c) {
+    const int tid = threadIdx.x;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        wp[0][r] = reinterpret_cast<const uint4*>(c0 + (size_t)(g + 8 * r) * (K / 8)) + t;
-        wp[1][r] = reinterpret_cast<const uint4*>(c1 + (size_t)(g + 8 * r) * (K / 8)) + t;
-        sp[0][r] = reinterpret_cast<const unsigned short*>(s0 + (size_t)(g + 8 * r) * (K / 16)) + t;
-        sp[1][r] = reinterpret_cast<const unsigned short*>(s1 + (size_t)(g + 8 * r) * (K / 16)) + t;
-    }
-    uint4 w[2][2];
-    unsigned short sc[2][2];
+    for (int i = 0; i < 4; i++)
+        if (src.wmask >> i & 1)
+            pf_cp16w(st + ((tid >> 2) + 64 * i) * 4 + (tid & 3), src.wbase + (size_t)i * src.wstride + 4 * c);
+    if (src.ssrc) pf_cp8(reinterpret_cast<uint2*>(st + PF_SCALE_U4) + tid, src.ssrc + c);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (src.aoff[i] >= 0)
+            pf_cp16(st + PF_ACT_U4 + ((tid >> 5) + 8 * i) * PF_ASTR + (tid & 31), src.abase + src.aoff[i] + 32 * c);
+}
+
+// acc[m][nt] = W rows (32 warp + 16 m ..) · tokens (8 nt ..) over K (a multiple of 128).
+__device__ __forceinline__ void pf_moe_mainloop(uint4* smem, const PfMoeSrc& src, int K, int ntiles,
+                                                float acc[2][PF_NT][4]) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
+    const int nch = K / 128;
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            w[m][r] = __ldg(wp[m][r]);
-            sc[m][r] = __ldg(sp[m][r]);
-        }
-    // B of the next k step; steps are numbered kb·8 + s across blocks.
-    uint4 bn[PF_NT];
+        for (int nt = 0; nt < PF_NT; nt++)
 #pragma unroll
-    for (int nt = 0; nt < PF_NT; nt++)
-        if (nt < ntiles) bn[nt] = __ldg(xrow[nt] + t);
-    for (int kb = 0; kb < KB; kb++) {
+            for (int c = 0; c < 4; c++) acc[m][nt][c] = 0.f;
+#pragma unroll
+    for (int s = 0; s < PF_MSTAGES - 1; s++) {
+        if (s < nch) pf_moe_load(smem + s * PF_STAGE_U4, src, s);
+        pf_cp_commit();
+    }
+    for (int ch = 0; ch < nch; ch++) {
+        pf_cp_wait<PF_MSTAGES - 2>();
+        __syncthreads();
+        {
+            const int nx = ch + PF_MSTAGES - 1;
+            if (nx < nch) pf_moe_load(smem + (nx % PF_MSTAGES) * PF_STAGE_U4, src, nx);
+            pf_cp_commit();
+        }
+        const uint4* st = smem + (ch % PF_MSTAGES) * PF_STAGE_U4;
+        const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + PF_SCALE_U4);
+        const uint4* as = st + PF_ACT_U4 + g * PF_ASTR + t;
         uint4 cw[2][2];
-        unsigned cs[2][2][2];  // [m][r][word pair]: bf16x2 scales
+        unsigned cs[2][2][2];
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                cw[m][r] = w[m][r];
-                cs[m][r][0] = pf_e4m3x2(sc[m][r] & 0xffu);
-                cs[m][r][1] = pf_e4m3x2(sc[m][r] >> 8);
+                const int row = warp * 32 + m * 16 + r * 8 + g;
+                cw[m][r] = st[row * 4 + t];
+                const unsigned sv = ss[row * 4 + t];
+                cs[m][r][0] = pf_e4m3x2(sv & 0xffu);
+                cs[m][r][1] = pf_e4m3x2(sv >> 8);
             }
-        if (kb + 1 < KB) {
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    w[m][r] = __ldg(wp[m][r] + 4 * (kb + 1));
-                    sc[m][r] = __ldg(sp[m][r] + 4 * (kb + 1));
-                }
-        }
 #pragma unroll
         for (int s = 0; s < 8; s++) {
             const int i = s >> 1, hh = s & 1;
@@ -243,68 +314,69 @@ __device__ __forceinline__ void pf_nvfp4_mma(const unsigned* __restrict__ c0, co
                 pf_fp4x4(pf_u4(cw[m][0], i) >> (16 * hh), cs[m][0][i >> 1], a[m][0], a[m][2]);
                 pf_fp4x4(pf_u4(cw[m][1], i) >> (16 * hh), cs[m][1][i >> 1], a[m][1], a[m][3]);
             }
-            uint4 b[PF_NT];
-            const int next = kb * 8 + s + 1;
-#pragma unroll
-            for (int nt = 0; nt < PF_NT; nt++) {
-                b[nt] = bn[nt];
-                if (nt < ntiles && next < KB * 8) bn[nt] = __ldg(xrow[nt] + next * 4 + t);
-            }
 #pragma unroll
             for (int nt = 0; nt < PF_NT; nt++)
                 if (nt < ntiles) {
+                    const uint4 b = as[nt * 8 * PF_ASTR + s * 4];
 #pragma unroll
                     for (int m = 0; m < 2; m++) {
-                        pf_mma(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b[nt].x, b[nt].y);
-                        pf_mma(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b[nt].z, b[nt].w);
+                        pf_mma(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b.x, b.y);
+                        pf_mma(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b.z, b.w);
                     }
                 }
         }
     }
+    pf_cp_wait<0>();
 }
 
 __device__ __forceinline__ float pf_silu(float v) { return v / (1.f + expf(-v)); }
 
-// h = silu(G_e x) · (U_e x) for one tile of tokens and 64 intermediate rows per block (warp w
-// takes rows 16w .. 16w+15 of gate and of up), written split (hi/lo) for the down projection:
-// routed pairs at their sorted position in h [rows·k, I], the shared expert's rows in hs [rows, Is].
-// G, U: NVFP4 [E, I, H]; shared SG, SU: [Is, H]. xs: split xn [rows, H].
-// grid: (max(I, Is) / 64, max_tiles), block: 128.
-extern "C" __global__ void __launch_bounds__(128, 3) pf_moe_gate_up(
+// h = silu(G_e x) · (U_e x) for one tile of tokens and 128 intermediate rows per block (warp w
+// takes rows 16w .. 16w+15 of gate, its m block 0, and of up, its m block 1), written split
+// (hi/lo) for the down projection: routed pairs at their sorted position in h [rows·k, I], the
+// shared expert's rows in hs [rows, Is]. G, U: NVFP4 [E, I, H]; shared SG, SU: [Is, H].
+// xs: split xn [rows, H]. grid: (max(I, Is) / 128, max_tiles), block: 256, PF_MOE_SMEM bytes.
+extern "C" __global__ void __launch_bounds__(256, 2) pf_moe_gate_up(
     const unsigned* __restrict__ gc, const unsigned char* __restrict__ gs,
     const unsigned* __restrict__ uc, const unsigned char* __restrict__ us,
     const unsigned* __restrict__ sgc, const unsigned char* __restrict__ sgs,
     const unsigned* __restrict__ suc, const unsigned char* __restrict__ sus,
     const uint4* __restrict__ xs, const int* __restrict__ order, const int4* __restrict__ tiles,
     __nv_bfloat16* __restrict__ h, __nv_bfloat16* __restrict__ hs, int E, int H, int I, int Is, int k) {
+    extern __shared__ uint4 pf_smem[];
     const int4 tile = tiles[blockIdx.y];
     const bool shared = tile.x == E;
     const int width = shared ? Is : I;
-    const int o0 = blockIdx.x * 64;
+    const int o0 = blockIdx.x * 128;
     if (tile.z == 0 || o0 >= width) return;
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
     const int ntiles = (tile.z + 7) / 8;
-    const uint4* xrow[PF_NT];
-#pragma unroll
-    for (int nt = 0; nt < PF_NT; nt++) {
-        // Tokens past the tile's count read row `tile.y` (valid); their results are dropped.
-        const int j = nt * 8 + g < tile.z ? nt * 8 + g : 0;
-        const int row = shared ? tile.y + j : order[tile.y + j] / k;
-        xrow[nt] = xs + (size_t)row * (H / 4);
+    PfMoeSrc src;
+    const size_t ebase = shared ? 0 : (size_t)tile.x * I;
+    {
+        // Stage row ri: warp ri / 32, gate (ri % 32 < 16) or up, output row o0 + 16 (ri / 32) +
+        // ri % 16; this thread's rows ri = tid / 4 + 64 i are 32 i output rows apart.
+        const int ri = tid >> 2;
+        const size_t o = ebase + o0 + 16 * (ri >> 5) + (ri & 15);
+        const unsigned* cb = (ri & 16) ? (shared ? suc : uc) : (shared ? sgc : gc);
+        src.wbase = reinterpret_cast<const uint4*>(cb + o * (H / 8)) + (tid & 3);
+        src.wstride = 32 * (H / 32);
+        src.wmask = 15;
     }
-    const size_t wrow = (shared ? 0 : (size_t)tile.x * I) + o0 + warp * 16;
-    const unsigned* c0 = (shared ? sgc : gc) + wrow * (H / 8);
-    const unsigned* c1 = (shared ? suc : uc) + wrow * (H / 8);
-    const unsigned char* s0 = (shared ? sgs : gs) + wrow * (H / 16);
-    const unsigned char* s1 = (shared ? sus : us) + wrow * (H / 16);
+    src.abase = xs + (tid & 31);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int j = (tid >> 5) + 8 * i;
+        src.aoff[i] = j < tile.z ? (shared ? tile.y + j : order[tile.y + j] / k) * (H / 4) : -1;
+    }
+    {
+        // Scale row tid: the same stage row mapping.
+        const size_t o = ebase + o0 + 16 * (tid >> 5) + (tid & 15);
+        const unsigned char* sb = (tid & 16) ? (shared ? sus : us) : (shared ? sgs : gs);
+        src.ssrc = reinterpret_cast<const uint2*>(sb + o * (H / 16));
+    }
     float acc[2][PF_NT][4];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int nt = 0; nt < PF_NT; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[m][nt][c] = 0.f;
-    pf_nvfp4_mma(c0, s0, c1, s1, H, xrow, ntiles, acc);
+    pf_moe_mainloop(pf_smem, src, H, ntiles, acc);
     __nv_bfloat16* out = shared ? hs : h;
 #pragma unroll
     for (int nt = 0; nt < PF_NT; nt++) {
@@ -323,40 +395,41 @@ extern "C" __global__ void __launch_bounds__(128, 3) pf_moe_gate_up(
     }
 }
 
-// y = D_e h for one tile of tokens and 128 hidden rows per block (warp w: rows 32w .. 32w+31),
+// y = D_e h for one tile of tokens and 256 hidden rows per block (warp w: rows 32w .. 32w+31),
 // unweighted: routed pairs at their sorted position in y [rows·k + rows, H], the shared
 // expert's rows after them (row rows·k + r). D: NVFP4 [E, H, I]; SD: [H, Is].
-// grid: (H / 128, max_tiles), block: 128.
-extern "C" __global__ void __launch_bounds__(128, 3) pf_moe_down(
+// grid: (ceil(H / 256), max_tiles), block: 256, PF_MOE_SMEM bytes.
+extern "C" __global__ void __launch_bounds__(256, 2) pf_moe_down(
     const unsigned* __restrict__ dc, const unsigned char* __restrict__ ds,
     const unsigned* __restrict__ sdc, const unsigned char* __restrict__ sds,
     const uint4* __restrict__ h, const uint4* __restrict__ hs, const int4* __restrict__ tiles,
     float* __restrict__ y, int E, int H, int I, int Is, int pairs) {
+    extern __shared__ uint4 pf_smem[];
     const int4 tile = tiles[blockIdx.y];
     if (tile.z == 0) return;
     const bool shared = tile.x == E;
     const int K = shared ? Is : I;
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
     const int ntiles = (tile.z + 7) / 8;
-    const uint4* src = shared ? hs : h;
-    const uint4* xrow[PF_NT];
+    const int o0 = blockIdx.x * PF_MROWS;
+    const size_t ebase = shared ? 0 : (size_t)tile.x * H;
+    const unsigned* cb = shared ? sdc : dc;
+    const unsigned char* sb = shared ? sds : ds;
+    const uint4* hb = shared ? hs : h;
+    PfMoeSrc src;
+    src.wbase = reinterpret_cast<const uint4*>(cb + (ebase + o0 + (tid >> 2)) * (K / 8)) + (tid & 3);
+    src.wstride = 64 * (K / 32);
+    src.wmask = 0;
+    src.abase = hb + (tid & 31);
 #pragma unroll
-    for (int nt = 0; nt < PF_NT; nt++) {
-        const int j = nt * 8 + g < tile.z ? nt * 8 + g : 0;
-        xrow[nt] = src + (size_t)(tile.y + j) * (K / 4);
+    for (int i = 0; i < 4; i++) {
+        if (o0 + (tid >> 2) + 64 * i < H) src.wmask |= 1 << i;
+        const int j = (tid >> 5) + 8 * i;
+        src.aoff[i] = j < tile.z ? (tile.y + j) * (K / 4) : -1;
     }
-    const int o0 = blockIdx.x * 128 + warp * 32;
-    const size_t wrow = (shared ? 0 : (size_t)tile.x * H) + o0;
-    const unsigned* c0 = (shared ? sdc : dc) + wrow * (K / 8);
-    const unsigned char* s0 = (shared ? sds : ds) + wrow * (K / 16);
+    src.ssrc = o0 + tid < H ? reinterpret_cast<const uint2*>(sb + (ebase + o0 + tid) * (K / 16)) : nullptr;
     float acc[2][PF_NT][4];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int nt = 0; nt < PF_NT; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[m][nt][c] = 0.f;
-    pf_nvfp4_mma(c0, s0, c0 + 16 * (K / 8), s0 + 16 * (K / 16), K, xrow, ntiles, acc);
+    pf_moe_mainloop(pf_smem, src, K, ntiles, acc);
     const size_t ybase = shared ? (size_t)pairs + tile.y : (size_t)tile.y;
 #pragma unroll
     for (int nt = 0; nt < PF_NT; nt++) {
@@ -366,7 +439,8 @@ extern "C" __global__ void __launch_bounds__(128, 3) pf_moe_down(
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int j = nt * 8 + 2 * t + (c & 1);
-                if (j < tile.z) y[(ybase + j) * H + o0 + 16 * m + g + (c >> 1) * 8] = acc[m][nt][c];
+                const int o = o0 + warp * 32 + 16 * m + g + (c >> 1) * 8;
+                if (j < tile.z && o < H) y[(ybase + j) * H + o] = acc[m][nt][c];
             }
     }
 }
@@ -391,33 +465,79 @@ extern "C" __global__ void pf_moe_combine(const float* __restrict__ y, const int
 //
 // out[r, h, :] = softplus(g[r, h]) · Σ_j softmax_j(q·k_j / sqrt(D)) v_j over key positions
 // max(0, pos[r] - window + 1) ..= pos[r] (window 0: from 0), read from the cache at slot
-// position % ring (ring 0: the position). A block takes 64 query rows (16 per warp) of one head
-// and walks the union of their key ranges in tiles of 32 keys with an online softmax; q, k, P
-// and v are split hi/lo and each product is hi·hi + hi·lo + lo·hi (the lo·lo term is below f32
-// rounding). K and V tiles are staged in shared memory as bf16 hi/lo (V transposed for the
-// B fragments of P·V); rows are padded so that the fragment reads hit 32 distinct banks.
-// Keys at slots >= slots (a caller error) read as zeros rather than out of bounds.
+// position % ring (ring 0: the position). q, k, P and v are split hi/lo and each product is
+// hi·hi + hi·lo + lo·hi (the lo·lo term is below f32 rounding).
+//
+// pf_attn_split first writes the caches as bf16 hi/lo rows ([slot, kv head, hi|lo, D]). A block
+// of pf_attend then takes gb query heads of one kv group (sharing its keys) times rb blocks of
+// 16 query rows, one warp each (gb·rb <= 8 warps), and walks the union of their key ranges in
+// tiles of 32 keys with an online softmax; the tiles stream through a PF_ASTAGES-deep cp.async
+// pipeline in shared memory (rows padded to D + 8 bf16 so that ldmatrix hits distinct banks),
+// and the B fragments come from ldmatrix (K) and ldmatrix.trans (V). Keys past the block's
+// range or at slots >= slots (a caller error) read as zeros rather than out of bounds.
 
 #define PF_KT 32  // keys per tile
+#define PF_ASTAGES 3
+
+// Split f32 rows x [n / D, D] into bf16 [n / D, 2, D]: hi then lo. grid: ceil(n / 4 / 256), block: 256.
+extern "C" __global__ void pf_attn_split(const float* __restrict__ ck, const float* __restrict__ cv,
+                                         __nv_bfloat16* __restrict__ kx, __nv_bfloat16* __restrict__ vx,
+                                         long long n, int D) {
+    const long long u = ((long long)blockIdx.x * 256 + threadIdx.x) * 4;
+    if (u >= n) return;
+    const long long row = u / D;
+    const int d = (int)(u % D);
+    const float4 a = *reinterpret_cast<const float4*>(ck + u);
+    const float4 b = *reinterpret_cast<const float4*>(cv + u);
+    unsigned h0, l0, h1, l1;
+    pf_split2(a.x, a.y, h0, l0);
+    pf_split2(a.z, a.w, h1, l1);
+    *reinterpret_cast<uint2*>(kx + row * 2 * D + d) = make_uint2(h0, h1);
+    *reinterpret_cast<uint2*>(kx + row * 2 * D + D + d) = make_uint2(l0, l1);
+    pf_split2(b.x, b.y, h0, l0);
+    pf_split2(b.z, b.w, h1, l1);
+    *reinterpret_cast<uint2*>(vx + row * 2 * D + d) = make_uint2(h0, h1);
+    *reinterpret_cast<uint2*>(vx + row * 2 * D + D + d) = make_uint2(l0, l1);
+}
+
+__device__ __forceinline__ void pf_cp16z(void* dst, const void* src, bool ok) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
+}
+
+__device__ __forceinline__ void pf_ldsm4(unsigned s, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+}
+__device__ __forceinline__ void pf_ldsm4t(unsigned s, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+}
+
+// Shared memory of one pipeline stage: K then V, each [hi|lo][PF_KT][D + 8] bf16.
+template <int D>
+__device__ __forceinline__ constexpr int pf_astage() { return 2 * 2 * PF_KT * (D + 8); }
 
 template <int D>
-__device__ __forceinline__ void pf_attend(const float* __restrict__ q, const float* __restrict__ ck,
-                                          const float* __restrict__ cv, const float* __restrict__ gl,
-                                          const int* __restrict__ pos, float* __restrict__ out,
-                                          int rows, int heads, int kv_heads, int window, int ring, int slots) {
-    __shared__ __align__(16) __nv_bfloat16 ks[2][PF_KT][D + 8];
-    __shared__ __align__(16) __nv_bfloat16 vt[2][D][PF_KT + 8];
+__device__ __forceinline__ void pf_attend(const float* __restrict__ q, const __nv_bfloat16* __restrict__ kx,
+                                          const __nv_bfloat16* __restrict__ vx, const float* __restrict__ gl,
+                                          const int* __restrict__ pos, float* __restrict__ out, int rows,
+                                          int heads, int kv_heads, int window, int ring, int slots, int gb, int rb) {
+    extern __shared__ __align__(16) __nv_bfloat16 pf_asmem[];
     __shared__ int range[2];
+    constexpr int DP = D + 8;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
-    const int h = blockIdx.y, kvh = h / (heads / kv_heads);
-    // Later rows see more keys (causal): the last row block starts first.
-    const int r0 = (gridDim.x - 1 - blockIdx.x) * 64 + warp * 16;
-    const int ra = r0 + g, rb = r0 + g + 8;
-    // Visible key ranges of this thread's two rows (empty for rows past the end).
+    const int kvh = blockIdx.x, G = heads / kv_heads;
+    const int h = kvh * G + blockIdx.z * gb + warp % gb;
+    // Later rows see more keys (causal): the last row blocks (of every kv group) start first.
+    const int r0 = ((gridDim.y - 1 - blockIdx.y) * rb + warp / gb) * 16;
+    const int ra = r0 + g, rb8 = r0 + g + 8;
     const int big = 0x7fffffff;
     int lo_a = big, hi_a = -1, lo_b = big, hi_b = -1;
     if (ra < rows) { hi_a = pos[ra]; lo_a = window > 0 ? max(0, hi_a - window + 1) : 0; }
-    if (rb < rows) { hi_b = pos[rb]; lo_b = window > 0 ? max(0, hi_b - window + 1) : 0; }
+    if (rb8 < rows) { hi_b = pos[rb8]; lo_b = window > 0 ? max(0, hi_b - window + 1) : 0; }
     int wlo = min(lo_a, lo_b), whi = max(hi_a, hi_b);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -429,13 +549,30 @@ __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const flo
     if (lane == 0) { atomicMin(&range[0], wlo); atomicMax(&range[1], whi); }
     __syncthreads();
     const int kmin = range[0], kmax = range[1];
+    const int ntile = kmax >= kmin ? (kmax - kmin) / PF_KT + 1 : 0;
+    // Loads one tile into a stage: per key, 4 rows (K hi, K lo, V hi, V lo) of D / 8 16-byte parts.
+    auto load = [&](int it) {
+        __nv_bfloat16* st = pf_asmem + (it % PF_ASTAGES) * pf_astage<D>();
+        const int kt = kmin + it * PF_KT;
+        constexpr int PER_KEY = 4 * (D / 8);
+        for (int e = threadIdx.x; e < PF_KT * PER_KEY; e += blockDim.x) {
+            const int key = e / PER_KEY, rem = e % PER_KEY;
+            const int which = rem / (D / 8), part = rem % (D / 8);  // which: K hi, K lo, V hi, V lo
+            const int kp = kt + key;
+            const long long slot = ring > 0 ? kp % ring : kp;
+            const bool ok = kp <= kmax && slot < slots;
+            const __nv_bfloat16* base = which < 2 ? kx : vx;
+            const __nv_bfloat16* src = ok ? base + ((size_t)slot * kv_heads + kvh) * 2 * D + (which & 1) * D + part * 8 : base;
+            pf_cp16z(st + ((which >> 1) * 2 + (which & 1)) * PF_KT * DP + key * DP + part * 8, src, ok);
+        }
+    };
     // Q fragments, split, for the whole head dim.
     unsigned qh[D / 16][4], ql[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
         for (int f = 0; f < 4; f++) {
-            const int row = (f & 1) ? rb : ra;
+            const int row = (f & 1) ? rb8 : ra;
             const int col = kk * 16 + 2 * t + (f >> 1) * 8;
             float2 v = make_float2(0.f, 0.f);
             if (row < rows) v = *reinterpret_cast<const float2*>(q + ((size_t)row * heads + h) * D + col);
@@ -449,50 +586,41 @@ __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const flo
     const float ninf = -__int_as_float(0x7f800000);
     float m_a = ninf, m_b = ninf, l_a = 0.f, l_b = 0.f;
     const float scale = rsqrtf((float)D);
-    for (int kt = kmin; kt <= kmax; kt += PF_KT) {
-        __syncthreads();
-        for (int e = threadIdx.x; e < PF_KT * D / 4; e += blockDim.x) {
-            const int key = e / (D / 4), d = (e % (D / 4)) * 4;
-            const int kp = kt + key;
-            const long long slot = ring > 0 ? kp % ring : kp;
-            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-            if (kp <= kmax && slot < slots) {
-                const size_t at = ((size_t)slot * kv_heads + kvh) * D + d;
-                kv = *reinterpret_cast<const float4*>(ck + at);
-                vv = *reinterpret_cast<const float4*>(cv + at);
-            }
-            unsigned h0, l0, h1, l1;
-            pf_split2(kv.x, kv.y, h0, l0);
-            pf_split2(kv.z, kv.w, h1, l1);
-            *reinterpret_cast<uint2*>(&ks[0][key][d]) = make_uint2(h0, h1);
-            *reinterpret_cast<uint2*>(&ks[1][key][d]) = make_uint2(l0, l1);
-            const float vf[4] = {vv.x, vv.y, vv.z, vv.w};
+    // ldmatrix lane roles: matrix mi = lane / 8 (hi/lo = mi / 2, second half = mi % 2), row lane % 8.
+    const int mi = lane >> 3, mr = lane & 7;
+    const unsigned smem0 = (unsigned)__cvta_generic_to_shared(pf_asmem);
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const __nv_bfloat16 vh = __float2bfloat16_rn(vf[j]);
-                vt[0][d + j][key] = vh;
-                vt[1][d + j][key] = __float2bfloat16_rn(vf[j] - __bfloat162float(vh));
-            }
-        }
+    for (int s = 0; s < PF_ASTAGES - 1; s++) {
+        if (s < ntile) load(s);
+        pf_cp_commit();
+    }
+    for (int it = 0; it < ntile; it++) {
+        pf_cp_wait<PF_ASTAGES - 2>();
         __syncthreads();
+        if (it + PF_ASTAGES - 1 < ntile) load(it + PF_ASTAGES - 1);
+        pf_cp_commit();
+        const int kt = kmin + it * PF_KT;
         if (kt > whi || kt + PF_KT - 1 < wlo) continue;  // no row of this warp sees the tile
+        // Shared addresses of this lane's ldmatrix rows in the stage's K and V.
+        // K: matrix mi = (hi/lo mi / 2, dims + 8 (mi % 2)), row = key; V: (hi/lo, keys + 8 (mi % 2)).
+        const int sto = (it % PF_ASTAGES) * pf_astage<D>() + (mi >> 1) * PF_KT * DP;
+        const unsigned ks = smem0 + (unsigned)(sto + mr * DP + (mi & 1) * 8) * 2;
+        const unsigned vs = smem0 + (unsigned)(sto + 2 * PF_KT * DP + ((mi & 1) * 8 + mr) * DP) * 2;
         float s[PF_KT / 8][4];
 #pragma unroll
-        for (int n = 0; n < PF_KT / 8; n++) {
+        for (int n = 0; n < PF_KT / 8; n++)
 #pragma unroll
             for (int c = 0; c < 4; c++) s[n][c] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const int key = n * 8 + g, d = kk * 16 + 2 * t;
-                const unsigned bh0 = *reinterpret_cast<const unsigned*>(&ks[0][key][d]);
-                const unsigned bh1 = *reinterpret_cast<const unsigned*>(&ks[0][key][d + 8]);
-                const unsigned bl0 = *reinterpret_cast<const unsigned*>(&ks[1][key][d]);
-                const unsigned bl1 = *reinterpret_cast<const unsigned*>(&ks[1][key][d + 8]);
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < PF_KT / 8; n++) {
+                unsigned bh0, bh1, bl0, bl1;
+                pf_ldsm4(ks + (n * 8 * DP + kk * 16) * 2, bh0, bh1, bl0, bl1);
                 pf_mma(s[n], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], bh0, bh1);
                 pf_mma(s[n], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], bl0, bl1);
                 pf_mma(s[n], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], bh0, bh1);
             }
-        }
         // Mask, then the online softmax (row max and sum over the 4 lanes sharing a row).
         float mx_a = ninf, mx_b = ninf;
 #pragma unroll
@@ -549,21 +677,19 @@ __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const flo
             pf_split2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
 #pragma unroll
             for (int n = 0; n < D / 8; n++) {
-                const int d = n * 8 + g, key = j * 16 + 2 * t;
-                const unsigned bh0 = *reinterpret_cast<const unsigned*>(&vt[0][d][key]);
-                const unsigned bh1 = *reinterpret_cast<const unsigned*>(&vt[0][d][key + 8]);
-                const unsigned bl0 = *reinterpret_cast<const unsigned*>(&vt[1][d][key]);
-                const unsigned bl1 = *reinterpret_cast<const unsigned*>(&vt[1][d][key + 8]);
+                unsigned bh0, bh1, bl0, bl1;
+                pf_ldsm4t(vs + (j * 16 * DP + n * 8) * 2, bh0, bh1, bl0, bl1);
                 pf_mma(o_acc[n], ph[0], ph[1], ph[2], ph[3], bh0, bh1);
                 pf_mma(o_acc[n], ph[0], ph[1], ph[2], ph[3], bl0, bl1);
                 pf_mma(o_acc[n], pl[0], pl[1], pl[2], pl[3], bh0, bh1);
             }
         }
     }
+    pf_cp_wait<0>();
     // out = gate · O / l.
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        const int row = half ? rb : ra;
+        const int row = half ? rb8 : ra;
         if (row >= rows) continue;
         const float l = half ? l_b : l_a;
         const float x = gl[(size_t)row * heads + h];
@@ -576,13 +702,16 @@ __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const flo
     }
 }
 
-// grid: (ceil(rows / 64), heads), block: 128.
+// kx, vx: pf_attn_split of the caches. gb heads of a kv group × rb blocks of 16 rows per block.
+// grid: (kv_heads, ceil(rows / (16 rb)), heads / kv_heads / gb), block: 32 gb rb (<= 256),
+// dynamic shared memory PF_ASTAGES · 256 · (D + 8) bytes.
 #define PF_ATTEND(DIM)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) pf_attend_d##DIM(                                      \
-        const float* __restrict__ q, const float* __restrict__ ck, const float* __restrict__ cv,             \
-        const float* __restrict__ gl, const int* __restrict__ pos, float* __restrict__ out, int rows,        \
-        int heads, int kv_heads, int window, int ring, int slots) {                                          \
-        pf_attend<DIM>(q, ck, cv, gl, pos, out, rows, heads, kv_heads, window, ring, slots);                 \
+    extern "C" __global__ void __launch_bounds__(256, 1) pf_attend_d##DIM(                                   \
+        const float* __restrict__ q, const __nv_bfloat16* __restrict__ kx,                                   \
+        const __nv_bfloat16* __restrict__ vx, const float* __restrict__ gl, const int* __restrict__ pos,     \
+        float* __restrict__ out, int rows, int heads, int kv_heads, int window, int ring, int slots, int gb, \
+        int rb) {                                                                                            \
+        pf_attend<DIM>(q, kx, vx, gl, pos, out, rows, heads, kv_heads, window, ring, slots, gb, rb);         \
     }
 PF_ATTEND(32)
 PF_ATTEND(64)

@@ -37,8 +37,7 @@ impl Gpu {
         let cfg = launch_cfg((rows as u32, 1), 256, 0);
         // SAFETY: argument types and sizes match the kernel signature; shapes checked above.
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch(&f)
                 .arg(embed)
                 .arg(tokens)
                 .arg(x)
@@ -67,8 +66,7 @@ impl Gpu {
         let cfg = launch_cfg((rows as u32, 1), 256, 0);
         // SAFETY: as above.
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch(&f)
                 .arg(x)
                 .arg(w)
                 .arg(out)
@@ -132,7 +130,7 @@ impl Gpu {
             let f = self.function("dense", &name)?;
             let grid = self.persistent_grid(&f, 256, shared, out.div_ceil(8))?;
             let cfg = launch_cfg((grid, 1), 256, shared as u32);
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch(&f);
             b.arg(w).arg(&xs);
             match norm {
                 Some((nw, _)) => b.arg(nw),
@@ -160,12 +158,11 @@ impl Gpu {
         let nn = n as i32;
         // SAFETY: as above.
         unsafe {
-            self.stream
-                .launch_builder(&f)
-                .arg(gu)
-                .arg(a)
-                .arg(&nn)
-                .launch(launch_cfg((blocks(n, 256), rows as u32), 256, 0))
+            self.launch(&f).arg(gu).arg(a).arg(&nn).launch(launch_cfg(
+                (blocks(n, 256), rows as u32),
+                256,
+                0,
+            ))
         }?;
         Ok(())
     }
@@ -185,14 +182,7 @@ impl Gpu {
         let v = vocab as i32;
         let cfg = launch_cfg((rows as u32, 1), 1024, 0);
         // SAFETY: as above.
-        unsafe {
-            self.stream
-                .launch_builder(&f)
-                .arg(logits)
-                .arg(&v)
-                .arg(out)
-                .launch(cfg)
-        }?;
+        unsafe { self.launch(&f).arg(logits).arg(&v).arg(out).launch(cfg) }?;
         Ok(())
     }
 }

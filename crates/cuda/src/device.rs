@@ -44,6 +44,7 @@ pub struct Gpu {
     arch: &'static str,
     include: PathBuf,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    pdl_on: std::sync::atomic::AtomicBool,
 }
 
 /// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
@@ -120,6 +121,7 @@ impl Gpu {
             arch,
             include,
             modules: Mutex::new(HashMap::new()),
+            pdl_on: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -210,4 +212,150 @@ fn write_cache(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
     let tmp = path.with_extension("ptx.partial");
     std::fs::write(&tmp, text)?;
     std::fs::rename(tmp, path)
+}
+
+/// A kernel launch that may overlap its predecessor's tail: a programmatic dependent launch
+/// (Hopper and later), captured into CUDA graphs as a programmatic edge. The kernel is started
+/// while the previous one still runs, so its launch latency and the loads that do not depend on
+/// the previous kernel (weights, older KV-cache rows) overlap it. Every kernel launched this way
+/// calls `pdl_wait()` (common.cuh) before it reads anything an earlier kernel of the stream wrote
+/// or writes anything one reads; before that it only loads constant data.
+pub(crate) struct Launch<'a> {
+    gpu: &'a Gpu,
+    f: &'a CudaFunction,
+    args: Vec<*mut std::ffi::c_void>,
+    /// Device pointers of slice arguments, boxed so their addresses stay put until the launch
+    /// (a plain Vec would move them when it grows).
+    #[allow(clippy::vec_box)]
+    ptrs: Vec<Box<u64>>,
+}
+
+impl Gpu {
+    /// A launch builder for `f` on this GPU's stream (see [`Launch`]).
+    pub(crate) fn launch<'a>(&'a self, f: &'a CudaFunction) -> Launch<'a> {
+        Launch {
+            gpu: self,
+            f,
+            args: Vec::with_capacity(24),
+            ptrs: Vec::with_capacity(16),
+        }
+    }
+
+    /// Whether launches are programmatic: only inside a decode step (`CudaTarget` turns it on),
+    /// whose kernels are all ours and all wait properly; the prefill path interleaves cuBLAS and
+    /// other kernels, and ran wrong with it. Needs compute capability 9.0; `FASTDECODE_PDL=0`
+    /// turns it off (to measure what it buys).
+    fn pdl(&self) -> bool {
+        self.pdl_on.load(std::sync::atomic::Ordering::Relaxed)
+            && (self.arch.starts_with("sm_9") || self.arch.starts_with("sm_1"))
+            && std::env::var("FASTDECODE_PDL").map_or(true, |v| v != "0")
+    }
+
+    /// Turns programmatic dependent launches on or off for the launches that follow.
+    pub(crate) fn set_pdl(&self, on: bool) {
+        self.pdl_on.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Launch<'_> {
+    fn push_ptr(&mut self, p: u64) -> &mut Self {
+        let b = Box::new(p);
+        self.args.push(&*b as *const u64 as *mut std::ffi::c_void);
+        self.ptrs.push(b);
+        self
+    }
+
+    /// Launches the kernel with the arguments pushed so far.
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters in number, order and type, and the
+    /// kernel must stay within the buffers it is given.
+    pub(crate) unsafe fn launch(
+        &mut self,
+        cfg: cudarc::driver::LaunchConfig,
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        use cudarc::driver::sys;
+        self.gpu.ctx.bind_to_thread()?;
+        // SAFETY: an all-zero attribute value is valid; the field set below is the one the id names.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.gpu.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: self.gpu.pdl() as u32,
+        };
+        // SAFETY: the caller vouches for the arguments; the pointers in `args` live in `self`
+        // (boxed device pointers) or in the caller's borrowed scalars, both outliving the call.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.f.cu_function(),
+                self.args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()
+        }
+    }
+}
+
+macro_rules! scalar_args {
+    ($($t:ty),*) => {$(
+        // SAFETY: a plain value passed by address, read by the driver at launch.
+        unsafe impl<'a, 'b: 'a> cudarc::driver::PushKernelArg<&'b $t> for Launch<'a> {
+            fn arg(&mut self, arg: &'b $t) -> &mut Self {
+                self.args.push(arg as *const $t as *mut std::ffi::c_void);
+                self
+            }
+        }
+    )*};
+}
+scalar_args!(i32, u32, f32, u64);
+
+// SAFETY (all four): the device pointer is copied into `ptrs` and passed by address.
+unsafe impl<'a, 'b: 'a, T> cudarc::driver::PushKernelArg<&'b cudarc::driver::CudaSlice<T>>
+    for Launch<'a>
+{
+    fn arg(&mut self, arg: &'b cudarc::driver::CudaSlice<T>) -> &mut Self {
+        use cudarc::driver::DevicePtr;
+        let (p, _sync) = arg.device_ptr(&self.gpu.stream);
+        self.push_ptr(p)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, T> cudarc::driver::PushKernelArg<&'b mut cudarc::driver::CudaSlice<T>>
+    for Launch<'a>
+{
+    fn arg(&mut self, arg: &'b mut cudarc::driver::CudaSlice<T>) -> &mut Self {
+        use cudarc::driver::DevicePtrMut;
+        let (p, _sync) = arg.device_ptr_mut(&self.gpu.stream);
+        self.push_ptr(p)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, 'c: 'b, T>
+    cudarc::driver::PushKernelArg<&'b cudarc::driver::CudaView<'c, T>> for Launch<'a>
+{
+    fn arg(&mut self, arg: &'b cudarc::driver::CudaView<'c, T>) -> &mut Self {
+        use cudarc::driver::DevicePtr;
+        let (p, _sync) = arg.device_ptr(&self.gpu.stream);
+        self.push_ptr(p)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, 'c: 'b, T>
+    cudarc::driver::PushKernelArg<&'b mut cudarc::driver::CudaViewMut<'c, T>> for Launch<'a>
+{
+    fn arg(&mut self, arg: &'b mut cudarc::driver::CudaViewMut<'c, T>) -> &mut Self {
+        use cudarc::driver::DevicePtrMut;
+        let (p, _sync) = arg.device_ptr_mut(&self.gpu.stream);
+        self.push_ptr(p)
+    }
 }

@@ -137,8 +137,7 @@ impl Gpu {
         // SAFETY: argument types match the kernel; shapes checked above; the caller sized the
         // cache for these positions.
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch(&f)
                 .arg(qkvg)
                 .arg(&ints[0])
                 .arg(q_norm)
@@ -193,7 +192,7 @@ impl Gpu {
             )));
         }
         let g = h / kvh;
-        let shared = (g * d + ATT_TILE * (d + 1) + ATT_TILE * d + ATT_WARPS * d) * 4;
+        let shared = (g * d + ATT_TILE * (d + 1) + ATT_TILE * d + 2 * ATT_WARPS * d + d) * 4;
         let f = self.function("attention", "attend_decode")?;
         let ints = [
             shape.width(),
@@ -212,8 +211,7 @@ impl Gpu {
         };
         // SAFETY: as above; `counters` is zero between launches (the kernel resets it).
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch(&f)
                 .arg(qkvg)
                 .arg(&ints[0])
                 .arg(q_norm)
@@ -262,8 +260,7 @@ impl Gpu {
         let (ee, kk, n) = (e as i32, k as i32, norm_topk as i32);
         // SAFETY: as above.
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch(&f)
                 .arg(logits)
                 .arg(bias)
                 .arg(ids)
@@ -272,13 +269,13 @@ impl Gpu {
                 .arg(&kk)
                 .arg(&n)
                 .arg(&softcap)
-                .launch(launch_cfg((rows as u32, 1), 256, 0))
+                .launch(launch_cfg((rows as u32, 1), 1024, 0))
         }?;
         Ok(())
     }
 
-    /// The whole router of up to 16 rows: `xn = RMSNorm(x)`, logits (a norm-fused GEMV), top-k
-    /// ids and weights (one block).
+    /// The whole router of up to 16 rows in one launch: `xn = RMSNorm(x)`, logits, top-k ids and
+    /// weights. `counter` is zero between launches (the kernel resets it).
     #[allow(clippy::too_many_arguments)]
     pub fn router(
         &self,
@@ -295,6 +292,7 @@ impl Gpu {
         logits: &mut CudaViewMut<f32>,
         ids: &mut CudaViewMut<i32>,
         wts: &mut CudaViewMut<f32>,
+        counter: &mut CudaSlice<u32>,
     ) -> Result<()> {
         shape.check()?;
         rows_ok("router", rows)?;
@@ -310,37 +308,29 @@ impl Gpu {
                 "router: buffers too small for {rows} rows of {e} experts"
             )));
         }
-        self.gemv_bf16(
-            &w.as_view(),
-            x,
-            Some((&norm.as_view(), eps)),
-            logits,
-            e,
-            hd,
-            rows,
-            false,
-        )?;
-        let f = self.function("moe", "router_select")?;
+        let f = self.function("moe", &format!("router_{}", rows.next_power_of_two()))?;
+        let grid = self.persistent_grid(&f, 256, 0, e.div_ceil(8))?;
         let ints = [e, hd, k, norm_topk as usize, rows].map(|v| v as i32);
         // SAFETY: argument types match the kernel; shapes checked above.
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch(&f)
                 .arg(x)
                 .arg(norm)
                 .arg(&eps)
-                .arg(logits)
+                .arg(w)
                 .arg(bias)
                 .arg(xn)
+                .arg(logits)
                 .arg(ids)
                 .arg(wts)
+                .arg(counter)
                 .arg(&ints[0])
                 .arg(&ints[1])
                 .arg(&ints[2])
                 .arg(&ints[3])
                 .arg(&softcap)
                 .arg(&ints[4])
-                .launch(launch_cfg((1, 1), 256, 0))
+                .launch(launch_cfg((grid, 1), 256, 0))
         }?;
         Ok(())
     }
@@ -376,8 +366,7 @@ impl Gpu {
         };
         // SAFETY: as above.
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch(&f)
                 .arg(xn)
                 .arg(ids)
                 .arg(&gate.codes)
@@ -435,8 +424,7 @@ impl Gpu {
         );
         // SAFETY: as above.
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch(&f)
                 .arg(h)
                 .arg(ids)
                 .arg(wts)

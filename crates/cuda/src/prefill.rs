@@ -18,10 +18,15 @@ use crate::ops::{DevNvfp4, MoeShape};
 
 /// Tokens per MoE work tile (`PF_TOK` in the kernels).
 const MOE_TILE: usize = 32;
-/// Experts the MoE sort kernel can count (its shared-memory tables).
+/// Weight rows per MoE GEMM block (`PF_MROWS`).
+const MOE_ROWS: usize = 256;
+/// Dynamic shared memory of the MoE GEMM blocks (`PF_MOE_SMEM`: 3 stages of 256 weight rows
+/// of 128 NVFP4 columns with their scales, and 32 tokens of 128 split columns, padded).
+const MOE_SMEM: u32 = 3 * (256 * 64 + 256 * 8 + 32 * 576);
+/// Experts the MoE tile kernel can scan (one thread each).
 pub const MOE_MAX_EXPERTS: usize = 1024;
-/// Query rows per attention block (`64` in `pf_attend`).
-const ATTEND_ROWS: usize = 64;
+/// Pipeline stages of the attention kernels (`PF_ASTAGES`).
+const ATTEND_STAGES: usize = 3;
 
 fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
     if cond {
@@ -40,6 +45,15 @@ pub struct MoeWeights<'a> {
     pub shared_gate: &'a DevNvfp4,
     pub shared_up: &'a DevNvfp4,
     pub shared_down: &'a DevNvfp4,
+}
+
+/// Lets `f` take `bytes` of dynamic shared memory (over the 48 KiB default).
+fn set_smem(f: &cudarc::driver::CudaFunction, bytes: u32) -> Result<()> {
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )?;
+    Ok(())
 }
 
 fn nvfp4_is(w: &DevNvfp4, rows: usize, cols: usize) -> bool {
@@ -176,9 +190,11 @@ impl Gpu {
     /// `x[r] += scaling · Σ_s wts[r,s] · D_e(silu(G_e xn_r) · U_e xn_r) + D_sh(silu(G_sh xn_r) · U_sh xn_r)`
     /// with `e = ids[r, s]` (the output of `router_topk`: `[rows, k]`, ascending experts).
     ///
-    /// The (row, slot) pairs are grouped by expert on the GPU (rows ascending), each expert's
-    /// tokens run as tiles of up to 32 through grouped GEMMs that dequantise NVFP4 in registers
-    /// (each expert's weights are read once per 32 tokens), and the combine adds the slots in
+    /// The (row, slot) pairs are grouped by expert on the GPU (a warp per expert, then a scan
+    /// into work tiles), each expert's tokens run as tiles of up to 32 through grouped GEMMs
+    /// that stream NVFP4 weights and the tile's activations through a 3-stage cp.async
+    /// pipeline in shared memory and dequantise in registers (each expert's weights are read
+    /// once per 32 tokens), and the combine adds the slots in
     /// ascending expert order: no float atomics, the same bits every run. Needs `hidden`,
     /// `inter` and `shared_inter` multiples of 128, `experts <= 1024`, and 16-byte aligned `xn`.
     /// Scratch of about `rows · (4·hidden + (k + 1)·(4·hidden + 4·inter))` bytes comes from the stream.
@@ -240,12 +256,13 @@ impl Gpu {
         let pairs = rows * k;
         let max_tiles = rows.div_ceil(MOE_TILE) + pairs.div_ceil(MOE_TILE) + e.min(pairs);
         // Scratch, each fully written before it is read: xs by pf_split_perm; order, pos and
-        // tiles by pf_moe_sort (order only where tiles point); h, hs by pf_moe_gate_up for every
+        // cnt by pf_moe_place (order only where tiles point), tiles by pf_moe_tiles; h, hs by pf_moe_gate_up for every
         // tile row; y by pf_moe_down for every placed pair and every shared row.
         let mut xs = scratch::<u32>(self, rows * hd)?;
         let mut order = scratch::<i32>(self, pairs)?;
         let mut pos = scratch::<i32>(self, pairs)?;
         let mut tiles = scratch::<i32>(self, 4 * max_tiles)?;
+        let mut cnt = scratch::<i32>(self, e)?;
         let mut h = scratch::<bf16>(self, 2 * pairs * it)?;
         let mut hs = scratch::<bf16>(self, 2 * rows * is)?;
         let mut y = scratch::<f32>(self, (pairs + rows) * hd)?;
@@ -275,7 +292,10 @@ impl Gpu {
                     0,
                 ))
         }?;
-        let f = self.function("prefill", "pf_moe_sort")?;
+        // ids go through shared memory when they fit the default 48 KiB.
+        let staged = i32::from(pairs * 4 <= 48 * 1024);
+        let sid_bytes = if staged != 0 { (pairs * 4) as u32 } else { 0 };
+        let f = self.function("prefill", "pf_moe_place")?;
         unsafe {
             self.stream
                 .launch_builder(&f)
@@ -285,11 +305,23 @@ impl Gpu {
                 .arg(&ei)
                 .arg(&mut order)
                 .arg(&mut pos)
+                .arg(&mut cnt)
+                .arg(&staged)
+                .launch(launch_cfg((e.div_ceil(8) as u32, 1), 256, sid_bytes))
+        }?;
+        let f = self.function("prefill", "pf_moe_tiles")?;
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(&cnt)
+                .arg(&ri)
+                .arg(&ei)
                 .arg(&mut tiles)
                 .arg(&mt)
                 .launch(launch_cfg((1, 1), 1024, 0))
         }?;
         let f = self.function("prefill", "pf_moe_gate_up")?;
+        set_smem(&f, MOE_SMEM)?;
         unsafe {
             self.stream
                 .launch_builder(&f)
@@ -312,12 +344,13 @@ impl Gpu {
                 .arg(&isi)
                 .arg(&ki)
                 .launch(launch_cfg(
-                    ((it.max(is) / 64) as u32, max_tiles as u32),
-                    128,
-                    0,
+                    ((it.max(is) / 128) as u32, max_tiles as u32),
+                    256,
+                    MOE_SMEM,
                 ))
         }?;
         let f = self.function("prefill", "pf_moe_down")?;
+        set_smem(&f, MOE_SMEM)?;
         unsafe {
             self.stream
                 .launch_builder(&f)
@@ -334,7 +367,11 @@ impl Gpu {
                 .arg(&ii)
                 .arg(&isi)
                 .arg(&pi)
-                .launch(launch_cfg(((hd / 128) as u32, max_tiles as u32), 128, 0))
+                .launch(launch_cfg(
+                    (hd.div_ceil(MOE_ROWS) as u32, max_tiles as u32),
+                    256,
+                    MOE_SMEM,
+                ))
         }?;
         let f = self.function("prefill", "pf_moe_combine")?;
         unsafe {
@@ -357,9 +394,11 @@ impl Gpu {
     /// `attend`): `q [rows, heads, d]` (normed and roped), caches `[slots, kv_heads, d]` holding
     /// every key the rows see (position p at slot `p % ring`, or `p` when `ring` is 0), `g [rows,
     /// heads]` gate logits, `pos [rows]`, `out [rows, heads, d]`. Row r sees key positions
-    /// `max(0, pos - window + 1) ..= pos` (`window` 0: all). Flash-style: 64 query rows of one
-    /// head per block, tiles of 32 keys, online softmax, q/k/P/v split hi/lo (about f32
-    /// accuracy). `d` is 32, 64 or 128; any row count and key count. A key whose slot lies past
+    /// `max(0, pos - window + 1) ..= pos` (`window` 0: all). Flash-style: the caches are first
+    /// split into bf16 hi/lo rows (scratch of `8 · slots · kv_heads · d` bytes from the stream),
+    /// then a block takes up to 8 query heads of one kv group (sharing its keys) × blocks of 16
+    /// rows, a warp each, and streams tiles of 32 keys through a 3-stage cp.async pipeline with
+    /// an online softmax; q/k/P/v split hi/lo (about f32 accuracy). `d` is 32, 64 or 128; any row count and key count. A key whose slot lies past
     /// the cache reads as zeros instead of out of bounds.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_prefill(
@@ -421,22 +460,52 @@ impl Gpu {
         if rows == 0 {
             return Ok(());
         }
+        // kx, vx: the caches as bf16 hi/lo rows, written in full by pf_attn_split.
+        let n = slots * kvd;
+        let mut kx = scratch::<bf16>(self, 2 * n)?;
+        let mut vx = scratch::<bf16>(self, 2 * n)?;
+        let f = self.function("prefill", "pf_attn_split")?;
+        let (nn, di) = (n as i64, d as i32);
+        // SAFETY: argument types match pf_attn_split; ck, cv hold n floats, kx, vx 2n bf16.
+        unsafe {
+            self.stream
+                .launch_builder(&f)
+                .arg(ck)
+                .arg(cv)
+                .arg(&mut kx)
+                .arg(&mut vx)
+                .arg(&nn)
+                .arg(&di)
+                .launch(launch_cfg(((n / 4).div_ceil(256) as u32, 1), 256, 0))
+        }?;
+        // A block: gb heads of one kv group (the largest divisor of the group <= 8) times rb
+        // blocks of 16 rows, a warp each.
+        let group = heads / kv_heads;
+        let gb = (1..=group.min(8))
+            .rev()
+            .find(|b| group.is_multiple_of(*b))
+            .unwrap_or(1);
+        let rb = 8 / gb;
+        let smem = (ATTEND_STAGES * 256 * (d + 8)) as u32;
         let f = self.function("prefill", name)?;
-        let (ri, h, kvh, wi, rg, sl) = (
+        set_smem(&f, smem)?;
+        let (ri, h, kvh, wi, rg, sl, gbi, rbi) = (
             rows as i32,
             heads as i32,
             kv_heads as i32,
             window as i32,
             ring as i32,
             slots as i32,
+            gb as i32,
+            rb as i32,
         );
         // SAFETY: argument types match pf_attend_d*; sizes checked above.
         unsafe {
             self.stream
                 .launch_builder(&f)
                 .arg(q)
-                .arg(ck)
-                .arg(cv)
+                .arg(&kx)
+                .arg(&vx)
                 .arg(g)
                 .arg(pos)
                 .arg(out)
@@ -446,11 +515,17 @@ impl Gpu {
                 .arg(&wi)
                 .arg(&rg)
                 .arg(&sl)
-                .launch(launch_cfg(
-                    (rows.div_ceil(ATTEND_ROWS) as u32, heads as u32),
-                    128,
-                    0,
-                ))
+                .arg(&gbi)
+                .arg(&rbi)
+                .launch(cudarc::driver::LaunchConfig {
+                    grid_dim: (
+                        kv_heads as u32,
+                        rows.div_ceil(16 * rb) as u32,
+                        (group / gb) as u32,
+                    ),
+                    block_dim: (32 * (gb * rb) as u32, 1, 1),
+                    shared_mem_bytes: smem,
+                })
         }?;
         Ok(())
     }

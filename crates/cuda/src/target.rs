@@ -18,6 +18,7 @@ use fastdecode_cpu::ForwardOut;
 use crate::error::{CudaError, Result};
 use crate::model::{moe_shape, CudaModel, DevFfn};
 use crate::ops::{AttnShape, ATT_SPLITS, MAX_ROWS};
+use crate::prefill::MoeWeights;
 
 /// Scratch activations and step inputs for one launch of up to `MAX_ROWS` rows, allocated once.
 struct Scratch {
@@ -37,6 +38,7 @@ struct Scratch {
     logits: CudaSlice<f32>,
     part: CudaSlice<f32>,
     att_counters: CudaSlice<u32>,
+    router_counter: CudaSlice<u32>,
     taps: CudaSlice<f32>,
 }
 
@@ -57,6 +59,7 @@ pub struct CudaTarget {
     len: usize,
     max_positions: usize,
     s: Scratch,
+    p: Option<PrefillScratch>,
     graphs: HashMap<(usize, Logits), CudaGraph>,
     /// Replay steps as CUDA graphs (default); off, every kernel is launched one by one.
     pub use_graphs: bool,
@@ -65,8 +68,36 @@ pub struct CudaTarget {
     pub profiler: Option<crate::profile::Profiler>,
 }
 
-/// Rows of one step and of the ring margin of sliding layers.
+/// Rows of one step (a decode step or a verify block): the GEMV kernels' row limit.
 const CHUNK: usize = MAX_ROWS;
+/// Rows of one prefill launch sequence. Longer runs of rows take the prefill path: tensor-core
+/// GEMMs (bf16 hi/lo split, about f32-accurate), flash-style attention and grouped NVFP4 expert
+/// GEMMs. Its rows differ from the step path's in the last bits (other summation orders), which
+/// is fine: a prefill is shared by every decoding policy, while verify blocks, whose rows must
+/// match serial decoding bit for bit, always take the step path.
+pub const PREFILL_CHUNK: usize = 512;
+/// Slots a sliding layer's ring holds beyond its window: the most rows one launch writes.
+const RING_MARGIN: usize = PREFILL_CHUNK;
+
+/// Activations of one prefill chunk, allocated on the first prefill.
+struct PrefillScratch {
+    tok: CudaSlice<i32>,
+    pos: CudaSlice<i32>,
+    next: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    qkvg: CudaSlice<f32>,
+    g: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    router_logits: CudaSlice<f32>,
+    ids: CudaSlice<i32>,
+    wts: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    gate_up: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    logits: Option<CudaSlice<f32>>,
+}
 
 impl CudaTarget {
     /// A session for verify blocks of up to `max_block` rows and contexts of up to `max_positions`.
@@ -82,7 +113,7 @@ impl CudaTarget {
         let mut kv = vec![];
         for l in &model.layers {
             let slots = if l.window > 0 {
-                l.window + CHUNK
+                l.window + RING_MARGIN
             } else {
                 max_positions
             };
@@ -117,6 +148,7 @@ impl CudaTarget {
             logits: st.alloc_zeros(n * c.vocab_size)?,
             part: st.alloc_zeros(n * hmax * ATT_SPLITS * (d + 2))?,
             att_counters: st.alloc_zeros(n * c.num_key_value_heads)?,
+            router_counter: st.alloc_zeros(1)?,
             taps: st.alloc_zeros(n * c.num_hidden_layers * h)?,
         };
         Ok(CudaTarget {
@@ -125,6 +157,7 @@ impl CudaTarget {
             len: 0,
             max_positions,
             s,
+            p: None,
             graphs: HashMap::new(),
             use_graphs: true,
             profiler: None,
@@ -197,15 +230,25 @@ impl CudaTarget {
             logits: Vec::with_capacity(tokens.len() * vocab),
             taps: Vec::with_capacity(tokens.len() * taps.len() * h),
         };
-        for start in (0..tokens.len()).step_by(CHUNK) {
-            let end = (start + CHUNK).min(tokens.len());
-            let n = end - start;
-            self.step(&tokens[start..end], self.len, taps, Logits::All)?;
-            let st = &self.model.gpu.stream;
-            out.logits
-                .extend(st.clone_dtoh(&self.s.logits.slice(0..n * vocab))?);
-            out.taps
-                .extend(st.clone_dtoh(&self.s.taps.slice(0..n * taps.len() * h))?);
+        let mut start = 0;
+        while start < tokens.len() {
+            let n = chunk_rows(tokens.len() - start, taps);
+            let rows = &tokens[start..start + n];
+            let st = self.model.gpu.stream.clone();
+            if n > CHUNK {
+                self.prefill(rows, self.len, Logits::All)?;
+                let p = self.p.as_ref().expect("allocated by prefill");
+                let logits = p.logits.as_ref().expect("allocated for all-row logits");
+                out.logits
+                    .extend(st.clone_dtoh(&logits.slice(0..n * vocab))?);
+            } else {
+                self.step(rows, self.len, taps, Logits::All)?;
+                out.logits
+                    .extend(st.clone_dtoh(&self.s.logits.slice(0..n * vocab))?);
+                out.taps
+                    .extend(st.clone_dtoh(&self.s.taps.slice(0..n * taps.len() * h))?);
+            }
+            start += n;
         }
         Ok(out)
     }
@@ -223,28 +266,39 @@ impl CudaTarget {
         let h = self.model.cfg.hidden_size;
         let mut chosen = vec![];
         let mut tap_rows = Vec::with_capacity(tokens.len() * taps.len() * h);
-        for start in (0..tokens.len()).step_by(CHUNK) {
-            let end = (start + CHUNK).min(tokens.len());
-            let n = end - start;
+        let mut start = 0;
+        while start < tokens.len() {
+            let n = chunk_rows(tokens.len() - start, taps);
+            let end = start + n;
             let mode = match (last_only, end == tokens.len()) {
                 (false, _) => Logits::All,
                 (true, true) => Logits::Last,
                 (true, false) => Logits::Skip,
             };
-            self.step(&tokens[start..end], self.len, taps, mode)?;
-            let st = &self.model.gpu.stream;
             let m = match mode {
                 Logits::All => n,
                 Logits::Last => 1,
                 Logits::Skip => 0,
             };
-            if m > 0 {
-                let ids = st.clone_dtoh(&self.s.next.slice(0..m))?;
-                chosen.extend(ids.into_iter().map(|t| t as u32));
+            let st = self.model.gpu.stream.clone();
+            if n > CHUNK {
+                self.prefill(&tokens[start..end], self.len, mode)?;
+                if m > 0 {
+                    let next = &self.p.as_ref().expect("allocated by prefill").next;
+                    let ids = st.clone_dtoh(&next.slice(0..m))?;
+                    chosen.extend(ids.into_iter().map(|t| t as u32));
+                }
+            } else {
+                self.step(&tokens[start..end], self.len, taps, mode)?;
+                if m > 0 {
+                    let ids = st.clone_dtoh(&self.s.next.slice(0..m))?;
+                    chosen.extend(ids.into_iter().map(|t| t as u32));
+                }
+                if !taps.is_empty() {
+                    tap_rows.extend(st.clone_dtoh(&self.s.taps.slice(0..n * taps.len() * h))?);
+                }
             }
-            if !taps.is_empty() {
-                tap_rows.extend(st.clone_dtoh(&self.s.taps.slice(0..n * taps.len() * h))?);
-            }
+            start = end;
         }
         Ok((chosen, tap_rows))
     }
@@ -284,8 +338,17 @@ impl CudaTarget {
         Ok(())
     }
 
-    /// Enqueues the kernels of one step; reads token ids and positions from the device buffers.
+    /// Enqueues the kernels of one step, as programmatic dependent launches (each kernel starts
+    /// during its predecessor and prefetches its weights); reads token ids and positions from
+    /// the device buffers.
     fn launch(&mut self, n: usize, p0: usize, taps: &[usize], mode: Logits) -> Result<()> {
+        let gpu = self.model.gpu.clone();
+        let r = self.launch_kernels(n, p0, taps, mode);
+        gpu.set_pdl(false);
+        r
+    }
+
+    fn launch_kernels(&mut self, n: usize, p0: usize, taps: &[usize], mode: Logits) -> Result<()> {
         let m = self.model.clone();
         let c = &m.cfg;
         let g = m.gpu.as_ref();
@@ -305,13 +368,20 @@ impl CudaTarget {
         let s = &mut self.s;
         g.embed_rows(&m.embed, &s.tok.slice(0..n), &mut s.x, h)?;
         mark!("embed_rows");
+        // The first kernel follows host copies (token ids, positions), which a programmatic
+        // launch would not wait for; the rest follow kernels (unless taps add copies between).
+        g.set_pdl(taps.is_empty());
         for (li, l) in m.layers.iter().enumerate() {
             let shape = AttnShape {
                 heads: l.heads,
                 kv_heads: kvh,
                 head_dim: d,
                 window: l.window,
-                ring: if l.window > 0 { l.window + CHUNK } else { 0 },
+                ring: if l.window > 0 {
+                    l.window + RING_MARGIN
+                } else {
+                    0
+                },
             };
             let width = shape.width();
             g.gemv_bf16(
@@ -396,8 +466,9 @@ impl CudaTarget {
                         &mut s.router_logits.as_view_mut(),
                         &mut s.ids.as_view_mut(),
                         &mut s.wts.as_view_mut(),
+                        &mut s.router_counter,
                     )?;
-                    mark!("router (norm + logits, top-k)");
+                    mark!("router (norm, logits, top-k)");
                     g.moe_gate_up(
                         &s.xn.as_view(),
                         &s.ids.as_view(),
@@ -465,5 +536,305 @@ impl CudaTarget {
         self.profiler = prof;
         self.len = p0 + n;
         Ok(())
+    }
+
+    fn prefill_scratch(&mut self, want_logits: bool) -> Result<()> {
+        let c = &self.model.cfg;
+        let st = &self.model.gpu.stream;
+        if self.p.is_none() {
+            let hmax = c
+                .num_attention_heads_per_layer
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(1);
+            let ms = moe_shape(c);
+            let (h, d, n) = (c.hidden_size, c.head_dim, PREFILL_CHUNK);
+            let kvd = c.num_key_value_heads * d;
+            let width = hmax * d + 2 * kvd + hmax;
+            self.p = Some(PrefillScratch {
+                tok: st.alloc_zeros(n)?,
+                pos: st.alloc_zeros(n)?,
+                next: st.alloc_zeros(n)?,
+                x: st.alloc_zeros(n * h)?,
+                xn: st.alloc_zeros(n * h)?,
+                qkvg: st.alloc_zeros(n * width)?,
+                g: st.alloc_zeros(n * hmax)?,
+                q: st.alloc_zeros(n * hmax * d)?,
+                att: st.alloc_zeros(n * hmax * d)?,
+                router_logits: st.alloc_zeros(n * c.num_experts.max(1))?,
+                ids: st.alloc_zeros(n * ms.top_k.max(1))?,
+                wts: st.alloc_zeros(n * ms.top_k.max(1))?,
+                h: st.alloc_zeros(n * (ms.top_k + 1) * ms.slot_width().max(1))?,
+                gate_up: st.alloc_zeros(n * 2 * c.intermediate_size.max(1))?,
+                act: st.alloc_zeros(n * c.intermediate_size.max(1))?,
+                logits: None,
+            });
+        }
+        let p = self.p.as_mut().expect("allocated above");
+        if want_logits && p.logits.is_none() {
+            p.logits = Some(st.alloc_zeros(PREFILL_CHUNK * c.vocab_size)?);
+        }
+        Ok(())
+    }
+
+    /// The prefill path for one chunk of `MAX_ROWS < n <= PREFILL_CHUNK` rows from position `p0`.
+    fn prefill(&mut self, tokens: &[u32], p0: usize, mode: Logits) -> Result<()> {
+        self.prefill_scratch(mode == Logits::All)?;
+        let m = self.model.clone();
+        let c = &m.cfg;
+        let g = m.gpu.as_ref();
+        let st = &g.stream;
+        let n = tokens.len();
+        let (h, d, kvh) = (c.hidden_size, c.head_dim, c.num_key_value_heads);
+        let eps = c.rms_norm_eps as f32;
+        let ms = moe_shape(c);
+        let grouped_moe = [ms.hidden, ms.inter, ms.shared_inter]
+            .iter()
+            .all(|v| v.is_multiple_of(128));
+        let p = self.p.as_mut().expect("allocated above");
+        let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let pos: Vec<i32> = (p0..p0 + n).map(|q| q as i32).collect();
+        st.memcpy_htod(&toks, &mut p.tok.slice_mut(0..n))?;
+        st.memcpy_htod(&pos, &mut p.pos.slice_mut(0..n))?;
+        g.embed_rows(&m.embed, &p.tok.slice(0..n), &mut p.x, h)?;
+        for (li, l) in m.layers.iter().enumerate() {
+            let shape = AttnShape {
+                heads: l.heads,
+                kv_heads: kvh,
+                head_dim: d,
+                window: l.window,
+                ring: if l.window > 0 {
+                    l.window + RING_MARGIN
+                } else {
+                    0
+                },
+            };
+            let width = shape.width();
+            g.rms_norm_rows(
+                &p.x.slice(0..n * h),
+                &l.input_norm.as_view(),
+                &mut p.xn.slice_mut(0..n * h),
+                h,
+                n,
+                eps,
+            )?;
+            g.gemm_bf16_tc(
+                &l.qkvg.as_view(),
+                &p.xn.slice(0..n * h),
+                &mut p.qkvg.slice_mut(0..n * width),
+                width,
+                h,
+                n,
+                false,
+            )?;
+            // The gate logits again, contiguous for the attention kernel: the last rows of the
+            // stacked weight.
+            let gate_rows = l.qkvg.slice((width - l.heads) * h..width * h);
+            g.gemm_bf16_tc(
+                &gate_rows,
+                &p.xn.slice(0..n * h),
+                &mut p.g.slice_mut(0..n * l.heads),
+                l.heads,
+                h,
+                n,
+                false,
+            )?;
+            let (ck, cv) = &mut self.kv[li];
+            g.qk_norm_rope_store(
+                &p.qkvg.slice(0..n * width),
+                &l.q_norm,
+                &l.k_norm,
+                &p.pos.slice(0..n),
+                &l.rope,
+                eps,
+                shape,
+                n,
+                &mut p.q.slice_mut(0..n * l.heads * d),
+                ck,
+                cv,
+            )?;
+            g.attend_prefill(
+                &p.q.slice(0..n * l.heads * d),
+                &ck.as_view(),
+                &cv.as_view(),
+                &p.g.slice(0..n * l.heads),
+                &p.pos.slice(0..n),
+                &mut p.att.slice_mut(0..n * l.heads * d),
+                l.heads,
+                kvh,
+                d,
+                l.window,
+                shape.ring,
+                n,
+            )?;
+            g.gemm_bf16_tc(
+                &l.o.as_view(),
+                &p.att.slice(0..n * l.heads * d),
+                &mut p.x.slice_mut(0..n * h),
+                h,
+                l.heads * d,
+                n,
+                true,
+            )?;
+            g.rms_norm_rows(
+                &p.x.slice(0..n * h),
+                &l.post_norm.as_view(),
+                &mut p.xn.slice_mut(0..n * h),
+                h,
+                n,
+                eps,
+            )?;
+            match &l.ffn {
+                DevFfn::Dense { gate_up, down } => {
+                    let w = c.intermediate_size;
+                    g.gemm_bf16_tc(
+                        &gate_up.as_view(),
+                        &p.xn.slice(0..n * h),
+                        &mut p.gate_up.slice_mut(0..n * 2 * w),
+                        2 * w,
+                        h,
+                        n,
+                        false,
+                    )?;
+                    g.silu_mul(&p.gate_up.as_view(), &mut p.act.as_view_mut(), w, n)?;
+                    g.gemm_bf16_tc(
+                        &down.as_view(),
+                        &p.act.slice(0..n * w),
+                        &mut p.x.slice_mut(0..n * h),
+                        h,
+                        w,
+                        n,
+                        true,
+                    )?;
+                }
+                DevFfn::Moe(e) => {
+                    g.gemm_bf16_tc(
+                        &e.router.as_view(),
+                        &p.xn.slice(0..n * h),
+                        &mut p.router_logits.slice_mut(0..n * ms.experts),
+                        ms.experts,
+                        h,
+                        n,
+                        false,
+                    )?;
+                    g.router_topk(
+                        &p.router_logits.slice(0..n * ms.experts),
+                        &e.bias,
+                        &mut p.ids.as_view_mut(),
+                        &mut p.wts.as_view_mut(),
+                        ms,
+                        c.norm_topk_prob,
+                        c.moe_router_logit_softcapping as f32,
+                        n,
+                    )?;
+                    let scaling = c.moe_routed_scaling_factor as f32;
+                    if grouped_moe {
+                        let w = MoeWeights {
+                            gate: &e.gate,
+                            up: &e.up,
+                            down: &e.down,
+                            shared_gate: &e.shared_gate,
+                            shared_up: &e.shared_up,
+                            shared_down: &e.shared_down,
+                        };
+                        g.moe_prefill(
+                            &w,
+                            ms,
+                            &p.xn.slice(0..n * h),
+                            &p.ids.slice(0..n * ms.top_k),
+                            &p.wts.slice(0..n * ms.top_k),
+                            &mut p.x.slice_mut(0..n * h),
+                            scaling,
+                            n,
+                        )?;
+                    } else {
+                        // Widths the grouped kernel does not take: the step kernels, every row
+                        // reading its own experts.
+                        g.moe_gate_up(
+                            &p.xn.as_view(),
+                            &p.ids.as_view(),
+                            &e.gate,
+                            &e.up,
+                            &e.shared_gate,
+                            &e.shared_up,
+                            ms,
+                            n,
+                            &mut p.h.as_view_mut(),
+                        )?;
+                        g.moe_down(
+                            &p.h.as_view(),
+                            &p.ids.as_view(),
+                            &p.wts.as_view(),
+                            &e.down,
+                            &e.shared_down,
+                            ms,
+                            scaling,
+                            n,
+                            &mut p.x.as_view_mut(),
+                        )?;
+                    }
+                }
+            }
+        }
+        match mode {
+            Logits::Skip => {}
+            Logits::Last => {
+                g.gemv_bf16(
+                    &m.lm_head.as_view(),
+                    &p.x.slice((n - 1) * h..n * h),
+                    Some((&m.norm.as_view(), eps)),
+                    &mut self.s.logits.as_view_mut(),
+                    c.vocab_size,
+                    h,
+                    1,
+                    false,
+                )?;
+                g.argmax_rows(
+                    &self.s.logits.as_view(),
+                    c.vocab_size,
+                    1,
+                    &mut p.next.as_view_mut(),
+                )?;
+            }
+            Logits::All => {
+                let logits = p.logits.as_mut().expect("allocated above");
+                g.rms_norm_rows(
+                    &p.x.slice(0..n * h),
+                    &m.norm.as_view(),
+                    &mut p.xn.slice_mut(0..n * h),
+                    h,
+                    n,
+                    eps,
+                )?;
+                g.gemm_bf16_tc(
+                    &m.lm_head.as_view(),
+                    &p.xn.slice(0..n * h),
+                    &mut logits.slice_mut(0..n * c.vocab_size),
+                    c.vocab_size,
+                    h,
+                    n,
+                    false,
+                )?;
+                g.argmax_rows(
+                    &logits.as_view(),
+                    c.vocab_size,
+                    n,
+                    &mut p.next.as_view_mut(),
+                )?;
+            }
+        }
+        self.len = p0 + n;
+        Ok(())
+    }
+}
+
+/// Rows of the next launch sequence out of `left`: a prefill chunk when more than a step's
+/// worth remain (and no taps are wanted: the prefill path does not copy them out), else a step.
+fn chunk_rows(left: usize, taps: &[usize]) -> usize {
+    if left > CHUNK && taps.is_empty() {
+        left.min(PREFILL_CHUNK)
+    } else {
+        left.min(CHUNK)
     }
 }

@@ -509,9 +509,10 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
         let drouter = g.stream.clone_htod(&to_bf16(&router.w)).unwrap();
         let dbias = g.stream.clone_htod(&bias).unwrap();
         let dnorm = g.stream.clone_htod(&norm).unwrap();
+        let mut counter = g.stream.alloc_zeros::<u32>(1).unwrap();
         // The MoE half of a layer on `rows` rows: router, gate/up, down + residual. Returns the
         // new x, the ids and weights, and the router logits.
-        let layer = |x: &[f32], rows: usize| {
+        let mut layer = |x: &[f32], rows: usize| {
             let mut dx = g.stream.clone_htod(x).unwrap();
             let mut xn = g.stream.alloc_zeros::<f32>(rows * hid).unwrap();
             let mut logits = g.stream.alloc_zeros::<f32>(rows * e).unwrap();
@@ -535,6 +536,7 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
                 &mut logits.as_view_mut(),
                 &mut ids.as_view_mut(),
                 &mut wts.as_view_mut(),
+                &mut counter,
             )
             .unwrap();
             g.moe_gate_up(
@@ -643,6 +645,29 @@ fn model_step_graph_equals_eager_and_is_deterministic() {
     assert_eq!(a.0.len(), 31);
     assert!(a == run(true), "two graph runs differ");
     assert!(a == run(false), "graph replay differs from eager launches");
+    // The prefill path (tensor cores, 40 rows in one chunk) agrees with the step path (16-row
+    // steps) to about f32 accuracy, and is itself deterministic.
+    let pos: Vec<usize> = (0..prompt.len()).collect();
+    let logits = |chunk: usize| {
+        let mut t = CudaTarget::new(model.clone(), 4, 200).unwrap();
+        let mut out = vec![];
+        for (i, rows) in prompt.chunks(chunk).enumerate() {
+            let p0 = i * chunk;
+            out.extend(
+                t.forward(rows, &pos[p0..p0 + rows.len()], &[])
+                    .unwrap()
+                    .logits,
+            );
+        }
+        out
+    };
+    let (prefill, steps) = (logits(40), logits(16));
+    assert!(
+        prefill == logits(40),
+        "the prefill path is not deterministic"
+    );
+    let e = max_rel(&prefill, &steps);
+    assert!(e < 1e-4, "prefill path vs step path: max rel err {e}");
 }
 
 #[test]
