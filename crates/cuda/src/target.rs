@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice};
+use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
 
 use fastdecode_cpu::ForwardOut;
 
@@ -22,6 +22,10 @@ use crate::prefill::MoeWeights;
 
 /// Scratch activations and step inputs for one launch of up to `MAX_ROWS` rows, allocated once.
 struct Scratch {
+    /// Page-locked staging of the step's token ids and positions: copies from it are truly
+    /// asynchronous (from pageable memory the driver would synchronise the stream first).
+    host_tok: PinnedHostSlice<i32>,
+    host_pos: PinnedHostSlice<i32>,
     tok: CudaSlice<i32>,
     pos: CudaSlice<i32>,
     next: CudaSlice<i32>,
@@ -131,7 +135,16 @@ impl CudaTarget {
         let ms = moe_shape(c);
         let (h, d, n) = (c.hidden_size, c.head_dim, CHUNK);
         let width = hmax * d + 2 * kvd + hmax;
+        let ctx = &model.gpu.ctx;
+        // SAFETY: every element is written before it is copied (`step` fills rows 0..n and
+        // copies the whole buffer; rows past n are ignored by the kernels).
+        let (mut host_tok, mut host_pos) =
+            unsafe { (ctx.alloc_pinned::<i32>(n)?, ctx.alloc_pinned::<i32>(n)?) };
+        host_tok.as_mut_slice()?.fill(0);
+        host_pos.as_mut_slice()?.fill(0);
         let s = Scratch {
+            host_tok,
+            host_pos,
             tok: st.alloc_zeros(n)?,
             pos: st.alloc_zeros(n)?,
             next: st.alloc_zeros(n)?,
@@ -308,10 +321,14 @@ impl CudaTarget {
     fn step(&mut self, tokens: &[u32], p0: usize, taps: &[usize], mode: Logits) -> Result<()> {
         let n = tokens.len();
         let st = self.model.gpu.stream.clone();
-        let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
-        st.memcpy_htod(&toks, &mut self.s.tok.slice_mut(0..n))?;
-        st.memcpy_htod(&pos, &mut self.s.pos.slice_mut(0..n))?;
+        for (d, &t) in self.s.host_tok.as_mut_slice()?.iter_mut().zip(tokens) {
+            *d = t as i32;
+        }
+        for (i, d) in self.s.host_pos.as_mut_slice()?[..n].iter_mut().enumerate() {
+            *d = (p0 + i) as i32;
+        }
+        st.memcpy_htod(&self.s.host_tok, &mut self.s.tok)?;
+        st.memcpy_htod(&self.s.host_pos, &mut self.s.pos)?;
         let graphable = self.use_graphs && taps.is_empty() && self.profiler.is_none();
         if !graphable {
             self.launch(n, p0, taps, mode)?;
