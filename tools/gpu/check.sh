@@ -1,0 +1,20 @@
+#!/bin/bash
+# On the GPU machine, from the repository root, after tools/gpu/stage.sh staged .gpu/ here:
+# the CUDA kernel tests against their CPU twins, the model check against the CPU reference on the
+# bundled and a synthetic model, and the XS 2.1 benchmark (JSON into $OUT when set).
+set -o pipefail
+cd "$(dirname "$0")/../.."
+export FASTDECODE_HOME=${FASTDECODE_HOME:-/tmp/fdhome}
+# cuBLAS (the prefill GEMMs) lives next to the toolkit.
+export LD_LIBRARY_PATH=${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}
+out=${OUT:-/tmp}
+status=0
+echo "== kernel tests"; ./.gpu/kernels-test --ignored --test-threads 1 || status=1
+echo "== prefill tests"; ./.gpu/prefill-test --ignored --test-threads 1 --skip timing || status=1
+echo "== check: bundled model"; ./.gpu/fastdecode check --backend cuda --model assets/laguna-tiny || status=1
+echo "== check: tiny synthetic"; ./.gpu/fastdecode check --backend cuda --model .gpu/tiny || status=1
+echo "== bench: XS 2.1"
+./.gpu/fastdecode bench --backend cuda --synthetic xs2.1 --seed 0 --prompt-tokens 512 \
+    --decode-tokens 512 --repeats 5 --profile --json > "$out/bench-xs2.1.json" || status=1
+grep -A3 '"decode_ms_per_token\|"prefill_ms\|"fraction_of_roofline' "$out/bench-xs2.1.json"
+exit $status
