@@ -93,8 +93,9 @@ fn gen_json(g: &Generation) -> serde_json::Value {
     })
 }
 
-/// The GPU target for `generate --backend cuda` (the CPU model still supplies the tokenizer and
-/// the draft sources: the drafter runs on the CPU, fed the GPU target's tapped hidden states).
+/// The GPU target for `generate --backend cuda`. The drafter runs on the CPU, fed the GPU
+/// target's tapped hidden states, so only `--draft drafter` also loads the CPU model (which
+/// holds the drafter's shared weights); serial and oracle runs need nothing but the GPU.
 struct GpuTarget {
     model: std::sync::Arc<fastdecode_cuda::CudaModel>,
     max_positions: usize,
@@ -126,10 +127,35 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         Some(d) => d,
         None => default_model_dir()?,
     };
-    let model = LoadedModel::load(&dir)?;
+    // The CPU model is the engine of the CPU backend and the drafter's host; a large model on the
+    // GPU must not be expanded to f32 in host memory just to read its config and tokenizer.
+    if !dir.join("config.json").is_file() {
+        bail!("{}: not a model directory (no config.json)", dir.display());
+    }
+    let uses_drafter = a.block_size > 1 && matches!(a.draft, DraftSpec::Drafter);
+    let model = if a.backend == Backend::Cpu || uses_drafter {
+        Some(LoadedModel::load(&dir)?)
+    } else {
+        None
+    };
+    let cfg = match &model {
+        Some(m) => m.target.cfg.clone(),
+        None => fastdecode_model::LagunaConfig::from_file(&dir.join("config.json"))?,
+    };
+    let tp = dir.join("tokenizer.json");
+    let own_tokenizer = match &model {
+        Some(_) => None,
+        None => tp
+            .is_file()
+            .then(|| fastdecode_engine::tokenizer::TextTokenizer::load(&tp))
+            .transpose()?,
+    };
+    let tokenizer = model
+        .as_ref()
+        .and_then(|m| m.tokenizer.as_ref())
+        .or(own_tokenizer.as_ref());
     let prompt = match (&a.prompt, &a.prompt_ids) {
-        (Some(text), _) => model
-            .tokenizer
+        (Some(text), _) => tokenizer
             .as_ref()
             .with_context(|| format!("{}: no tokenizer.json; use --prompt-ids", dir.display()))?
             .encode(text)?,
@@ -139,7 +165,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let stop: Vec<u32> = if a.ignore_eos {
         vec![]
     } else {
-        model.target.cfg.eos_token_ids.clone()
+        cfg.eos_token_ids.clone()
     };
     let gpu = match a.backend {
         Backend::Cuda => Some(GpuTarget::open(&dir, prompt.len() + a.max_new_tokens + 16)?),
@@ -148,7 +174,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let need_serial = a.block_size == 1 || a.compare || matches!(a.draft, DraftSpec::Oracle(_));
     let serial_run = match (need_serial, &gpu) {
         (false, _) => None,
-        (true, None) => Some(serial(&model, &prompt, a.max_new_tokens, &stop)?),
+        (true, None) => Some(serial(
+            model.as_ref().expect("loaded for the CPU backend"),
+            &prompt,
+            a.max_new_tokens,
+            &stop,
+        )?),
         (true, Some(g)) => Some(fastdecode_engine::session::run(
             &mut g.session(1)?,
             None,
@@ -166,10 +197,42 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         };
         let truth = serial_run.as_ref().map(|g| g.tokens.as_slice());
         let g = match &gpu {
-            None => dflash(&model, &prompt, a.max_new_tokens, &stop, plan, truth)?,
+            None => dflash(
+                model.as_ref().expect("loaded for the CPU backend"),
+                &prompt,
+                a.max_new_tokens,
+                &stop,
+                plan,
+                truth,
+            )?,
             Some(g) => {
-                let mut source =
-                    fastdecode_engine::session::draft_source(&model, &prompt, plan, truth)?;
+                let mut source: Box<dyn fastdecode_engine::DraftSource> =
+                    match (&model, plan.source) {
+                        (Some(m), _) => {
+                            fastdecode_engine::session::draft_source(m, &prompt, plan, truth)?
+                        }
+                        (None, DraftSpec::Oracle(p)) => {
+                            if a.block_size > fastdecode_model::config::MAX_BLOCK_SIZE {
+                                bail!(
+                                    "block size {} is above the oracle's maximum {}",
+                                    a.block_size,
+                                    fastdecode_model::config::MAX_BLOCK_SIZE
+                                );
+                            }
+                            Box::new(fastdecode_engine::Oracle::new(
+                                truth
+                                    .context("the oracle needs the serial greedy tokens")?
+                                    .to_vec(),
+                                prompt.len(),
+                                p,
+                                cfg.vocab_size,
+                                a.seed,
+                            )?)
+                        }
+                        (None, DraftSpec::Drafter) => {
+                            unreachable!("the drafter loads the CPU model")
+                        }
+                    };
                 fastdecode_engine::session::run(
                     &mut g.session(a.block_size)?,
                     Some(source.as_mut()),
@@ -193,8 +256,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         .as_ref()
         .or(serial_run.as_ref())
         .expect("one run happened");
-    let text = model
-        .tokenizer
+    let text = tokenizer
         .as_ref()
         .map(|t| t.decode(&main.tokens))
         .transpose()?;

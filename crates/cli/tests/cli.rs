@@ -415,3 +415,39 @@ fn generate_and_bench_report_json() {
         assert!(r["tokens_per_round"].as_f64().unwrap() > 1.0);
     }
 }
+
+#[test]
+fn cuda_generate_needs_no_cpu_model_and_fails_clearly_without_a_gpu() {
+    // Serial generation on the GPU reads only the config and tokenizer on the host. Without a
+    // GPU (CI) it must stop with the driver/device error, never a panic; with one it generates.
+    let o = run(&[
+        "generate",
+        "--backend",
+        "cuda",
+        "--prompt",
+        "def f",
+        "--max-new-tokens",
+        "4",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    if !o.status.success() {
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            ["driver", "device", "NVRTC", "headers"]
+                .iter()
+                .any(|w| err.contains(w)),
+            "unclear error: {err}"
+        );
+    }
+    let err = fails(&[
+        "generate",
+        "--backend",
+        "cuda",
+        "--model",
+        "/nonexistent-model-dir",
+        "--prompt",
+        "x",
+    ]);
+    assert!(err.contains("not a model directory"), "{err}");
+}

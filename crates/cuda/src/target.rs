@@ -855,3 +855,20 @@ fn chunk_rows(left: usize, taps: &[usize]) -> usize {
         left.min(CHUNK)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_runs_of_rows_take_the_prefill_path_in_chunks_and_the_rest_take_steps() {
+        // A 1200-token prompt: two full prefill chunks, then the 176 rows left in one more.
+        assert_eq!(chunk_rows(1200, &[]), PREFILL_CHUNK);
+        assert_eq!(chunk_rows(1200 - 2 * PREFILL_CHUNK, &[]), 176);
+        // Up to a step's worth of rows (decode steps, verify blocks) is a step.
+        assert_eq!(chunk_rows(CHUNK, &[]), CHUNK);
+        assert_eq!(chunk_rows(1, &[]), 1);
+        // Taps (the drafter's hidden states) only come out of the step path.
+        assert_eq!(chunk_rows(1200, &[1, 2]), CHUNK);
+    }
+}
