@@ -1,6 +1,19 @@
 //! The CUDA backend: kernels in `kernels/*.cu`, compiled by NVRTC at run time and cached on disk;
-//! each kernel has a CPU twin in `fastdecode-cpu` and a comparison test (`tests/kernels.rs`, run on
-//! a GPU machine with `--ignored`).
+//! each kernel has a CPU twin in `fastdecode-cpu` and a comparison test (`tests/kernels.rs`,
+//! `tests/prefill.rs`, run on a GPU machine with `--ignored`; `tools/gpu/` stages and runs them).
+//!
+//! Where things are:
+//! - `target.rs` — `CudaTarget`: the KV cache, the forward entry point, the decode step (six
+//!   launches per layer, captured as a CUDA graph per row count, programmatic dependent
+//!   launches) and the prefill path (tensor cores) for longer runs of rows.
+//! - `model.rs` — the weights on the device (uploaded or generated there), stacked where one
+//!   kernel reads several projections.
+//! - `dense.rs`, `ops.rs`, `prefill.rs` — launch wrappers that check shapes, next to
+//!   `kernels/dense.cu` (embedding, RMSNorm, bf16 GEMV, argmax), `kernels/attention.cu` (q/k norm
+//!   + RoPE, split-KV attention), `kernels/moe.cu` (router, NVFP4 expert GEMVs) and
+//!   `kernels/prefill.cu` (GEMM, flash attention, grouped MoE); `kernels/common.cuh` holds the
+//!   shared device code and the determinism rules.
+//! - `device.rs` — opening the GPU (clear errors), NVRTC compilation and its cache, launches.
 
 pub mod dense;
 pub mod device;

@@ -126,15 +126,10 @@ impl CudaTarget {
                 st.alloc_zeros::<f32>(slots * kvd)?,
             ));
         }
-        let hmax = c
-            .num_attention_heads_per_layer
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(1);
+        let hmax = max_heads(c);
         let ms = moe_shape(c);
         let (h, d, n) = (c.hidden_size, c.head_dim, CHUNK);
-        let width = hmax * d + 2 * kvd + hmax;
+        let width = qkvg_width(c);
         let ctx = &model.gpu.ctx;
         // SAFETY: every element is written before it is copied (`step` fills rows 0..n and
         // copies the whole buffer; rows past n are ignored by the kernels).
@@ -370,7 +365,7 @@ impl CudaTarget {
         let c = &m.cfg;
         let g = m.gpu.as_ref();
         let st = &g.stream;
-        let (h, d, kvh) = (c.hidden_size, c.head_dim, c.num_key_value_heads);
+        let (h, d) = (c.hidden_size, c.head_dim);
         let eps = c.rms_norm_eps as f32;
         let ms = moe_shape(c);
         let mut prof = self.profiler.take();
@@ -389,17 +384,7 @@ impl CudaTarget {
         // launch would not wait for; the rest follow kernels (unless taps add copies between).
         g.set_pdl(taps.is_empty());
         for (li, l) in m.layers.iter().enumerate() {
-            let shape = AttnShape {
-                heads: l.heads,
-                kv_heads: kvh,
-                head_dim: d,
-                window: l.window,
-                ring: if l.window > 0 {
-                    l.window + RING_MARGIN
-                } else {
-                    0
-                },
-            };
+            let shape = attn_shape(c, l);
             let width = shape.width();
             g.gemv_bf16(
                 &l.qkvg.as_view(),
@@ -559,16 +544,10 @@ impl CudaTarget {
         let c = &self.model.cfg;
         let st = &self.model.gpu.stream;
         if self.p.is_none() {
-            let hmax = c
-                .num_attention_heads_per_layer
-                .iter()
-                .copied()
-                .max()
-                .unwrap_or(1);
+            let hmax = max_heads(c);
             let ms = moe_shape(c);
             let (h, d, n) = (c.hidden_size, c.head_dim, PREFILL_CHUNK);
-            let kvd = c.num_key_value_heads * d;
-            let width = hmax * d + 2 * kvd + hmax;
+            let width = qkvg_width(c);
             self.p = Some(PrefillScratch {
                 tok: st.alloc_zeros(n)?,
                 pos: st.alloc_zeros(n)?,
@@ -616,17 +595,7 @@ impl CudaTarget {
         st.memcpy_htod(&pos, &mut p.pos.slice_mut(0..n))?;
         g.embed_rows(&m.embed, &p.tok.slice(0..n), &mut p.x, h)?;
         for (li, l) in m.layers.iter().enumerate() {
-            let shape = AttnShape {
-                heads: l.heads,
-                kv_heads: kvh,
-                head_dim: d,
-                window: l.window,
-                ring: if l.window > 0 {
-                    l.window + RING_MARGIN
-                } else {
-                    0
-                },
-            };
+            let shape = attn_shape(c, l);
             let width = shape.width();
             g.rms_norm_rows(
                 &p.x.slice(0..n * h),
@@ -844,6 +813,36 @@ impl CudaTarget {
         self.len = p0 + n;
         Ok(())
     }
+}
+
+/// The attention shape of layer `l` as the kernels take it (sliding rings: window + margin).
+fn attn_shape(c: &fastdecode_model::LagunaConfig, l: &crate::model::DevLayer) -> AttnShape {
+    AttnShape {
+        heads: l.heads,
+        kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        window: l.window,
+        ring: if l.window > 0 {
+            l.window + RING_MARGIN
+        } else {
+            0
+        },
+    }
+}
+
+/// The most query heads of any layer (scratch sizes).
+fn max_heads(c: &fastdecode_model::LagunaConfig) -> usize {
+    c.num_attention_heads_per_layer
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(1)
+}
+
+/// The widest fused q|k|v|g projection row of any layer.
+fn qkvg_width(c: &fastdecode_model::LagunaConfig) -> usize {
+    let (h, d) = (max_heads(c), c.head_dim);
+    h * d + 2 * c.num_key_value_heads * d + h
 }
 
 /// Rows of the next launch sequence out of `left`: a prefill chunk when more than a step's
