@@ -10,7 +10,7 @@
 //!   kernel reads several projections.
 //! - `dense.rs`, `ops.rs`, `prefill.rs` — launch wrappers that check shapes, next to
 //!   `kernels/dense.cu` (embedding, RMSNorm, bf16 GEMV, argmax), `kernels/attention.cu` (q/k norm
-//!   + RoPE, split-KV attention), `kernels/moe.cu` (router, NVFP4 expert GEMVs) and
+//!   with RoPE, split-KV attention), `kernels/moe.cu` (router, NVFP4 expert GEMVs) and
 //!   `kernels/prefill.cu` (GEMM, flash attention, grouped MoE); `kernels/common.cuh` holds the
 //!   shared device code and the determinism rules.
 //! - `device.rs` — opening the GPU (clear errors), NVRTC compilation and its cache, launches.
