@@ -1,9 +1,6 @@
-//! The Laguna target on the GPU: weights uploaded from a runtime checkpoint, a KV cache in device
-//! memory, and the same forward entry point as the CPU reference (`forward(tokens, positions,
-//! taps)` → logits of every row + tapped hidden states).
-//!
-//! Rows are processed in chunks of at most `chunk` rows; every kernel computes a row the same way
-//! whatever the chunk holds, so chunking (and K-row verifies) never changes a row's bits.
+//! The Laguna target's weights on the GPU: uploaded from a runtime checkpoint or generated in
+//! place (`synthetic`), with the projections one kernel reads together stacked into one buffer
+//! (q|k|v|g, and the dense MLP's gate|up). The session that runs them is `target::CudaTarget`.
 
 use std::sync::Arc;
 

@@ -1,11 +1,13 @@
 //! The GPU target session: KV cache (full layers hold `max_positions`; sliding layers a ring of
-//! window + chunk slots), the forward entry point, and the greedy step that decoding replays as
-//! a CUDA graph.
+//! window + `PREFILL_CHUNK` slots), the forward entry point, the greedy step that decoding
+//! replays as a CUDA graph, and the prefill path.
 //!
 //! One step of up to `MAX_ROWS` rows is a fixed sequence of launches whose inputs (token ids,
 //! positions) live in device buffers, so the same sequence is captured once per row count and
 //! replayed: the host writes the ids and positions, launches the graph and reads the chosen
-//! tokens back, the step's only synchronisation.
+//! tokens back, the step's only synchronisation. Every step kernel computes a row the same way
+//! whatever the step holds, so a K-row verify reproduces K serial steps bit for bit. Longer runs
+//! of rows (prompts) take the prefill path in chunks of `PREFILL_CHUNK`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
