@@ -22,25 +22,57 @@ use crate::model::{moe_shape, CudaModel, DevFfn};
 use crate::ops::{AttnShape, ATT_SPLITS, MAX_ROWS};
 use crate::prefill::MoeWeights;
 
-/// Scratch activations and step inputs for one launch of up to `MAX_ROWS` rows, allocated once.
-struct Scratch {
-    /// Page-locked staging of the step's token ids and positions: copies from it are truly
-    /// asynchronous (from pageable memory the driver would synchronise the stream first).
-    host_tok: PinnedHostSlice<i32>,
-    host_pos: PinnedHostSlice<i32>,
+/// Per-row buffers both paths use, for up to `n` rows: inputs, activations, the router's
+/// choices and the greedy picks.
+struct Rows {
     tok: CudaSlice<i32>,
     pos: CudaSlice<i32>,
     next: CudaSlice<i32>,
     x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
     qkvg: CudaSlice<f32>,
     att: CudaSlice<f32>,
-    xn: CudaSlice<f32>,
     router_logits: CudaSlice<f32>,
     ids: CudaSlice<i32>,
     wts: CudaSlice<f32>,
     h: CudaSlice<f32>,
     gate_up: CudaSlice<f32>,
     act: CudaSlice<f32>,
+}
+
+impl Rows {
+    fn new(
+        c: &fastdecode_model::LagunaConfig,
+        st: &Arc<cudarc::driver::CudaStream>,
+        n: usize,
+    ) -> Result<Rows> {
+        let ms = moe_shape(c);
+        let (h, d) = (c.hidden_size, c.head_dim);
+        Ok(Rows {
+            tok: st.alloc_zeros(n)?,
+            pos: st.alloc_zeros(n)?,
+            next: st.alloc_zeros(n)?,
+            x: st.alloc_zeros(n * h)?,
+            xn: st.alloc_zeros(n * h)?,
+            qkvg: st.alloc_zeros(n * qkvg_width(c))?,
+            att: st.alloc_zeros(n * max_heads(c) * d)?,
+            router_logits: st.alloc_zeros(n * c.num_experts.max(1))?,
+            ids: st.alloc_zeros(n * ms.top_k.max(1))?,
+            wts: st.alloc_zeros(n * ms.top_k.max(1))?,
+            h: st.alloc_zeros(n * (ms.top_k + 1) * ms.slot_width().max(1))?,
+            gate_up: st.alloc_zeros(n * 2 * c.intermediate_size.max(1))?,
+            act: st.alloc_zeros(n * c.intermediate_size.max(1))?,
+        })
+    }
+}
+
+/// The step's buffers for one launch of up to `MAX_ROWS` rows, allocated once.
+struct Scratch {
+    /// Page-locked staging of the step's token ids and positions: copies from it are truly
+    /// asynchronous (from pageable memory the driver would synchronise the stream first).
+    host_tok: PinnedHostSlice<i32>,
+    host_pos: PinnedHostSlice<i32>,
+    rows: Rows,
     logits: CudaSlice<f32>,
     part: CudaSlice<f32>,
     att_counters: CudaSlice<u32>,
@@ -85,23 +117,13 @@ pub const PREFILL_CHUNK: usize = 512;
 /// Slots a sliding layer's ring holds beyond its window: the most rows one launch writes.
 const RING_MARGIN: usize = PREFILL_CHUNK;
 
-/// Activations of one prefill chunk, allocated on the first prefill.
+/// The prefill path's buffers for one chunk, allocated on the first prefill.
 struct PrefillScratch {
-    tok: CudaSlice<i32>,
-    pos: CudaSlice<i32>,
-    next: CudaSlice<i32>,
-    x: CudaSlice<f32>,
-    xn: CudaSlice<f32>,
-    qkvg: CudaSlice<f32>,
+    rows: Rows,
+    /// Gate logits, contiguous for `attend_prefill`.
     g: CudaSlice<f32>,
+    /// Normed and rotated queries.
     q: CudaSlice<f32>,
-    att: CudaSlice<f32>,
-    router_logits: CudaSlice<f32>,
-    ids: CudaSlice<i32>,
-    wts: CudaSlice<f32>,
-    h: CudaSlice<f32>,
-    gate_up: CudaSlice<f32>,
-    act: CudaSlice<f32>,
     logits: Option<CudaSlice<f32>>,
 }
 
@@ -129,9 +151,7 @@ impl CudaTarget {
             ));
         }
         let hmax = max_heads(c);
-        let ms = moe_shape(c);
         let (h, d, n) = (c.hidden_size, c.head_dim, CHUNK);
-        let width = qkvg_width(c);
         let ctx = &model.gpu.ctx;
         // SAFETY: every element is written before it is copied (`step` fills rows 0..n and
         // copies the whole buffer; rows past n are ignored by the kernels).
@@ -142,19 +162,7 @@ impl CudaTarget {
         let s = Scratch {
             host_tok,
             host_pos,
-            tok: st.alloc_zeros(n)?,
-            pos: st.alloc_zeros(n)?,
-            next: st.alloc_zeros(n)?,
-            x: st.alloc_zeros(n * h)?,
-            qkvg: st.alloc_zeros(n * width)?,
-            att: st.alloc_zeros(n * hmax * d)?,
-            xn: st.alloc_zeros(n * h)?,
-            router_logits: st.alloc_zeros(n * c.num_experts.max(1))?,
-            ids: st.alloc_zeros(n * ms.top_k.max(1))?,
-            wts: st.alloc_zeros(n * ms.top_k.max(1))?,
-            h: st.alloc_zeros(n * (ms.top_k + 1) * ms.slot_width().max(1))?,
-            gate_up: st.alloc_zeros(n * 2 * c.intermediate_size.max(1))?,
-            act: st.alloc_zeros(n * c.intermediate_size.max(1))?,
+            rows: Rows::new(c, st, n)?,
             logits: st.alloc_zeros(n * c.vocab_size)?,
             part: st.alloc_zeros(n * hmax * ATT_SPLITS * (d + 2))?,
             att_counters: st.alloc_zeros(n * c.num_key_value_heads)?,
@@ -294,14 +302,14 @@ impl CudaTarget {
             if n > CHUNK {
                 self.prefill(&tokens[start..end], self.len, mode)?;
                 if m > 0 {
-                    let next = &self.p.as_ref().expect("allocated by prefill").next;
+                    let next = &self.p.as_ref().expect("allocated by prefill").rows.next;
                     let ids = st.clone_dtoh(&next.slice(0..m))?;
                     chosen.extend(ids.into_iter().map(|t| t as u32));
                 }
             } else {
                 self.step(&tokens[start..end], self.len, taps, mode)?;
                 if m > 0 {
-                    let ids = st.clone_dtoh(&self.s.next.slice(0..m))?;
+                    let ids = st.clone_dtoh(&self.s.rows.next.slice(0..m))?;
                     chosen.extend(ids.into_iter().map(|t| t as u32));
                 }
                 if !taps.is_empty() {
@@ -324,8 +332,8 @@ impl CudaTarget {
         for (i, d) in self.s.host_pos.as_mut_slice()?[..n].iter_mut().enumerate() {
             *d = (p0 + i) as i32;
         }
-        st.memcpy_htod(&self.s.host_tok, &mut self.s.tok)?;
-        st.memcpy_htod(&self.s.host_pos, &mut self.s.pos)?;
+        st.memcpy_htod(&self.s.host_tok, &mut self.s.rows.tok)?;
+        st.memcpy_htod(&self.s.host_pos, &mut self.s.rows.pos)?;
         let graphable = self.use_graphs && taps.is_empty() && self.profiler.is_none();
         if !graphable {
             self.launch(n, p0, taps, mode)?;
@@ -380,7 +388,7 @@ impl CudaTarget {
         }
         mark!("start");
         let s = &mut self.s;
-        g.embed_rows(&m.embed, &s.tok.slice(0..n), &mut s.x, h)?;
+        g.embed_rows(&m.embed, &s.rows.tok.slice(0..n), &mut s.rows.x, h)?;
         mark!("embed_rows");
         // The first kernel follows host copies (token ids, positions), which a programmatic
         // launch would not wait for; the rest follow kernels (unless taps add copies between).
@@ -390,9 +398,9 @@ impl CudaTarget {
             let width = shape.width();
             g.gemv_bf16(
                 &l.qkvg.as_view(),
-                &s.x.as_view(),
+                &s.rows.x.as_view(),
                 Some((&l.input_norm.as_view(), eps)),
-                &mut s.qkvg.as_view_mut(),
+                &mut s.rows.qkvg.as_view_mut(),
                 width,
                 h,
                 n,
@@ -401,10 +409,10 @@ impl CudaTarget {
             mark!("norm + gemv qkvg");
             let (ck, cv) = &mut self.kv[li];
             g.attend_decode(
-                &s.qkvg.as_view(),
+                &s.rows.qkvg.as_view(),
                 &l.q_norm,
                 &l.k_norm,
-                &s.pos.as_view(),
+                &s.rows.pos.as_view(),
                 &l.rope,
                 eps,
                 shape,
@@ -413,14 +421,14 @@ impl CudaTarget {
                 cv,
                 &mut s.part,
                 &mut s.att_counters,
-                &mut s.att.as_view_mut(),
+                &mut s.rows.att.as_view_mut(),
             )?;
             mark!("attend (qk norm, rope, kv store, split-KV, gate)");
             g.gemv_bf16(
                 &l.o.as_view(),
-                &s.att.as_view(),
+                &s.rows.att.as_view(),
                 None,
-                &mut s.x.as_view_mut(),
+                &mut s.rows.x.as_view_mut(),
                 h,
                 l.heads * d,
                 n,
@@ -432,22 +440,27 @@ impl CudaTarget {
                     let w = c.intermediate_size;
                     g.gemv_bf16(
                         &gate_up.as_view(),
-                        &s.x.as_view(),
+                        &s.rows.x.as_view(),
                         Some((&l.post_norm.as_view(), eps)),
-                        &mut s.gate_up.as_view_mut(),
+                        &mut s.rows.gate_up.as_view_mut(),
                         2 * w,
                         h,
                         n,
                         false,
                     )?;
                     mark!("dense norm + gemv gate_up");
-                    g.silu_mul(&s.gate_up.as_view(), &mut s.act.as_view_mut(), w, n)?;
+                    g.silu_mul(
+                        &s.rows.gate_up.as_view(),
+                        &mut s.rows.act.as_view_mut(),
+                        w,
+                        n,
+                    )?;
                     mark!("dense silu_mul");
                     g.gemv_bf16(
                         &down.as_view(),
-                        &s.act.as_view(),
+                        &s.rows.act.as_view(),
                         None,
-                        &mut s.x.as_view_mut(),
+                        &mut s.rows.x.as_view_mut(),
                         h,
                         w,
                         n,
@@ -457,7 +470,7 @@ impl CudaTarget {
                 }
                 DevFfn::Moe(e) => {
                     g.router(
-                        &s.x.as_view(),
+                        &s.rows.x.as_view(),
                         &l.post_norm,
                         eps,
                         &e.router,
@@ -466,35 +479,35 @@ impl CudaTarget {
                         c.norm_topk_prob,
                         c.moe_router_logit_softcapping as f32,
                         n,
-                        &mut s.xn.as_view_mut(),
-                        &mut s.router_logits.as_view_mut(),
-                        &mut s.ids.as_view_mut(),
-                        &mut s.wts.as_view_mut(),
+                        &mut s.rows.xn.as_view_mut(),
+                        &mut s.rows.router_logits.as_view_mut(),
+                        &mut s.rows.ids.as_view_mut(),
+                        &mut s.rows.wts.as_view_mut(),
                         &mut s.router_counter,
                     )?;
                     mark!("router (norm, logits, top-k)");
                     g.moe_gate_up(
-                        &s.xn.as_view(),
-                        &s.ids.as_view(),
+                        &s.rows.xn.as_view(),
+                        &s.rows.ids.as_view(),
                         &e.gate,
                         &e.up,
                         &e.shared_gate,
                         &e.shared_up,
                         ms,
                         n,
-                        &mut s.h.as_view_mut(),
+                        &mut s.rows.h.as_view_mut(),
                     )?;
                     mark!("nvfp4 gate_up (routed + shared)");
                     g.moe_down(
-                        &s.h.as_view(),
-                        &s.ids.as_view(),
-                        &s.wts.as_view(),
+                        &s.rows.h.as_view(),
+                        &s.rows.ids.as_view(),
+                        &s.rows.wts.as_view(),
                         &e.down,
                         &e.shared_down,
                         ms,
                         c.moe_routed_scaling_factor as f32,
                         n,
-                        &mut s.x.as_view_mut(),
+                        &mut s.rows.x.as_view_mut(),
                     )?;
                     mark!("nvfp4 down + combine + residual");
                 }
@@ -503,7 +516,7 @@ impl CudaTarget {
                 for r in 0..n {
                     let at = (r * taps.len() + t) * h;
                     st.memcpy_dtod(
-                        &s.x.slice(r * h..(r + 1) * h),
+                        &s.rows.x.slice(r * h..(r + 1) * h),
                         &mut s.taps.slice_mut(at..at + h),
                     )?;
                 }
@@ -517,7 +530,7 @@ impl CudaTarget {
         if rows > 0 {
             g.gemv_bf16(
                 &m.lm_head.as_view(),
-                &s.x.slice(first * h..(first + rows) * h),
+                &s.rows.x.slice(first * h..(first + rows) * h),
                 Some((&m.norm.as_view(), eps)),
                 &mut s.logits.as_view_mut(),
                 c.vocab_size,
@@ -530,7 +543,7 @@ impl CudaTarget {
                 &s.logits.as_view(),
                 c.vocab_size,
                 rows,
-                &mut s.next.as_view_mut(),
+                &mut s.rows.next.as_view_mut(),
             )?;
             mark!("argmax");
         }
@@ -546,26 +559,12 @@ impl CudaTarget {
         let c = &self.model.cfg;
         let st = &self.model.gpu.stream;
         if self.p.is_none() {
+            let n = PREFILL_CHUNK;
             let hmax = max_heads(c);
-            let ms = moe_shape(c);
-            let (h, d, n) = (c.hidden_size, c.head_dim, PREFILL_CHUNK);
-            let width = qkvg_width(c);
             self.p = Some(PrefillScratch {
-                tok: st.alloc_zeros(n)?,
-                pos: st.alloc_zeros(n)?,
-                next: st.alloc_zeros(n)?,
-                x: st.alloc_zeros(n * h)?,
-                xn: st.alloc_zeros(n * h)?,
-                qkvg: st.alloc_zeros(n * width)?,
+                rows: Rows::new(c, st, n)?,
                 g: st.alloc_zeros(n * hmax)?,
-                q: st.alloc_zeros(n * hmax * d)?,
-                att: st.alloc_zeros(n * hmax * d)?,
-                router_logits: st.alloc_zeros(n * c.num_experts.max(1))?,
-                ids: st.alloc_zeros(n * ms.top_k.max(1))?,
-                wts: st.alloc_zeros(n * ms.top_k.max(1))?,
-                h: st.alloc_zeros(n * (ms.top_k + 1) * ms.slot_width().max(1))?,
-                gate_up: st.alloc_zeros(n * 2 * c.intermediate_size.max(1))?,
-                act: st.alloc_zeros(n * c.intermediate_size.max(1))?,
+                q: st.alloc_zeros(n * hmax * c.head_dim)?,
                 logits: None,
             });
         }
@@ -593,24 +592,24 @@ impl CudaTarget {
         let p = self.p.as_mut().expect("allocated above");
         let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let pos: Vec<i32> = (p0..p0 + n).map(|q| q as i32).collect();
-        st.memcpy_htod(&toks, &mut p.tok.slice_mut(0..n))?;
-        st.memcpy_htod(&pos, &mut p.pos.slice_mut(0..n))?;
-        g.embed_rows(&m.embed, &p.tok.slice(0..n), &mut p.x, h)?;
+        st.memcpy_htod(&toks, &mut p.rows.tok.slice_mut(0..n))?;
+        st.memcpy_htod(&pos, &mut p.rows.pos.slice_mut(0..n))?;
+        g.embed_rows(&m.embed, &p.rows.tok.slice(0..n), &mut p.rows.x, h)?;
         for (li, l) in m.layers.iter().enumerate() {
             let shape = attn_shape(c, l);
             let width = shape.width();
             g.rms_norm_rows(
-                &p.x.slice(0..n * h),
+                &p.rows.x.slice(0..n * h),
                 &l.input_norm.as_view(),
-                &mut p.xn.slice_mut(0..n * h),
+                &mut p.rows.xn.slice_mut(0..n * h),
                 h,
                 n,
                 eps,
             )?;
             g.gemm_bf16_tc(
                 &l.qkvg.as_view(),
-                &p.xn.slice(0..n * h),
-                &mut p.qkvg.slice_mut(0..n * width),
+                &p.rows.xn.slice(0..n * h),
+                &mut p.rows.qkvg.slice_mut(0..n * width),
                 width,
                 h,
                 n,
@@ -621,7 +620,7 @@ impl CudaTarget {
             let gate_rows = l.qkvg.slice((width - l.heads) * h..width * h);
             g.gemm_bf16_tc(
                 &gate_rows,
-                &p.xn.slice(0..n * h),
+                &p.rows.xn.slice(0..n * h),
                 &mut p.g.slice_mut(0..n * l.heads),
                 l.heads,
                 h,
@@ -630,10 +629,10 @@ impl CudaTarget {
             )?;
             let (ck, cv) = &mut self.kv[li];
             g.qk_norm_rope_store(
-                &p.qkvg.slice(0..n * width),
+                &p.rows.qkvg.slice(0..n * width),
                 &l.q_norm,
                 &l.k_norm,
-                &p.pos.slice(0..n),
+                &p.rows.pos.slice(0..n),
                 &l.rope,
                 eps,
                 shape,
@@ -647,8 +646,8 @@ impl CudaTarget {
                 &ck.as_view(),
                 &cv.as_view(),
                 &p.g.slice(0..n * l.heads),
-                &p.pos.slice(0..n),
-                &mut p.att.slice_mut(0..n * l.heads * d),
+                &p.rows.pos.slice(0..n),
+                &mut p.rows.att.slice_mut(0..n * l.heads * d),
                 l.heads,
                 kvh,
                 d,
@@ -658,17 +657,17 @@ impl CudaTarget {
             )?;
             g.gemm_bf16_tc(
                 &l.o.as_view(),
-                &p.att.slice(0..n * l.heads * d),
-                &mut p.x.slice_mut(0..n * h),
+                &p.rows.att.slice(0..n * l.heads * d),
+                &mut p.rows.x.slice_mut(0..n * h),
                 h,
                 l.heads * d,
                 n,
                 true,
             )?;
             g.rms_norm_rows(
-                &p.x.slice(0..n * h),
+                &p.rows.x.slice(0..n * h),
                 &l.post_norm.as_view(),
-                &mut p.xn.slice_mut(0..n * h),
+                &mut p.rows.xn.slice_mut(0..n * h),
                 h,
                 n,
                 eps,
@@ -678,18 +677,23 @@ impl CudaTarget {
                     let w = c.intermediate_size;
                     g.gemm_bf16_tc(
                         &gate_up.as_view(),
-                        &p.xn.slice(0..n * h),
-                        &mut p.gate_up.slice_mut(0..n * 2 * w),
+                        &p.rows.xn.slice(0..n * h),
+                        &mut p.rows.gate_up.slice_mut(0..n * 2 * w),
                         2 * w,
                         h,
                         n,
                         false,
                     )?;
-                    g.silu_mul(&p.gate_up.as_view(), &mut p.act.as_view_mut(), w, n)?;
+                    g.silu_mul(
+                        &p.rows.gate_up.as_view(),
+                        &mut p.rows.act.as_view_mut(),
+                        w,
+                        n,
+                    )?;
                     g.gemm_bf16_tc(
                         &down.as_view(),
-                        &p.act.slice(0..n * w),
-                        &mut p.x.slice_mut(0..n * h),
+                        &p.rows.act.slice(0..n * w),
+                        &mut p.rows.x.slice_mut(0..n * h),
                         h,
                         w,
                         n,
@@ -699,18 +703,18 @@ impl CudaTarget {
                 DevFfn::Moe(e) => {
                     g.gemm_bf16_tc(
                         &e.router.as_view(),
-                        &p.xn.slice(0..n * h),
-                        &mut p.router_logits.slice_mut(0..n * ms.experts),
+                        &p.rows.xn.slice(0..n * h),
+                        &mut p.rows.router_logits.slice_mut(0..n * ms.experts),
                         ms.experts,
                         h,
                         n,
                         false,
                     )?;
                     g.router_topk(
-                        &p.router_logits.slice(0..n * ms.experts),
+                        &p.rows.router_logits.slice(0..n * ms.experts),
                         &e.bias,
-                        &mut p.ids.as_view_mut(),
-                        &mut p.wts.as_view_mut(),
+                        &mut p.rows.ids.as_view_mut(),
+                        &mut p.rows.wts.as_view_mut(),
                         ms,
                         c.norm_topk_prob,
                         c.moe_router_logit_softcapping as f32,
@@ -729,10 +733,10 @@ impl CudaTarget {
                         g.moe_prefill(
                             &w,
                             ms,
-                            &p.xn.slice(0..n * h),
-                            &p.ids.slice(0..n * ms.top_k),
-                            &p.wts.slice(0..n * ms.top_k),
-                            &mut p.x.slice_mut(0..n * h),
+                            &p.rows.xn.slice(0..n * h),
+                            &p.rows.ids.slice(0..n * ms.top_k),
+                            &p.rows.wts.slice(0..n * ms.top_k),
+                            &mut p.rows.x.slice_mut(0..n * h),
                             scaling,
                             n,
                         )?;
@@ -740,26 +744,26 @@ impl CudaTarget {
                         // Widths the grouped kernel does not take: the step kernels, every row
                         // reading its own experts.
                         g.moe_gate_up(
-                            &p.xn.as_view(),
-                            &p.ids.as_view(),
+                            &p.rows.xn.as_view(),
+                            &p.rows.ids.as_view(),
                             &e.gate,
                             &e.up,
                             &e.shared_gate,
                             &e.shared_up,
                             ms,
                             n,
-                            &mut p.h.as_view_mut(),
+                            &mut p.rows.h.as_view_mut(),
                         )?;
                         g.moe_down(
-                            &p.h.as_view(),
-                            &p.ids.as_view(),
-                            &p.wts.as_view(),
+                            &p.rows.h.as_view(),
+                            &p.rows.ids.as_view(),
+                            &p.rows.wts.as_view(),
                             &e.down,
                             &e.shared_down,
                             ms,
                             scaling,
                             n,
-                            &mut p.x.as_view_mut(),
+                            &mut p.rows.x.as_view_mut(),
                         )?;
                     }
                 }
@@ -770,7 +774,7 @@ impl CudaTarget {
             Logits::Last => {
                 g.gemv_bf16(
                     &m.lm_head.as_view(),
-                    &p.x.slice((n - 1) * h..n * h),
+                    &p.rows.x.slice((n - 1) * h..n * h),
                     Some((&m.norm.as_view(), eps)),
                     &mut self.s.logits.as_view_mut(),
                     c.vocab_size,
@@ -782,22 +786,22 @@ impl CudaTarget {
                     &self.s.logits.as_view(),
                     c.vocab_size,
                     1,
-                    &mut p.next.as_view_mut(),
+                    &mut p.rows.next.as_view_mut(),
                 )?;
             }
             Logits::All => {
                 let logits = p.logits.as_mut().expect("allocated above");
                 g.rms_norm_rows(
-                    &p.x.slice(0..n * h),
+                    &p.rows.x.slice(0..n * h),
                     &m.norm.as_view(),
-                    &mut p.xn.slice_mut(0..n * h),
+                    &mut p.rows.xn.slice_mut(0..n * h),
                     h,
                     n,
                     eps,
                 )?;
                 g.gemm_bf16_tc(
                     &m.lm_head.as_view(),
-                    &p.xn.slice(0..n * h),
+                    &p.rows.xn.slice(0..n * h),
                     &mut logits.slice_mut(0..n * c.vocab_size),
                     c.vocab_size,
                     h,
@@ -808,7 +812,7 @@ impl CudaTarget {
                     &logits.as_view(),
                     c.vocab_size,
                     n,
-                    &mut p.next.as_view_mut(),
+                    &mut p.rows.next.as_view_mut(),
                 )?;
             }
         }
