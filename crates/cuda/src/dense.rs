@@ -4,16 +4,8 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use half::bf16;
 
 use crate::device::{launch_cfg, Gpu};
-use crate::error::{CudaError, Result};
+use crate::error::{check, Result};
 use crate::ops::MAX_ROWS;
-
-fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(CudaError::Shape(msg()))
-    }
-}
 
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32

@@ -45,6 +45,8 @@ pub struct Gpu {
     include: PathBuf,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     pdl_on: std::sync::atomic::AtomicBool,
+    /// Compute capability 9.0 or newer and not turned off by `FASTDECODE_PDL=0` (read at open).
+    pdl_capable: bool,
 }
 
 /// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
@@ -122,6 +124,7 @@ impl Gpu {
             include,
             modules: Mutex::new(HashMap::new()),
             pdl_on: std::sync::atomic::AtomicBool::new(false),
+            pdl_capable: major >= 9 && std::env::var("FASTDECODE_PDL").map_or(true, |v| v != "0"),
         })
     }
 
@@ -246,9 +249,7 @@ impl Gpu {
     /// other kernels, and ran wrong with it. Needs compute capability 9.0; `FASTDECODE_PDL=0`
     /// turns it off (to measure what it buys).
     fn pdl(&self) -> bool {
-        self.pdl_on.load(std::sync::atomic::Ordering::Relaxed)
-            && (self.arch.starts_with("sm_9") || self.arch.starts_with("sm_1"))
-            && std::env::var("FASTDECODE_PDL").map_or(true, |v| v != "0")
+        self.pdl_capable && self.pdl_on.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Turns programmatic dependent launches on or off for the launches that follow.

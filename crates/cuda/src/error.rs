@@ -25,3 +25,12 @@ pub enum CudaError {
 }
 
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;
+
+/// `Ok` when `cond` holds, else a shape error with the message: the launch wrappers' checks.
+pub(crate) fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(CudaError::Shape(msg()))
+    }
+}

@@ -13,7 +13,7 @@ use cudarc::driver::{
 use half::bf16;
 
 use crate::device::{launch_cfg, Gpu};
-use crate::error::{CudaError, Result};
+use crate::error::{check, CudaError, Result};
 use crate::ops::{DevNvfp4, MoeShape};
 
 /// Tokens per MoE work tile (`PF_TOK` in the kernels).
@@ -27,14 +27,6 @@ const MOE_SMEM: u32 = 3 * (256 * 64 + 256 * 8 + 32 * 576);
 pub const MOE_MAX_EXPERTS: usize = 1024;
 /// Pipeline stages of the attention kernels (`PF_ASTAGES`).
 const ATTEND_STAGES: usize = 3;
-
-fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(CudaError::Shape(msg()))
-    }
-}
 
 /// The NVFP4 weights of one MoE layer: routed stacks `[E, I, H]` (gate, up) and `[E, H, I]`
 /// (down), and the shared expert as a one-expert stack (`[Is, H]`, `[H, Is]`).
