@@ -211,24 +211,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                         (Some(m), _) => {
                             fastdecode_engine::session::draft_source(m, &prompt, plan, truth)?
                         }
-                        (None, DraftSpec::Oracle(p)) => {
-                            if a.block_size > fastdecode_model::config::MAX_BLOCK_SIZE {
-                                bail!(
-                                    "block size {} is above the oracle's maximum {}",
-                                    a.block_size,
-                                    fastdecode_model::config::MAX_BLOCK_SIZE
-                                );
-                            }
-                            Box::new(fastdecode_engine::Oracle::new(
-                                truth
-                                    .context("the oracle needs the serial greedy tokens")?
-                                    .to_vec(),
-                                prompt.len(),
-                                p,
-                                cfg.vocab_size,
-                                a.seed,
-                            )?)
-                        }
+                        (None, DraftSpec::Oracle(_)) => fastdecode_engine::session::oracle_source(
+                            cfg.vocab_size,
+                            &prompt,
+                            plan,
+                            truth,
+                        )?,
                         (None, DraftSpec::Drafter) => {
                             unreachable!("the drafter loads the CPU model")
                         }

@@ -112,33 +112,53 @@ pub fn draft_source(
     plan: DraftPlan,
     truth: Option<&[u32]>,
 ) -> Result<Box<dyn DraftSource>> {
-    let (k, spec, seed) = (plan.block_size, plan.source, plan.seed);
-    if k > max_block(model, spec) {
-        return Err(Error::Input(format!(
-            "block size {k} is above the {spec} source's maximum {}",
-            max_block(model, spec)
-        )));
-    }
-    Ok(match spec {
+    let (k, spec) = (plan.block_size, plan.source);
+    match spec {
         DraftSpec::Drafter => {
+            if k > max_block(model, spec) {
+                return Err(Error::Input(format!(
+                    "block size {k} is above the {spec} source's maximum {}",
+                    max_block(model, spec)
+                )));
+            }
             let d = model.drafter.as_ref().ok_or_else(|| {
                 Error::Input(format!(
                     "{}: this model has no drafter/ (use --draft oracle:P)",
                     model.dir.display()
                 ))
             })?;
-            Box::new(CpuDrafter::new(model.target.clone(), d.clone())?)
+            Ok(Box::new(CpuDrafter::new(model.target.clone(), d.clone())?))
         }
-        DraftSpec::Oracle(p) => {
-            let truth = truth
-                .ok_or_else(|| Error::Input("the oracle needs the serial greedy tokens".into()))?;
-            Box::new(Oracle::new(
-                truth.to_vec(),
-                prompt.len(),
-                p,
-                model.target.cfg.vocab_size,
-                seed,
-            )?)
-        }
-    })
+        DraftSpec::Oracle(_) => oracle_source(model.target.cfg.vocab_size, prompt, plan, truth),
+    }
+}
+
+/// The `oracle:P` source of `plan`: it needs only the vocabulary size, no model in host memory
+/// (a GPU target runs it beside a model too large for the CPU engine).
+pub fn oracle_source(
+    vocab_size: usize,
+    prompt: &[u32],
+    plan: DraftPlan,
+    truth: Option<&[u32]>,
+) -> Result<Box<dyn DraftSource>> {
+    let (k, spec) = (plan.block_size, plan.source);
+    let DraftSpec::Oracle(p) = spec else {
+        return Err(Error::Input(format!("{spec} is not the oracle source")));
+    };
+    // The oracle's bound is `max_block`'s for it, which depends on no model.
+    let max = fastdecode_model::config::MAX_BLOCK_SIZE;
+    if k > max {
+        return Err(Error::Input(format!(
+            "block size {k} is above the {spec} source's maximum {max}"
+        )));
+    }
+    let truth =
+        truth.ok_or_else(|| Error::Input("the oracle needs the serial greedy tokens".into()))?;
+    Ok(Box::new(Oracle::new(
+        truth.to_vec(),
+        prompt.len(),
+        p,
+        vocab_size,
+        plan.seed,
+    )?))
 }
