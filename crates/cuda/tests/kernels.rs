@@ -8,26 +8,8 @@ use half::bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-fn gpu() -> Gpu {
-    Gpu::open(0).expect("these tests need a GPU")
-}
-
-fn rand_vec(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
-        .collect()
-}
-
-fn to_bf16(v: &[f32]) -> Vec<bf16> {
-    v.iter().map(|&x| bf16::from_f32(x)).collect()
-}
-
-fn max_rel(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-20);
-    a.iter()
-        .zip(b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs() / scale))
-}
+mod common;
+use common::{gpu, max_rel, quant, rand_vec, to_bf16};
 
 #[test]
 fn no_gpu_is_an_error_not_a_panic() {
@@ -416,8 +398,7 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn moe_kernels_match_cpu_and_are_batch_invariant() {
-    use fastdecode_cuda::ops::{DevNvfp4, MoeShape};
-    use fastdecode_model::nvfp4::{dequantize_row, quantize_row};
+    use fastdecode_cuda::ops::MoeShape;
     let g = gpu();
     // (experts, top-k, hidden, intermediate, shared intermediate): awkward small sizes with more
     // experts than a warp and biases that make every selection key negative; then the XS 2.1
@@ -427,41 +408,12 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
         (24, 8, 2048, 512, 512),
     ] {
         let mut rng = ChaCha8Rng::seed_from_u64(4 + hid as u64);
-        // NVFP4 weights: quantise random rows, keep codes/scales for the GPU and dequantised
-        // f32 for the CPU.
-        let mut quant = |rows: usize, cols: usize| {
-            let w = rand_vec(&mut rng, rows * cols, (3.0 / cols as f32).sqrt());
-            let (mut codes, mut scales, mut deq) = (
-                vec![0u32; rows * cols / 8],
-                vec![0u8; rows * cols / 16],
-                vec![0f32; rows * cols],
-            );
-            for r in 0..rows {
-                quantize_row(
-                    &w[r * cols..(r + 1) * cols],
-                    &mut codes[r * cols / 8..(r + 1) * cols / 8],
-                    &mut scales[r * cols / 16..(r + 1) * cols / 16],
-                );
-                dequantize_row(
-                    &codes[r * cols / 8..(r + 1) * cols / 8],
-                    &scales[r * cols / 16..(r + 1) * cols / 16],
-                    &mut deq[r * cols..(r + 1) * cols],
-                );
-            }
-            (
-                DevNvfp4 {
-                    codes: g.stream.clone_htod(&codes).unwrap(),
-                    scales: g.stream.clone_htod(&scales).unwrap(),
-                },
-                deq,
-            )
-        };
-        let (gd, gq) = quant(e * inter, hid);
-        let (ud, uq) = quant(e * inter, hid);
-        let (dd, dq) = quant(e * hid, inter);
-        let (sgd, sgq) = quant(sh, hid);
-        let (sud, suq) = quant(sh, hid);
-        let (sdd, sdq) = quant(hid, sh);
+        let (gd, gq) = quant(&g, &mut rng, e * inter, hid);
+        let (ud, uq) = quant(&g, &mut rng, e * inter, hid);
+        let (dd, dq) = quant(&g, &mut rng, e * hid, inter);
+        let (sgd, sgq) = quant(&g, &mut rng, sh, hid);
+        let (sud, suq) = quant(&g, &mut rng, sh, hid);
+        let (sdd, sdq) = quant(&g, &mut rng, hid, sh);
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let router = linear(&mut rng, e, hid);
         let bias: Vec<f32> = rand_vec(&mut rng, e, 0.05)
