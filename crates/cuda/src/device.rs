@@ -47,6 +47,8 @@ pub struct Gpu {
     pdl_on: std::sync::atomic::AtomicBool,
     /// Compute capability 9.0 or newer and not turned off by `FASTDECODE_PDL=0` (read at open).
     pdl_capable: bool,
+    /// The cuBLAS handle of the prefill GEMMs (`prefill.rs`), created on first use.
+    pub(crate) blas: Mutex<Option<cudarc::cublas::CudaBlas>>,
 }
 
 /// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
@@ -125,6 +127,7 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             pdl_on: std::sync::atomic::AtomicBool::new(false),
             pdl_capable: major >= 9 && std::env::var("FASTDECODE_PDL").map_or(true, |v| v != "0"),
+            blas: Mutex::new(None),
         })
     }
 

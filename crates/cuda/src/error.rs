@@ -16,6 +16,8 @@ pub enum CudaError {
     Arch(i32, i32),
     #[error("NVRTC failed to compile kernel module {module}:\n{log}")]
     Compile { module: String, log: String },
+    #[error("cuBLAS (the prefill GEMMs): {0}")]
+    Blas(String),
     #[error("CUDA driver error: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
     #[error("{0}")]

@@ -2,10 +2,6 @@
 //! once (dense GEMM through cuBLAS, the NVFP4 mixture of experts, flash-style attention). Shapes
 //! are checked here, before any launch. Every result is bit-identical run to run.
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
     CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg,
@@ -65,31 +61,21 @@ fn is_aligned<T>(v: &CudaView<T>, gpu: &Gpu, bytes: u64) -> bool {
 }
 
 impl Gpu {
-    /// This stream's cuBLAS handle, created on first use and kept for the process.
+    /// This GPU's cuBLAS handle (bound to its stream), created on first use.
     fn with_blas<R>(&self, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Result<R> {
-        static HANDLES: OnceLock<Mutex<HashMap<usize, CudaBlas>>> = OnceLock::new();
-        // The handle holds an Arc of the stream, so this address is never reused while mapped.
-        let key = Arc::as_ptr(&self.stream) as usize;
-        let mut map = HANDLES
-            .get_or_init(Default::default)
-            .lock()
-            .expect("cuBLAS handle lock");
-        let b = match map.entry(key) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => {
-                // cudarc's dynamic loader panics on a missing library; check first.
-                if !unsafe { blas_sys::is_culib_present() } {
-                    return Err(CudaError::NoDevice(
-                        "cuBLAS (libcublas.so) could not be loaded: install the CUDA toolkit's cuBLAS or put it on LD_LIBRARY_PATH".into(),
-                    ));
-                }
-                v.insert(
-                    CudaBlas::new(self.stream.clone())
-                        .map_err(|e| CudaError::NoDevice(format!("cuBLAS: {e:?}")))?,
-                )
+        let mut slot = self.blas.lock().expect("cuBLAS handle lock");
+        if slot.is_none() {
+            // cudarc's dynamic loader panics on a missing library; check first.
+            if !unsafe { blas_sys::is_culib_present() } {
+                return Err(CudaError::Blas(
+                    "libcublas.so could not be loaded: install the CUDA toolkit's cuBLAS or put it on LD_LIBRARY_PATH".into(),
+                ));
             }
-        };
-        f(b)
+            let handle = CudaBlas::new(self.stream.clone())
+                .map_err(|e| CudaError::Blas(format!("creating a handle: {e:?}")))?;
+            *slot = Some(handle);
+        }
+        f(slot.as_ref().expect("created above"))
     }
 
     /// `y[r] (+)= x[r] · Wᵀ` for `rows` rows on the tensor cores (the semantics of `gemv_bf16`):
@@ -172,7 +158,7 @@ impl Gpu {
                         blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                     )
                 }
-                .map_err(|e| CudaError::NoDevice(format!("cuBLAS gemm_ex: {e:?}")))?;
+                .map_err(|e| CudaError::Blas(format!("gemm_ex: {e:?}")))?;
             }
             Ok(())
         })
