@@ -14,7 +14,6 @@ __device__ __forceinline__ void select_experts(const float* __restrict__ logits,
                                                int norm_topk, float softcap, int rows) {
     __shared__ float key[1024], sc[1024];
     __shared__ int chosen[1024];
-    __shared__ int count[WARP];
     __shared__ int list[32];
     __shared__ float list_w[1];
     const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
@@ -47,25 +46,22 @@ __device__ __forceinline__ void select_experts(const float* __restrict__ logits,
             if (e < E && sub == 0) chosen[e] = rank < k;
         }
         __syncthreads();
-        // List the chosen in ascending index: warp 0, lane l counting experts l·E/32 ... in
-        // order, then an exclusive prefix over lanes.
+        // List the chosen in ascending index: warp 0 takes the experts 32 at a time, a ballot
+        // giving each chosen one its place (the chosen before it) without a serial scan.
         if (warp == 0) {
-            const int per = (E + WARP - 1) / WARP, lo = lane * per, hi = min(E, lo + per);
-            int c = 0;
-            for (int e = lo; e < hi; e++) c += chosen[e];
-            count[lane] = c;
-            __syncwarp();
-            int at = 0;
-            for (int l = 0; l < lane; l++) at += count[l];
-            __syncwarp();
-            for (int e = lo; e < hi; e++)
-                if (chosen[e] && at < k) list[at++] = e;
+            int n = 0;
+            for (int e0 = 0; e0 < E; e0 += WARP) {
+                const int e = e0 + lane;
+                const bool c = e < E && chosen[e];
+                const unsigned int m = __ballot_sync(0xffffffffu, c);
+                const int at = n + __popc(m & ((1u << lane) - 1u));
+                if (c && at < k) list[at] = e;
+                n += __popc(m);
+            }
             __syncwarp();
             if (lane == 0) {
                 // NaN keys rank nowhere: fill up with the lowest unchosen experts, so the ids
                 // stay in range (the forward's output is garbage then anyway).
-                int n = 0;
-                for (int l = 0; l < WARP; l++) n += count[l];
                 for (int e = 0; n < k && e < E; e++)
                     if (!chosen[e]) list[n++] = e;
                 float total = 0.f;
@@ -85,8 +81,8 @@ __device__ __forceinline__ void select_experts(const float* __restrict__ logits,
 }
 
 // The whole router of up to R rows in one launch: logits = RMSNorm(x)·Wᵀ (the persistent GEMV,
-// one warp per expert row), xn = RMSNorm(x) for the experts (block 0, with the very inverse rms
-// the logits used), then the last block to finish (counted in `counter`, reset afterwards)
+// one warp per expert row), xn = RMSNorm(x) for the experts (a slice per block, with the very
+// inverse rms the logits used), then the last block to finish (counted in `counter`, reset afterwards)
 // selects every row's experts. One entry point per R, as gemv_bf16. grid: any (persistent),
 // block: 256.
 template <int R>
@@ -99,9 +95,10 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
     __shared__ float inv[16], red[8 * 16];
     __shared__ int is_last;
     gemv_persistent<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); });
-    if (blockIdx.x == 0)
-        for (int i = threadIdx.x; i < rows * H; i += blockDim.x)
-            xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
+    // Every block writes a slice of xn (all blocks hold the same inverse rms), so no block's
+    // serial loop delays the selection.
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += gridDim.x * blockDim.x)
+        xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
