@@ -12,8 +12,8 @@ pub const ATT_SPLITS: usize = 32;
 const ATT_TILE: usize = 32;
 const ATT_WARPS: usize = 8;
 /// Output rows per block of the expert GEMVs (`MOE_OB`, `DOWN_OB` in moe.cu).
-const MOE_OB: usize = 8;
-const DOWN_OB: usize = 16;
+const MOE_OB: usize = 4;
+const DOWN_OB: usize = 8;
 /// Rows one decode-kernel launch carries (the GEMVs keep one accumulator per row in registers).
 pub const MAX_ROWS: usize = 16;
 
