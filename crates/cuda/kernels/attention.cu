@@ -55,26 +55,29 @@ __device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, co
 __device__ __forceinline__ size_t kv_slot(int p, int ring) { return (size_t)(ring > 0 ? p % ring : p); }
 
 // Prefill side of the cache: q_out[r, h, :] = norm_rope(q of row r), and k, v of every row into the
-// cache at slot(pos[r]). grid: (heads + kv_heads, rows), block: 32.
-extern "C" __global__ void qk_norm_rope_store(const float* __restrict__ qkvg, int width,
-                                              const __nv_bfloat16* __restrict__ q_norm,
-                                              const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos,
-                                              const float* __restrict__ inv_freq, int rot_dim, float rope_scaling, float eps,
-                                              int heads, int kv_heads, int d, int ring, float* __restrict__ q_out, float* __restrict__ ck, float* __restrict__ cv) {
-    __shared__ float tmp[128], cs[64], sn[64];
+// cache at slot(pos[r]). A block takes eight heads (q heads, then kv heads) of one row, a warp
+// each, sharing the row's rope table. grid: (ceil((heads + kv_heads) / 8), rows), block: 256.
+extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_store(
+    const float* __restrict__ qkvg, int width, const __nv_bfloat16* __restrict__ q_norm,
+    const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos, const float* __restrict__ inv_freq,
+    int rot_dim, float rope_scaling, float eps, int heads, int kv_heads, int d, int ring, float* __restrict__ q_out,
+    float* __restrict__ ck, float* __restrict__ cv) {
+    __shared__ float tmp[8][128], cs[64], sn[64];
     const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
-    const int h = blockIdx.x, r = blockIdx.y, p = pos[r];
-    rope_table(rope, p, cs, sn, threadIdx.x, WARP);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int h = blockIdx.x * 8 + warp, r = blockIdx.y, p = pos[r];
+    rope_table(rope, p, cs, sn, threadIdx.x, blockDim.x);
     pdl_wait();
-    __syncwarp();
+    __syncthreads();
+    if (h >= heads + kv_heads) return;
     const float* row = qkvg + (size_t)r * width;
     if (h < heads) {
-        warp_norm_rope(row + h * d, q_norm, d, rot_dim, eps, cs, sn, tmp, q_out + ((size_t)r * heads + h) * d);
+        warp_norm_rope(row + h * d, q_norm, d, rot_dim, eps, cs, sn, tmp[warp], q_out + ((size_t)r * heads + h) * d);
     } else {
         const int kh = h - heads;
         const size_t dst = (kv_slot(p, ring) * kv_heads + kh) * d;
-        warp_norm_rope(row + (heads + kh) * d, k_norm, d, rot_dim, eps, cs, sn, tmp, ck + dst);
-        for (int i = threadIdx.x; i < d; i += WARP) cv[dst + i] = row[(heads + kv_heads + kh) * d + i];
+        warp_norm_rope(row + (heads + kh) * d, k_norm, d, rot_dim, eps, cs, sn, tmp[warp], ck + dst);
+        for (int i = lane; i < d; i += WARP) cv[dst + i] = row[(heads + kv_heads + kh) * d + i];
     }
 }
 

@@ -154,7 +154,11 @@ impl Gpu {
                 .arg(q_out)
                 .arg(ck)
                 .arg(cv)
-                .launch(launch_cfg(((h + kvh) as u32, rows as u32), 32, 0))
+                .launch(launch_cfg(
+                    ((h + kvh).div_ceil(8) as u32, rows as u32),
+                    256,
+                    0,
+                ))
         }?;
         Ok(())
     }
