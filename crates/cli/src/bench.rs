@@ -54,7 +54,7 @@ pub struct BenchArgs {
     /// CUDA only: generate a preset's synthetic weights directly in GPU memory (e.g. xs2.1).
     #[arg(long, conflicts_with = "model")]
     synthetic: Option<String>,
-    /// CUDA only: also time every op of 32 decode steps with CUDA events (per-kernel breakdown).
+    /// CUDA only: also time every op of the prefill and of 32 decode steps with CUDA events.
     #[arg(long)]
     profile: bool,
 }

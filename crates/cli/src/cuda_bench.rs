@@ -76,31 +76,36 @@ pub struct CudaBenchArgs<'a> {
     pub profile: bool,
 }
 
-/// Per-op device time of `steps` serial decode steps after a prefill of `prompt`, in ms per token.
-fn profile_decode(
+/// Per-op device time, from CUDA events between the ops: of the prefill of `prompt` (ms per
+/// prefill) and of `steps` serial decode steps after it (ms per token).
+type Breakdown = Vec<(String, f64, f64)>;
+
+fn profile(
     target: &mut CudaBackend,
     prompt: &[u32],
     steps: usize,
-) -> Result<Vec<(String, f64, f64)>> {
+) -> Result<(Breakdown, Breakdown)> {
+    let table = |prof: fastdecode_cuda::profile::Profiler, per: usize| {
+        let mut rows: Breakdown = prof
+            .totals
+            .iter()
+            .map(|(k, (ms, n))| (k.to_string(), ms / per as f64, *n as f64 / per as f64))
+            .collect();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        rows
+    };
     target.reset();
     let positions: Vec<usize> = (0..prompt.len()).collect();
-    let out = target.forward(prompt, &positions, &[])?;
-    let v = target.config().vocab_size;
-    let mut tok = fastdecode_cpu::ops::argmax(&out.logits[(prompt.len() - 1) * v..]) as u32;
+    target.session().profiler = Some(Default::default());
+    let mut tok = target.forward_greedy(prompt, &positions, &[], true)?.tokens[0];
+    let prefill = table(target.session().profiler.take().expect("set above"), 1);
     target.session().profiler = Some(Default::default());
     for i in 0..steps {
         let p = prompt.len() + i;
-        let out = target.forward(&[tok], &[p], &[])?;
-        tok = fastdecode_cpu::ops::argmax(&out.logits) as u32;
+        tok = target.forward_greedy(&[tok], &[p], &[], true)?.tokens[0];
     }
-    let prof = target.session().profiler.take().expect("set above");
-    let mut rows: Vec<(String, f64, f64)> = prof
-        .totals
-        .iter()
-        .map(|(k, (ms, n))| (k.to_string(), ms / steps as f64, *n as f64 / steps as f64))
-        .collect();
-    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-    Ok(rows)
+    let decode = table(target.session().profiler.take().expect("set above"), steps);
+    Ok((prefill, decode))
 }
 
 pub fn run(a: CudaBenchArgs) -> Result<()> {
@@ -165,10 +170,10 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         v[v.len() / 2]
     };
     let (pm, dm) = (med(&mut prefill_ms), med(&mut decode_ms));
-    let breakdown = if a.profile {
-        profile_decode(&mut target, &prompt, 32)?
+    let (prefill_breakdown, breakdown) = if a.profile {
+        profile(&mut target, &prompt, 32)?
     } else {
-        vec![]
+        (vec![], vec![])
     };
     let bpt = bytes_per_token(&c, a.prompt_tokens + a.decode_tokens / 2, 4);
     let floor_ms = bpt as f64 / bw * 1e3;
@@ -190,6 +195,7 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         "roofline_ms_per_token": floor_ms,
         "fraction_of_roofline": floor_ms / dm,
         "decode_breakdown_ms_per_token": breakdown.iter().map(|(k, ms, n)| json!({"op": k, "ms": ms, "launches": n})).collect::<Vec<_>>(),
+        "prefill_breakdown_ms": prefill_breakdown.iter().map(|(k, ms, n)| json!({"op": k, "ms": ms, "launches": n})).collect::<Vec<_>>(),
     });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -208,6 +214,9 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         println!("bytes/token {bpt}, copy bandwidth {:.2} TB/s, roofline {floor_ms:.3} ms/token, achieved {:.1} %", bw / 1e12, 100.0 * floor_ms / dm);
         for (k, ms, n) in &breakdown {
             println!("  {k:<40} {ms:>8.3} ms/token  {n:>5.0} launches");
+        }
+        for (k, ms, n) in &prefill_breakdown {
+            println!("  {k:<40} {ms:>8.3} ms/prefill {n:>5.0} launches");
         }
     }
     Ok(())

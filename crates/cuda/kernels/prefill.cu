@@ -523,7 +523,7 @@ __device__ __forceinline__ constexpr int pf_astage() { return 2 * 2 * PF_KT * (D
 template <int D>
 __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const __nv_bfloat16* __restrict__ kx,
                                           const __nv_bfloat16* __restrict__ vx, const float* __restrict__ gl,
-                                          const int* __restrict__ pos, float* __restrict__ out, int rows,
+                                          int gstride, const int* __restrict__ pos, float* __restrict__ out, int rows,
                                           int heads, int kv_heads, int window, int ring, int slots, int gb, int rb) {
     extern __shared__ __align__(16) __nv_bfloat16 pf_asmem[];
     __shared__ int range[2];
@@ -692,7 +692,7 @@ __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const __n
         const int row = half ? rb8 : ra;
         if (row >= rows) continue;
         const float l = half ? l_b : l_a;
-        const float x = gl[(size_t)row * heads + h];
+        const float x = gl[(size_t)row * gstride + h];
         const float gate = x > 20.f ? x : log1pf(expf(x));
         const float f = l > 0.f ? gate / l : 0.f;
         float* o = out + ((size_t)row * heads + h) * D;
@@ -702,16 +702,18 @@ __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const __n
     }
 }
 
-// kx, vx: pf_attn_split of the caches. gb heads of a kv group × rb blocks of 16 rows per block.
+// kx, vx: pf_attn_split of the caches; gl: the gate logits, row r at gl + r · gstride (the tail
+// of the fused projection rows, so no copy is needed). gb heads of a kv group × rb blocks of 16
+// rows per block.
 // grid: (kv_heads, ceil(rows / (16 rb)), heads / kv_heads / gb), block: 32 gb rb (<= 256),
 // dynamic shared memory PF_ASTAGES · 256 · (D + 8) bytes.
 #define PF_ATTEND(DIM)                                                                                        \
     extern "C" __global__ void __launch_bounds__(256, 1) pf_attend_d##DIM(                                   \
         const float* __restrict__ q, const __nv_bfloat16* __restrict__ kx,                                   \
-        const __nv_bfloat16* __restrict__ vx, const float* __restrict__ gl, const int* __restrict__ pos,     \
-        float* __restrict__ out, int rows, int heads, int kv_heads, int window, int ring, int slots, int gb, \
-        int rb) {                                                                                            \
-        pf_attend<DIM>(q, kx, vx, gl, pos, out, rows, heads, kv_heads, window, ring, slots, gb, rb);         \
+        const __nv_bfloat16* __restrict__ vx, const float* __restrict__ gl, int gstride,                     \
+        const int* __restrict__ pos, float* __restrict__ out, int rows, int heads, int kv_heads, int window,  \
+        int ring, int slots, int gb, int rb) {                                                               \
+        pf_attend<DIM>(q, kx, vx, gl, gstride, pos, out, rows, heads, kv_heads, window, ring, slots, gb, rb); \
     }
 PF_ATTEND(32)
 PF_ATTEND(64)

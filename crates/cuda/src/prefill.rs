@@ -370,9 +370,9 @@ impl Gpu {
 
     /// Gated attention of `rows` query rows over the cache on the tensor cores (the semantics of
     /// `attend`): `q [rows, heads, d]` (normed and roped), caches `[slots, kv_heads, d]` holding
-    /// every key the rows see (position p at slot `p % ring`, or `p` when `ring` is 0), `g [rows,
-    /// heads]` gate logits, `pos [rows]`, `out [rows, heads, d]`. Row r sees key positions
-    /// `max(0, pos - window + 1) ..= pos` (`window` 0: all). Flash-style: the caches are first
+    /// every key the rows see (position p at slot `p % ring`, or `p` when `ring` is 0), gate
+    /// logits of row r at `g[r · g_stride ..][..heads]`, `pos [rows]`, `out [rows, heads, d]`.
+    /// Row r sees key positions `max(0, pos - window + 1) ..= pos` (`window` 0: all). Flash-style: the caches are first
     /// split into bf16 hi/lo rows (scratch of `8 · slots · kv_heads · d` bytes from the stream),
     /// then a block takes up to 8 query heads of one kv group (sharing its keys) × blocks of 16
     /// rows, a warp each, and streams tiles of 32 keys through a 3-stage cp.async pipeline with
@@ -385,6 +385,7 @@ impl Gpu {
         ck: &CudaView<f32>,
         cv: &CudaView<f32>,
         g: &CudaView<f32>,
+        g_stride: usize,
         pos: &CudaView<i32>,
         out: &mut CudaViewMut<f32>,
         heads: usize,
@@ -411,7 +412,8 @@ impl Gpu {
         check(
             q.len() >= rows * heads * d
                 && out.len() >= rows * heads * d
-                && g.len() >= rows * heads
+                && g_stride >= heads
+                && g.len() >= rows.saturating_sub(1) * g_stride + heads
                 && pos.len() >= rows,
             || format!("attend_prefill: q/g/pos/out too small for {rows} rows of {heads}×{d}"),
         )?;
@@ -467,7 +469,10 @@ impl Gpu {
         let smem = (ATTEND_STAGES * 256 * (d + 8)) as u32;
         let f = self.function("prefill", name)?;
         set_smem(&f, smem)?;
-        let (ri, h, kvh, wi, rg, sl, gbi, rbi) = (
+        check(g_stride <= i32::MAX as usize, || {
+            format!("attend_prefill: gate row stride {g_stride} beyond int range")
+        })?;
+        let (ri, h, kvh, wi, rg, sl, gbi, rbi, gs) = (
             rows as i32,
             heads as i32,
             kv_heads as i32,
@@ -476,6 +481,7 @@ impl Gpu {
             slots as i32,
             gb as i32,
             rb as i32,
+            g_stride as i32,
         );
         // SAFETY: argument types match pf_attend_d*; sizes checked above.
         unsafe {
@@ -485,6 +491,7 @@ impl Gpu {
                 .arg(&kx)
                 .arg(&vx)
                 .arg(g)
+                .arg(&gs)
                 .arg(pos)
                 .arg(out)
                 .arg(&ri)

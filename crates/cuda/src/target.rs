@@ -120,8 +120,6 @@ const RING_MARGIN: usize = PREFILL_CHUNK;
 /// The prefill path's buffers for one chunk, allocated on the first prefill.
 struct PrefillScratch {
     rows: Rows,
-    /// Gate logits, contiguous for `attend_prefill`.
-    g: CudaSlice<f32>,
     /// Normed and rotated queries.
     q: CudaSlice<f32>,
     logits: Option<CudaSlice<f32>>,
@@ -563,7 +561,6 @@ impl CudaTarget {
             let hmax = max_heads(c);
             self.p = Some(PrefillScratch {
                 rows: Rows::new(c, st, n)?,
-                g: st.alloc_zeros(n * hmax)?,
                 q: st.alloc_zeros(n * hmax * c.head_dim)?,
                 logits: None,
             });
@@ -589,12 +586,22 @@ impl CudaTarget {
         let grouped_moe = [ms.hidden, ms.inter, ms.shared_inter]
             .iter()
             .all(|v| v.is_multiple_of(128));
+        let mut prof = self.profiler.take();
+        macro_rules! mark {
+            ($name:expr) => {
+                if let Some(pr) = prof.as_mut() {
+                    pr.mark($name, st)?;
+                }
+            };
+        }
+        mark!("start");
         let p = self.p.as_mut().expect("allocated above");
         let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let pos: Vec<i32> = (p0..p0 + n).map(|q| q as i32).collect();
         st.memcpy_htod(&toks, &mut p.rows.tok.slice_mut(0..n))?;
         st.memcpy_htod(&pos, &mut p.rows.pos.slice_mut(0..n))?;
         g.embed_rows(&m.embed, &p.rows.tok.slice(0..n), &mut p.rows.x, h)?;
+        mark!("prefill embed");
         for (li, l) in m.layers.iter().enumerate() {
             let shape = attn_shape(c, l);
             let width = shape.width();
@@ -606,6 +613,7 @@ impl CudaTarget {
                 n,
                 eps,
             )?;
+            mark!("prefill rms_norm");
             g.gemm_bf16_tc(
                 &l.qkvg.as_view(),
                 &p.rows.xn.slice(0..n * h),
@@ -615,18 +623,7 @@ impl CudaTarget {
                 n,
                 false,
             )?;
-            // The gate logits again, contiguous for the attention kernel: the last rows of the
-            // stacked weight.
-            let gate_rows = l.qkvg.slice((width - l.heads) * h..width * h);
-            g.gemm_bf16_tc(
-                &gate_rows,
-                &p.rows.xn.slice(0..n * h),
-                &mut p.g.slice_mut(0..n * l.heads),
-                l.heads,
-                h,
-                n,
-                false,
-            )?;
+            mark!("prefill gemm qkvg (hi/lo)");
             let (ck, cv) = &mut self.kv[li];
             g.qk_norm_rope_store(
                 &p.rows.qkvg.slice(0..n * width),
@@ -641,11 +638,14 @@ impl CudaTarget {
                 ck,
                 cv,
             )?;
+            mark!("prefill qk norm + rope + kv store");
             g.attend_prefill(
                 &p.q.slice(0..n * l.heads * d),
                 &ck.as_view(),
                 &cv.as_view(),
-                &p.g.slice(0..n * l.heads),
+                // The gate logits: the tail of each fused projection row.
+                &p.rows.qkvg.slice(width - l.heads..n * width),
+                width,
                 &p.rows.pos.slice(0..n),
                 &mut p.rows.att.slice_mut(0..n * l.heads * d),
                 l.heads,
@@ -655,6 +655,7 @@ impl CudaTarget {
                 shape.ring,
                 n,
             )?;
+            mark!("prefill attention");
             g.gemm_bf16_tc(
                 &l.o.as_view(),
                 &p.rows.att.slice(0..n * l.heads * d),
@@ -664,6 +665,7 @@ impl CudaTarget {
                 n,
                 true,
             )?;
+            mark!("prefill gemm o_proj + residual");
             g.rms_norm_rows(
                 &p.rows.x.slice(0..n * h),
                 &l.post_norm.as_view(),
@@ -672,6 +674,7 @@ impl CudaTarget {
                 n,
                 eps,
             )?;
+            mark!("prefill rms_norm");
             match &l.ffn {
                 DevFfn::Dense { gate_up, down } => {
                     let w = c.intermediate_size;
@@ -699,6 +702,7 @@ impl CudaTarget {
                         n,
                         true,
                     )?;
+                    mark!("prefill dense mlp");
                 }
                 DevFfn::Moe(e) => {
                     g.gemm_bf16_tc(
@@ -720,6 +724,7 @@ impl CudaTarget {
                         c.moe_router_logit_softcapping as f32,
                         n,
                     )?;
+                    mark!("prefill router (gemm + top-k)");
                     let scaling = c.moe_routed_scaling_factor as f32;
                     if grouped_moe {
                         let w = MoeWeights {
@@ -740,6 +745,7 @@ impl CudaTarget {
                             scaling,
                             n,
                         )?;
+                        mark!("prefill grouped moe");
                     } else {
                         // Widths the grouped kernel does not take: the step kernels, every row
                         // reading its own experts.
@@ -765,6 +771,7 @@ impl CudaTarget {
                             n,
                             &mut p.rows.x.as_view_mut(),
                         )?;
+                        mark!("prefill moe (step kernels)");
                     }
                 }
             }
@@ -816,6 +823,11 @@ impl CudaTarget {
                 )?;
             }
         }
+        mark!("prefill lm_head + argmax");
+        if let Some(pr) = prof.as_mut() {
+            pr.collect()?;
+        }
+        self.profiler = prof;
         self.len = p0 + n;
         Ok(())
     }

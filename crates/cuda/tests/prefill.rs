@@ -298,12 +298,19 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
         }
         let q = rand_vec(&mut rng, rows * heads * d, 1.5);
         let gl = rand_vec(&mut rng, rows * heads, 3.0);
+        // The gate logits sit strided, as at the tail of the fused projection rows; the gaps
+        // hold values that would show if they were read.
+        let gstride = heads + 5;
+        let mut gpad = vec![1e30f32; rows * gstride];
+        for r in 0..rows {
+            gpad[r * gstride..r * gstride + heads].copy_from_slice(&gl[r * heads..(r + 1) * heads]);
+        }
         let pos: Vec<i32> = (p0..total).map(|p| p as i32).collect();
         let (dq, dck, dcv, dg, dpos) = (
             g.stream.clone_htod(&q).unwrap(),
             g.stream.clone_htod(&ck).unwrap(),
             g.stream.clone_htod(&cv).unwrap(),
-            g.stream.clone_htod(&gl).unwrap(),
+            g.stream.clone_htod(&gpad).unwrap(),
             g.stream.clone_htod(&pos).unwrap(),
         );
         let run = || {
@@ -313,6 +320,7 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
                 &dck.as_view(),
                 &dcv.as_view(),
                 &dg.as_view(),
+                gstride,
                 &dpos.as_view(),
                 &mut dout.as_view_mut(),
                 heads,
@@ -361,6 +369,7 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
             &z.as_view(),
             &z.as_view(),
             &z.as_view(),
+            1,
             &zp.as_view(),
             &mut out.as_view_mut(),
             1,
@@ -539,6 +548,7 @@ fn prefill_kernels_timing_xs_shapes() {
                 &dck.as_view(),
                 &dcv.as_view(),
                 &dg.as_view(),
+                heads,
                 &dpos.as_view(),
                 &mut dout.as_view_mut(),
                 heads,
