@@ -123,15 +123,95 @@ ROUTER_ENTRY(4)
 ROUTER_ENTRY(8)
 ROUTER_ENTRY(16)
 
-// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts, with the same selection.
-// grid: rows, block: 1024.
-extern "C" __global__ void __launch_bounds__(1024) router_topk(const float* __restrict__ logits,
-                                                              const float* __restrict__ bias, int* __restrict__ ids,
-                                                              float* __restrict__ wts, int E, int k, int norm_topk,
-                                                              float softcap) {
-    pdl_wait();
-    select_experts(logits + (size_t)blockIdx.x * E, bias, ids + (size_t)blockIdx.x * k, wts + (size_t)blockIdx.x * k,
-                   E, k, norm_topk, softcap, 1);
+// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts, one warp per row. The
+// same choice as select_experts (the k best by key, ties to the lower index) by k rounds of a
+// warp arg-max over the experts not yet chosen (lane l owns experts l, l + 32, ...), then the
+// same ascending listing and weight sum. grid: ceil(rows / 4), block: 128, shared: 4 · 2E floats.
+// E <= 1024, k < 32.
+extern "C" __global__ void __launch_bounds__(128) router_topk(const float* __restrict__ logits,
+                                                             const float* __restrict__ bias, int* __restrict__ ids,
+                                                             float* __restrict__ wts, int E, int k, int norm_topk,
+                                                             float softcap, int rows) {
+    extern __shared__ float rt_smem[];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int r = blockIdx.x * 4 + warp;
+    if (r >= rows) return;
+    float* key = rt_smem + warp * 2 * E;
+    float* sc = key + E;
+    for (int e = lane; e < E; e += WARP) {
+        float v = logits[(size_t)r * E + e];
+        if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+        sc[e] = 1.f / (1.f + expf(-v));
+        key[e] = sc[e] + bias[e];
+    }
+    __syncwarp();
+    unsigned int taken = 0;  // bit i: expert lane + 32 i is chosen
+    int mine = -1;           // the expert lane i picked in round i
+    for (int round = 0; round < k; round++) {
+        float best = NEG_INF;
+        int bi = 0x7fffffff;
+        for (int i = 0, e = lane; e < E; i++, e += WARP) {
+            const float v = key[e];
+            // e ascends, so only a strictly larger key replaces the best (NaN never does).
+            if (!(taken >> i & 1u) && (v > best || (bi == 0x7fffffff && v == best))) {
+                best = v;
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v = __shfl_xor_sync(0xffffffffu, best, o);
+            const int j = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (v > best || (v == best && j < bi)) {
+                best = v;
+                bi = j;
+            }
+        }
+        if (bi == 0x7fffffff) break;  // only NaN keys left
+        if (bi % WARP == lane) taken |= 1u << (bi / WARP);
+        if (lane == round) mine = bi;
+    }
+    __shared__ int picks[4][32];
+    const int got = __popc(__ballot_sync(0xffffffffu, mine >= 0));  // rounds that found a winner
+    if (got < k) {
+        // Only NaN keys were left: fill up with the lowest unchosen experts, so the ids stay in
+        // range (the forward's output is garbage then anyway). Lane 0 lists them serially.
+        if (lane < got) picks[warp][lane] = mine;
+        __syncwarp();
+        if (lane == 0) {
+            int list[32], n = 0, fill = k - got;
+            for (int e = 0; e < E && n < k; e++) {
+                bool chosen = false;
+                for (int j = 0; j < got; j++) chosen |= picks[warp][j] == e;
+                if (chosen) {
+                    list[n++] = e;
+                } else if (fill > 0) {
+                    list[n++] = e;
+                    fill--;
+                }
+            }
+            float total = 0.f;
+            for (int i = 0; i < k; i++) total += sc[list[i]];
+            for (int i = 0; i < k; i++) {
+                ids[(size_t)r * k + i] = list[i];
+                wts[(size_t)r * k + i] = norm_topk ? sc[list[i]] / total : sc[list[i]];
+            }
+        }
+        return;
+    }
+    // Ascending order: lane i (< k) holds round i's expert; its place is the count of smaller ones.
+    int place = 0;
+    for (int j = 0; j < k; j++) place += __shfl_sync(0xffffffffu, mine, j) < mine;
+    if (lane < k) picks[warp][place] = mine;
+    __syncwarp();
+    // The total over the chosen in ascending index, as select_experts sums them.
+    float total = 0.f;
+    for (int j = 0; j < k; j++) total += sc[picks[warp][j]];
+    if (lane < k) {
+        const float sv = sc[mine];
+        ids[(size_t)r * k + place] = mine;
+        wts[(size_t)r * k + place] = norm_topk ? sv / total : sv;
+    }
 }
 
 // The two scale bytes of 16-byte code chunk c (columns 32c..32c+32) of an NVFP4 row.

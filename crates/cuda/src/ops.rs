@@ -261,7 +261,7 @@ impl Gpu {
             )));
         }
         let f = self.function("moe", "router_topk")?;
-        let (ee, kk, n) = (e as i32, k as i32, norm_topk as i32);
+        let (ee, kk, n, ri) = (e as i32, k as i32, norm_topk as i32, rows as i32);
         // SAFETY: as above.
         unsafe {
             self.launch(&f)
@@ -273,7 +273,13 @@ impl Gpu {
                 .arg(&kk)
                 .arg(&n)
                 .arg(&softcap)
-                .launch(launch_cfg((rows as u32, 1), 1024, 0))
+                .arg(&ri)
+                // A warp per row, four per block, each with its row's keys and scores.
+                .launch(launch_cfg(
+                    (rows.div_ceil(4) as u32, 1),
+                    128,
+                    (4 * 2 * e * 4) as u32,
+                ))
         }?;
         Ok(())
     }
