@@ -35,6 +35,8 @@ __device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, co
                                                float* tmp, float* dst) {
     const int lane = threadIdx.x % WARP;
     float ss = 0.f;
+    // Unrolled so the row's loads are all in flight at once (the sum keeps its order).
+#pragma unroll 4
     for (int i = lane; i < d; i += WARP) ss += src[i] * src[i];
     ss = warp_sum(ss);
     const float inv = 1.f / sqrtf(ss / (float)d + eps);
