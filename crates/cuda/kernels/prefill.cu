@@ -53,6 +53,38 @@ extern "C" __global__ void pf_split_rows(const float* __restrict__ x, __nv_bfloa
     xs[n + i] = __float2bfloat16_rn(v - __bfloat162float(h));
 }
 
+// RMSNorm of each row fused with the split the GEMMs take: v = w ⊙ x / rms(x) exactly as
+// rms_norm_rows computes it, out[r, :] = v (when out is set), xs[0, r, :] = bf16(v),
+// xs[1, r, :] = bf16(v - xs[0, r, :]) (as pf_split_rows). grid: rows, block: 256.
+extern "C" __global__ void __launch_bounds__(256) pf_rms_norm_split(const float* __restrict__ x,
+                                                                    const __nv_bfloat16* __restrict__ w,
+                                                                    float* __restrict__ out,
+                                                                    __nv_bfloat16* __restrict__ xs, int n, int rows,
+                                                                    float eps) {
+    __shared__ float inv[16], red[8 * 16];
+    const size_t base = (size_t)blockIdx.x * n, total = (size_t)rows * n;
+    const float* xr = x + base;
+    block_inv_rms(xr, n, 1, eps, inv, red);
+    // Four columns per thread: 16-byte loads of x, 8-byte loads of w and stores of hi and lo
+    // (n % 4 == 0, so rows stay 16-byte aligned).
+    for (int i = 4 * threadIdx.x; i < n; i += 4 * 256) {
+        const float4 xv = *reinterpret_cast<const float4*>(xr + i);
+        const uint2 wv = *reinterpret_cast<const uint2*>(w + i);
+        const float x4[4] = {xv.x, xv.y, xv.z, xv.w};
+        const float w4[4] = {__uint_as_float(wv.x << 16), __uint_as_float(wv.x & 0xffff0000u),
+                             __uint_as_float(wv.y << 16), __uint_as_float(wv.y & 0xffff0000u)};
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = w4[j] * (x4[j] * inv[0]);
+        if (out) *reinterpret_cast<float4*>(out + base + i) = make_float4(v[0], v[1], v[2], v[3]);
+        unsigned hi0, lo0, hi1, lo1;
+        pf_split2(v[0], v[1], hi0, lo0);
+        pf_split2(v[2], v[3], hi1, lo1);
+        *reinterpret_cast<uint2*>(xs + base + i) = make_uint2(hi0, hi1);
+        *reinterpret_cast<uint2*>(xs + total + base + i) = make_uint2(lo0, lo1);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Mixture of experts.
 //
@@ -92,31 +124,37 @@ extern "C" __global__ void pf_split_perm(const float* __restrict__ x, uint4* __r
 // Groups the (row, slot) pairs by expert, in two launches (both deterministic: integer counts
 // and ballot ranks only).
 //
-// pf_moe_place: warp w of block b takes expert e = 8b + w: cnt[e] = pairs with id e, and the
+// pf_moe_place: warp w of block b takes expert e = b · warps + w: cnt[e] = pairs with id e, and the
 // pairs with a smaller id give its first sorted position; then its pairs are placed in (row
 // chunk of 32, slot, row) order: order[j] = pair at sorted position j, pos[pair] = j; pairs
-// whose id lies outside 0..E get pos -1 (from expert 0's warp). ids are first staged in
-// dynamic shared memory when `staged` (rows·k ints). grid: ceil(E / 8), block: 256.
+// whose id lies outside 0..E get pos -1 (from expert 0's warp). When `staged`, the ids are
+// first copied to dynamic shared memory transposed, [slot][row] with rows padded by one
+// (k · (rows + 1) ints), so that the scans, which read 32 consecutive rows of one slot at a
+// time, hit 32 distinct banks (row-major ids would put a warp's reads k apart: k-way bank
+// conflicts). grid: ceil(E / warps), block: 32 · warps <= 256.
 extern "C" __global__ void __launch_bounds__(256) pf_moe_place(const int* __restrict__ gids, int rows, int k, int E,
                                                                int* __restrict__ order, int* __restrict__ pos,
                                                                int* __restrict__ cnt, int staged) {
     extern __shared__ int pf_sids[];
-    const int lane = threadIdx.x % WARP, e = blockIdx.x * 8 + threadIdx.x / WARP;
-    const int pairs = rows * k;
+    const int lane = threadIdx.x % WARP, e = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    const int pairs = rows * k, rs = rows + 1;
     if (staged) {
-        for (int p = threadIdx.x; p < pairs; p += blockDim.x) pf_sids[p] = gids[p];
+        // Unrolled: several global loads in flight per thread.
+#pragma unroll 8
+        for (int p = threadIdx.x; p < pairs; p += blockDim.x) pf_sids[(p % k) * rs + p / k] = gids[p];
         __syncthreads();
     }
-    const int* ids = staged ? pf_sids : gids;
+    auto id_at = [&](int r, int s) { return staged ? pf_sids[s * rs + r] : gids[r * k + s]; };
     if (e >= E) return;
     int below = 0, c = 0;
-    for (int p = lane; p < pairs; p += WARP) {
-        const int v = ids[p];
-        const bool valid = v >= 0 && v < E;
-        below += valid && v < e;
-        c += v == e;
-        if (e == 0 && !valid) pos[p] = -1;
-    }
+    for (int s = 0; s < k; s++)
+        for (int r = lane; r < rows; r += WARP) {
+            const int v = id_at(r, s);
+            const bool valid = v >= 0 && v < E;
+            below += valid && v < e;
+            c += v == e;
+            if (e == 0 && !valid) pos[r * k + s] = -1;
+        }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         below += __shfl_xor_sync(0xffffffffu, below, o);
@@ -128,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_moe_place(const int* __rest
     for (int r0 = 0; r0 < rows; r0 += WARP) {
         const int r = r0 + lane;
         for (int s = 0; s < k; s++) {
-            const bool hit = r < rows && ids[r * k + s] == e;
+            const bool hit = r < rows && id_at(r, s) == e;
             const unsigned m = __ballot_sync(0xffffffffu, hit);
             if (hit) {
                 const int j = base + __popc(m & ((1u << lane) - 1u));
@@ -523,7 +561,8 @@ __device__ __forceinline__ constexpr int pf_astage() { return 2 * 2 * PF_KT * (D
 template <int D>
 __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const __nv_bfloat16* __restrict__ kx,
                                           const __nv_bfloat16* __restrict__ vx, const float* __restrict__ gl,
-                                          int gstride, const int* __restrict__ pos, float* __restrict__ out, int rows,
+                                          int gstride, const int* __restrict__ pos, float* __restrict__ out,
+                                          __nv_bfloat16* __restrict__ xs, int rows,
                                           int heads, int kv_heads, int window, int ring, int slots, int gb, int rb) {
     extern __shared__ __align__(16) __nv_bfloat16 pf_asmem[];
     __shared__ int range[2];
@@ -695,25 +734,40 @@ __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const __n
         const float x = gl[(size_t)row * gstride + h];
         const float gate = x > 20.f ? x : log1pf(expf(x));
         const float f = l > 0.f ? gate / l : 0.f;
-        float* o = out + ((size_t)row * heads + h) * D;
+        const size_t at = ((size_t)row * heads + h) * D;
+        if (xs) {
+            // Straight into the split the o_proj GEMM takes (as pf_split_rows would make it).
+            const size_t total = (size_t)rows * heads * D;
 #pragma unroll
-        for (int n = 0; n < D / 8; n++)
-            *reinterpret_cast<float2*>(o + n * 8 + 2 * t) = make_float2(o_acc[n][2 * half] * f, o_acc[n][2 * half + 1] * f);
+            for (int n = 0; n < D / 8; n++) {
+                unsigned hi, lo;
+                pf_split2(o_acc[n][2 * half] * f, o_acc[n][2 * half + 1] * f, hi, lo);
+                *reinterpret_cast<unsigned*>(xs + at + n * 8 + 2 * t) = hi;
+                *reinterpret_cast<unsigned*>(xs + total + at + n * 8 + 2 * t) = lo;
+            }
+        } else {
+            float* o = out + at;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++)
+                *reinterpret_cast<float2*>(o + n * 8 + 2 * t) = make_float2(o_acc[n][2 * half] * f, o_acc[n][2 * half + 1] * f);
+        }
     }
 }
 
 // kx, vx: pf_attn_split of the caches; gl: the gate logits, row r at gl + r · gstride (the tail
-// of the fused projection rows, so no copy is needed). gb heads of a kv group × rb blocks of 16
-// rows per block.
+// of the fused projection rows, so no copy is needed). The output goes to out (f32), or, when xs
+// is set, to xs as the hi/lo split [2, rows, heads · D] the next GEMM takes. gb heads of a kv
+// group × rb blocks of 16 rows per block.
 // grid: (kv_heads, ceil(rows / (16 rb)), heads / kv_heads / gb), block: 32 gb rb (<= 256),
 // dynamic shared memory PF_ASTAGES · 256 · (D + 8) bytes.
 #define PF_ATTEND(DIM)                                                                                        \
     extern "C" __global__ void __launch_bounds__(256, 1) pf_attend_d##DIM(                                   \
         const float* __restrict__ q, const __nv_bfloat16* __restrict__ kx,                                   \
         const __nv_bfloat16* __restrict__ vx, const float* __restrict__ gl, int gstride,                     \
-        const int* __restrict__ pos, float* __restrict__ out, int rows, int heads, int kv_heads, int window,  \
-        int ring, int slots, int gb, int rb) {                                                               \
-        pf_attend<DIM>(q, kx, vx, gl, gstride, pos, out, rows, heads, kv_heads, window, ring, slots, gb, rb); \
+        const int* __restrict__ pos, float* __restrict__ out, __nv_bfloat16* __restrict__ xs, int rows,      \
+        int heads, int kv_heads, int window, int ring, int slots, int gb, int rb) {                          \
+        pf_attend<DIM>(q, kx, vx, gl, gstride, pos, out, xs, rows, heads, kv_heads, window, ring, slots, gb, \
+                       rb);                                                                                  \
     }
 PF_ATTEND(32)
 PF_ATTEND(64)

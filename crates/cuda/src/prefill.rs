@@ -60,6 +60,48 @@ fn is_aligned<T>(v: &CudaView<T>, gpu: &Gpu, bytes: u64) -> bool {
     p % bytes == 0
 }
 
+/// Where `attend_prefill_to` writes its output.
+enum AttnDest<'a, 'b> {
+    /// f32 rows `[rows, heads, d]`.
+    Rows(&'a mut CudaViewMut<'b, f32>),
+    /// The hi/lo bf16 split `[2, rows, heads · d]`.
+    Split(&'a mut CudaSlice<bf16>),
+}
+
+impl AttnDest<'_, '_> {
+    /// Elements of one half: f32 rows, or half the split.
+    fn len(&self) -> usize {
+        match self {
+            AttnDest::Rows(o) => o.len(),
+            AttnDest::Split(x) => x.len() / 2,
+        }
+    }
+
+    fn aligned(&self, gpu: &Gpu) -> bool {
+        match self {
+            AttnDest::Rows(o) => is_aligned(&o.as_view(), gpu, 8),
+            AttnDest::Split(x) => is_aligned(&x.as_view(), gpu, 4),
+        }
+    }
+
+    /// (out, xs) kernel arguments: the unused one is null.
+    fn pointers<'s>(
+        &'s mut self,
+        gpu: &'s Gpu,
+    ) -> (u64, u64, Option<cudarc::driver::SyncOnDrop<'s>>) {
+        match self {
+            AttnDest::Rows(o) => {
+                let (p, s) = o.device_ptr_mut(&gpu.stream);
+                (p, 0, Some(s))
+            }
+            AttnDest::Split(x) => {
+                let (p, s) = x.device_ptr_mut(&gpu.stream);
+                (0, p, Some(s))
+            }
+        }
+    }
+}
+
 impl Gpu {
     /// This GPU's cuBLAS handle (bound to its stream), created on first use.
     fn with_blas<R>(&self, f: impl FnOnce(&CudaBlas) -> Result<R>) -> Result<R> {
@@ -95,13 +137,99 @@ impl Gpu {
         rows: usize,
         accumulate: bool,
     ) -> Result<()> {
+        check(x.len() >= rows * inp, || {
+            format!("gemm_bf16_tc: activations too small for {rows} rows of {inp}")
+        })?;
+        let n = rows * inp;
+        // xs = [hi; lo], each [rows, inp]; pf_split_rows writes all 2n elements.
+        let mut xs = scratch::<bf16>(self, 2 * n)?;
+        if n > 0 {
+            let f = self.function("prefill", "pf_split_rows")?;
+            let nn = n as i64;
+            // SAFETY: argument types match the kernel; x holds n elements, xs 2n.
+            unsafe {
+                self.stream
+                    .launch_builder(&f)
+                    .arg(x)
+                    .arg(&mut xs)
+                    .arg(&nn)
+                    .launch(launch_cfg((n.div_ceil(256) as u32, 1), 256, 0))
+            }?;
+        }
+        self.gemm_bf16_tc_split(w, &xs.as_view(), y, out, inp, rows, accumulate)
+    }
+
+    /// `xs = [hi; lo]` of `RMSNorm(x; w, eps)` for `rows` rows of width `n` (the input
+    /// `gemm_bf16_tc_split` takes), and the normalised rows themselves into `out` when given:
+    /// one pass instead of a norm and a split. Scratch of `4 · rows · n` bytes from the stream.
+    pub fn rms_norm_split(
+        &self,
+        x: &CudaView<f32>,
+        w: &CudaView<bf16>,
+        out: Option<&mut CudaViewMut<f32>>,
+        n: usize,
+        rows: usize,
+        eps: f32,
+    ) -> Result<CudaSlice<bf16>> {
+        check(
+            x.len() >= rows * n
+                && w.len() == n
+                && n.is_multiple_of(4)
+                && out.as_ref().is_none_or(|o| o.len() >= rows * n)
+                && n <= i32::MAX as usize
+                && rows <= i32::MAX as usize,
+            || format!("rms_norm_split: bad shapes for {rows}×{n}"),
+        )?;
+        check(
+            is_aligned(x, self, 16)
+                && is_aligned(w, self, 8)
+                && out
+                    .as_ref()
+                    .is_none_or(|o| is_aligned(&o.as_view(), self, 16)),
+            || "rms_norm_split: x and out must be 16-byte, w 8-byte aligned".into(),
+        )?;
+        // Written in full by pf_rms_norm_split.
+        let mut xs = scratch::<bf16>(self, 2 * rows * n)?;
+        if rows == 0 {
+            return Ok(xs);
+        }
+        let f = self.function("prefill", "pf_rms_norm_split")?;
+        let (nn, ri) = (n as i32, rows as i32);
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(w);
+        match out {
+            Some(o) => b.arg(o),
+            None => b.arg(&null),
+        };
+        b.arg(&mut xs).arg(&nn).arg(&ri).arg(&eps);
+        // SAFETY: argument types match the kernel (out is a pointer or null); shapes checked above.
+        unsafe { b.launch(launch_cfg((rows as u32, 1), 256, 0)) }?;
+        drop(b);
+        Ok(xs)
+    }
+
+    /// `y[r] (+)= x[r] · Wᵀ` from the split activations `xs = [hi; lo]` (`2 · rows · inp` bf16,
+    /// as `gemm_bf16_tc` or `rms_norm_split` make them): two cuBLAS bf16 GEMMs with f32
+    /// accumulation, the second adding onto the first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16_tc_split(
+        &self,
+        w: &CudaView<bf16>,
+        xs: &CudaView<bf16>,
+        y: &mut CudaViewMut<f32>,
+        out: usize,
+        inp: usize,
+        rows: usize,
+        accumulate: bool,
+    ) -> Result<()> {
         check(w.len() == out * inp, || {
             format!(
                 "gemm_bf16_tc: weight has {} elements, expected {out}×{inp}",
                 w.len()
             )
         })?;
-        check(x.len() >= rows * inp && y.len() >= rows * out, || {
+        check(xs.len() >= 2 * rows * inp && y.len() >= rows * out, || {
             format!("gemm_bf16_tc: activations too small for {rows} rows of {inp} -> {out}")
         })?;
         check(
@@ -112,19 +240,6 @@ impl Gpu {
             return Ok(());
         }
         let n = rows * inp;
-        // xs = [hi; lo], each [rows, inp]; pf_split_rows writes all 2n elements.
-        let mut xs = scratch::<bf16>(self, 2 * n)?;
-        let f = self.function("prefill", "pf_split_rows")?;
-        let nn = n as i64;
-        // SAFETY: argument types match the kernel; x holds n elements, xs 2n.
-        unsafe {
-            self.stream
-                .launch_builder(&f)
-                .arg(x)
-                .arg(&mut xs)
-                .arg(&nn)
-                .launch(launch_cfg((n.div_ceil(256) as u32, 1), 256, 0))
-        }?;
         self.with_blas(|b| {
             let (wp, _s0) = w.device_ptr(&self.stream);
             let (xp, _s1) = xs.device_ptr(&self.stream);
@@ -270,9 +385,11 @@ impl Gpu {
                     0,
                 ))
         }?;
-        // ids go through shared memory when they fit the default 48 KiB.
-        let staged = i32::from(pairs * 4 <= 48 * 1024);
-        let sid_bytes = if staged != 0 { (pairs * 4) as u32 } else { 0 };
+        // ids go through shared memory (transposed, rows padded by one) when they fit the
+        // default 48 KiB.
+        let sid_bytes = k * (rows + 1) * 4;
+        let staged = i32::from(sid_bytes <= 48 * 1024);
+        let sid_bytes = if staged != 0 { sid_bytes as u32 } else { 0 };
         let f = self.function("prefill", "pf_moe_place")?;
         unsafe {
             self.stream
@@ -285,7 +402,8 @@ impl Gpu {
                 .arg(&mut pos)
                 .arg(&mut cnt)
                 .arg(&staged)
-                .launch(launch_cfg((e.div_ceil(8) as u32, 1), 256, sid_bytes))
+                // Four experts (warps) per block.
+                .launch(launch_cfg((e.div_ceil(4) as u32, 1), 128, sid_bytes))
         }?;
         let f = self.function("prefill", "pf_moe_tiles")?;
         unsafe {
@@ -376,8 +494,9 @@ impl Gpu {
     /// split into bf16 hi/lo rows (scratch of `8 · slots · kv_heads · d` bytes from the stream),
     /// then a block takes up to 8 query heads of one kv group (sharing its keys) × blocks of 16
     /// rows, a warp each, and streams tiles of 32 keys through a 3-stage cp.async pipeline with
-    /// an online softmax; q/k/P/v split hi/lo (about f32 accuracy). `d` is 32, 64 or 128; any row count and key count. A key whose slot lies past
-    /// the cache reads as zeros instead of out of bounds.
+    /// an online softmax; q/k/P/v split hi/lo (about f32 accuracy). `d` is 32, 64 or 128; any
+    /// row count and key count. A key whose slot lies past the cache reads as zeros instead of
+    /// out of bounds.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_prefill(
         &self,
@@ -388,6 +507,80 @@ impl Gpu {
         g_stride: usize,
         pos: &CudaView<i32>,
         out: &mut CudaViewMut<f32>,
+        heads: usize,
+        kv_heads: usize,
+        d: usize,
+        window: usize,
+        ring: usize,
+        rows: usize,
+    ) -> Result<()> {
+        self.attend_prefill_to(
+            q,
+            ck,
+            cv,
+            g,
+            g_stride,
+            pos,
+            AttnDest::Rows(out),
+            heads,
+            kv_heads,
+            d,
+            window,
+            ring,
+            rows,
+        )
+    }
+
+    /// Gated attention straight into the hi/lo split `[2, rows, heads · d]` that
+    /// `gemm_bf16_tc_split` takes (the o_proj input), skipping an f32 round trip and a split
+    /// pass; the bits equal a split of `attend_prefill`'s rows. Scratch from the stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_prefill_split(
+        &self,
+        q: &CudaView<f32>,
+        ck: &CudaView<f32>,
+        cv: &CudaView<f32>,
+        g: &CudaView<f32>,
+        g_stride: usize,
+        pos: &CudaView<i32>,
+        heads: usize,
+        kv_heads: usize,
+        d: usize,
+        window: usize,
+        ring: usize,
+        rows: usize,
+    ) -> Result<CudaSlice<bf16>> {
+        // Every element is written: each row's heads × d outputs, hi and lo.
+        let mut xs = scratch::<bf16>(self, 2 * rows * heads * d)?;
+        self.attend_prefill_to(
+            q,
+            ck,
+            cv,
+            g,
+            g_stride,
+            pos,
+            AttnDest::Split(&mut xs),
+            heads,
+            kv_heads,
+            d,
+            window,
+            ring,
+            rows,
+        )?;
+        Ok(xs)
+    }
+
+    /// The launch behind `attend_prefill` and `attend_prefill_split`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_prefill_to(
+        &self,
+        q: &CudaView<f32>,
+        ck: &CudaView<f32>,
+        cv: &CudaView<f32>,
+        g: &CudaView<f32>,
+        g_stride: usize,
+        pos: &CudaView<i32>,
+        mut out: AttnDest<'_, '_>,
         heads: usize,
         kv_heads: usize,
         d: usize,
@@ -429,7 +622,7 @@ impl Gpu {
             is_aligned(q, self, 8)
                 && is_aligned(ck, self, 16)
                 && is_aligned(cv, self, 16)
-                && is_aligned(&out.as_view(), self, 8),
+                && out.aligned(self),
             || "attend_prefill: q/out must be 8-byte and the caches 16-byte aligned".into(),
         )?;
         let slots = ck.len() / kvd;
@@ -469,6 +662,7 @@ impl Gpu {
         let smem = (ATTEND_STAGES * 256 * (d + 8)) as u32;
         let f = self.function("prefill", name)?;
         set_smem(&f, smem)?;
+        let (out_ptr, xs_ptr, _sync) = out.pointers(self);
         check(g_stride <= i32::MAX as usize, || {
             format!("attend_prefill: gate row stride {g_stride} beyond int range")
         })?;
@@ -493,7 +687,8 @@ impl Gpu {
                 .arg(g)
                 .arg(&gs)
                 .arg(pos)
-                .arg(out)
+                .arg(&out_ptr)
+                .arg(&xs_ptr)
                 .arg(&ri)
                 .arg(&h)
                 .arg(&kvh)

@@ -605,18 +605,19 @@ impl CudaTarget {
         for (li, l) in m.layers.iter().enumerate() {
             let shape = attn_shape(c, l);
             let width = shape.width();
-            g.rms_norm_rows(
+            // The norm writes the GEMM's hi/lo split directly (the normed rows are not needed).
+            let xs = g.rms_norm_split(
                 &p.rows.x.slice(0..n * h),
                 &l.input_norm.as_view(),
-                &mut p.rows.xn.slice_mut(0..n * h),
+                None,
                 h,
                 n,
                 eps,
             )?;
-            mark!("prefill rms_norm");
-            g.gemm_bf16_tc(
+            mark!("prefill rms_norm (+ split)");
+            g.gemm_bf16_tc_split(
                 &l.qkvg.as_view(),
-                &p.rows.xn.slice(0..n * h),
+                &xs.as_view(),
                 &mut p.rows.qkvg.slice_mut(0..n * width),
                 width,
                 h,
@@ -639,7 +640,8 @@ impl CudaTarget {
                 cv,
             )?;
             mark!("prefill qk norm + rope + kv store");
-            g.attend_prefill(
+            // Straight into the o_proj GEMM's hi/lo split.
+            let att = g.attend_prefill_split(
                 &p.q.slice(0..n * l.heads * d),
                 &ck.as_view(),
                 &cv.as_view(),
@@ -647,7 +649,6 @@ impl CudaTarget {
                 &p.rows.qkvg.slice(width - l.heads..n * width),
                 width,
                 &p.rows.pos.slice(0..n),
-                &mut p.rows.att.slice_mut(0..n * l.heads * d),
                 l.heads,
                 kvh,
                 d,
@@ -656,9 +657,9 @@ impl CudaTarget {
                 n,
             )?;
             mark!("prefill attention");
-            g.gemm_bf16_tc(
+            g.gemm_bf16_tc_split(
                 &l.o.as_view(),
-                &p.rows.att.slice(0..n * l.heads * d),
+                &att.as_view(),
                 &mut p.rows.x.slice_mut(0..n * h),
                 h,
                 l.heads * d,
@@ -666,21 +667,22 @@ impl CudaTarget {
                 true,
             )?;
             mark!("prefill gemm o_proj + residual");
-            g.rms_norm_rows(
+            // The normed rows (for the experts) and their split (for the router or dense GEMM).
+            let xs = g.rms_norm_split(
                 &p.rows.x.slice(0..n * h),
                 &l.post_norm.as_view(),
-                &mut p.rows.xn.slice_mut(0..n * h),
+                Some(&mut p.rows.xn.slice_mut(0..n * h)),
                 h,
                 n,
                 eps,
             )?;
-            mark!("prefill rms_norm");
+            mark!("prefill rms_norm (+ split)");
             match &l.ffn {
                 DevFfn::Dense { gate_up, down } => {
                     let w = c.intermediate_size;
-                    g.gemm_bf16_tc(
+                    g.gemm_bf16_tc_split(
                         &gate_up.as_view(),
-                        &p.rows.xn.slice(0..n * h),
+                        &xs.as_view(),
                         &mut p.rows.gate_up.slice_mut(0..n * 2 * w),
                         2 * w,
                         h,
@@ -705,9 +707,9 @@ impl CudaTarget {
                     mark!("prefill dense mlp");
                 }
                 DevFfn::Moe(e) => {
-                    g.gemm_bf16_tc(
+                    g.gemm_bf16_tc_split(
                         &e.router.as_view(),
-                        &p.rows.xn.slice(0..n * h),
+                        &xs.as_view(),
                         &mut p.rows.router_logits.slice_mut(0..n * ms.experts),
                         ms.experts,
                         h,

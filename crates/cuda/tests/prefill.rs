@@ -96,6 +96,63 @@ fn gemm_bf16_tc_matches_cpu_and_is_deterministic() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
+fn rms_norm_split_matches_cpu_and_feeds_the_gemm_like_a_split_of_the_norm() {
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for (rows, n) in [(1usize, 4usize), (3, 12), (17, 2052), (40, 136)] {
+        let x = rand_vec(&mut rng, rows * n, 3.0);
+        let w = to_bf16(&rand_vec(&mut rng, n, 1.0));
+        let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        let (dx, dw) = (
+            g.stream.clone_htod(&x).unwrap(),
+            g.stream.clone_htod(&w).unwrap(),
+        );
+        let mut dout = g.stream.alloc_zeros::<f32>(rows * n).unwrap();
+        let xs = g
+            .rms_norm_split(
+                &dx.as_view(),
+                &dw.as_view(),
+                Some(&mut dout.as_view_mut()),
+                n,
+                rows,
+                1e-6,
+            )
+            .unwrap();
+        let out = g.stream.clone_dtoh(&dout).unwrap();
+        let xs = g.stream.clone_dtoh(&xs).unwrap();
+        // The normed rows against the CPU's RMSNorm.
+        let mut want = vec![0f32; rows * n];
+        for r in 0..rows {
+            ops::rms_norm(
+                &x[r * n..(r + 1) * n],
+                &wf,
+                1e-6,
+                &mut want[r * n..(r + 1) * n],
+            );
+        }
+        let err = max_rel(&out, &want);
+        assert!(err < 1e-5, "rms_norm_split {rows}x{n}: {err}");
+        // The split is exactly hi = bf16(v), lo = bf16(v - hi) of those rows (as pf_split_rows).
+        for (i, &v) in out.iter().enumerate() {
+            let hi = bf16::from_f32(v);
+            let lo = bf16::from_f32(v - hi.to_f32());
+            assert_eq!(xs[i].to_bits(), hi.to_bits(), "hi at {i}");
+            assert_eq!(xs[rows * n + i].to_bits(), lo.to_bits(), "lo at {i}");
+        }
+        // Without the normed rows, the same split.
+        let xs2 = g
+            .rms_norm_split(&dx.as_view(), &dw.as_view(), None, n, rows, 1e-6)
+            .unwrap();
+        assert_eq!(
+            g.stream.clone_dtoh(&xs2).unwrap(),
+            xs,
+            "{rows}x{n}: rerun differs"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
 fn moe_prefill_matches_cpu_and_is_deterministic() {
     let g = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(12);
@@ -358,6 +415,30 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
             "attend_prefill heads {heads}/{kv_heads} d {d} window {window} rows {rows}: {err}"
         );
         assert!(same_bits(&got, &run()), "attend_prefill: rerun differs");
+        // The split output (the o_proj GEMM's input) is exactly hi/lo of those rows.
+        let xs = g
+            .attend_prefill_split(
+                &dq.as_view(),
+                &dck.as_view(),
+                &dcv.as_view(),
+                &dg.as_view(),
+                gstride,
+                &dpos.as_view(),
+                heads,
+                kv_heads,
+                d,
+                window,
+                ring,
+                rows,
+            )
+            .unwrap();
+        let xs = g.stream.clone_dtoh(&xs).unwrap();
+        for (i, &v) in got.iter().enumerate() {
+            let hi = bf16::from_f32(v);
+            assert_eq!(xs[i].to_bits(), hi.to_bits(), "split hi at {i}");
+            let lo = bf16::from_f32(v - hi.to_f32());
+            assert_eq!(xs[got.len() + i].to_bits(), lo.to_bits(), "split lo at {i}");
+        }
     }
     println!("attend_prefill: worst max rel err {worst:.3e}");
     let z = g.stream.alloc_zeros::<f32>(64).unwrap();
