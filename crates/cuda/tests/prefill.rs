@@ -22,6 +22,18 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// `xs` is exactly the split the GEMMs take of `v`: `[hi; lo]` with `hi = bf16(v)`,
+/// `lo = bf16(v - hi)` (as `pf_split_rows` makes it).
+fn assert_split_of(xs: &[bf16], v: &[f32], what: &str) {
+    assert_eq!(xs.len(), 2 * v.len(), "{what}: split length");
+    for (i, &x) in v.iter().enumerate() {
+        let hi = bf16::from_f32(x);
+        let lo = bf16::from_f32(x - hi.to_f32());
+        assert_eq!(xs[i].to_bits(), hi.to_bits(), "{what}: hi at {i}");
+        assert_eq!(xs[v.len() + i].to_bits(), lo.to_bits(), "{what}: lo at {i}");
+    }
+}
+
 fn lin(w: Vec<f32>, out: usize, inp: usize) -> Linear {
     Linear { w, out, inp }
 }
@@ -132,13 +144,7 @@ fn rms_norm_split_matches_cpu_and_feeds_the_gemm_like_a_split_of_the_norm() {
         }
         let err = max_rel(&out, &want);
         assert!(err < 1e-5, "rms_norm_split {rows}x{n}: {err}");
-        // The split is exactly hi = bf16(v), lo = bf16(v - hi) of those rows (as pf_split_rows).
-        for (i, &v) in out.iter().enumerate() {
-            let hi = bf16::from_f32(v);
-            let lo = bf16::from_f32(v - hi.to_f32());
-            assert_eq!(xs[i].to_bits(), hi.to_bits(), "hi at {i}");
-            assert_eq!(xs[rows * n + i].to_bits(), lo.to_bits(), "lo at {i}");
-        }
+        assert_split_of(&xs, &out, "rms_norm_split");
         // Without the normed rows, the same split.
         let xs2 = g
             .rms_norm_split(&dx.as_view(), &dw.as_view(), None, n, rows, 1e-6)
@@ -432,13 +438,11 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
                 rows,
             )
             .unwrap();
-        let xs = g.stream.clone_dtoh(&xs).unwrap();
-        for (i, &v) in got.iter().enumerate() {
-            let hi = bf16::from_f32(v);
-            assert_eq!(xs[i].to_bits(), hi.to_bits(), "split hi at {i}");
-            let lo = bf16::from_f32(v - hi.to_f32());
-            assert_eq!(xs[got.len() + i].to_bits(), lo.to_bits(), "split lo at {i}");
-        }
+        assert_split_of(
+            &g.stream.clone_dtoh(&xs).unwrap(),
+            &got,
+            "attend_prefill_split",
+        );
     }
     println!("attend_prefill: worst max rel err {worst:.3e}");
     let z = g.stream.alloc_zeros::<f32>(64).unwrap();
