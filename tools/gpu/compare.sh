@@ -1,0 +1,44 @@
+#!/bin/bash
+# On the GPU machine, after tools/gpu/stage-revs.sh staged binaries in .gpu/revs/ here: the model
+# check of each (bundled trained model), then the XS 2.1 bench of each, interleaved round by
+# round so that drift of the machine hits all of them alike, and a table of medians. JSON of
+# every run into $OUT when set. ROUNDS (default 3) and DECODE_TOKENS (default 256) tune it.
+set -o pipefail
+cd "$(dirname "$0")/../.."
+export FASTDECODE_HOME=${FASTDECODE_HOME:-/tmp/fdhome}
+export LD_LIBRARY_PATH=${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}
+out=${OUT:-/tmp}
+revs=$(ls .gpu/revs)
+status=0
+for sha in $revs; do
+    echo "== check $sha"
+    ./.gpu/revs/$sha/fastdecode check --backend cuda --model assets/laguna-tiny 2>&1 | tail -3 || status=1
+done
+for round in $(seq "${ROUNDS:-3}"); do
+    for sha in $revs; do
+        ./.gpu/revs/$sha/fastdecode bench --backend cuda --synthetic xs2.1 --seed 0 --prompt-tokens 512 \
+            --decode-tokens "${DECODE_TOKENS:-256}" --repeats 3 --json > "$out/compare-$sha-$round.json" \
+            || { echo "bench $sha round $round failed"; status=1; }
+    done
+done
+python3 - "$out" $revs <<'PY'
+import json, statistics, sys
+out, revs = sys.argv[1], sys.argv[2:]
+print(f"{'rev':<12} {'decode ms/token':>16} {'prefill ms':>11}  (medians over rounds)")
+for sha in revs:
+    runs = []
+    for n in range(1, 100):
+        try:
+            runs.append(json.load(open(f"{out}/compare-{sha}-{n}.json")))
+        except FileNotFoundError:
+            break
+        except json.JSONDecodeError:
+            continue
+    if not runs:
+        print(f"{sha:<12} {'no runs':>16}")
+        continue
+    d = statistics.median(r["decode_ms_per_token"]["median"] for r in runs)
+    p = statistics.median(r["prefill_ms"]["median"] for r in runs)
+    print(f"{sha:<12} {d:>16.4f} {p:>11.2f}  ({len(runs)} rounds)")
+PY
+exit $status
