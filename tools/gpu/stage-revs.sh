@@ -4,7 +4,8 @@
 # time several candidates against each other with tools/gpu/compare.sh. The revisions build in
 # throw-away worktrees sharing target/revs, so each rebuilds only what it changes.
 #   tools/gpu/stage-revs.sh main next/unvalidated~4 next/unvalidated
-# (about 8 MB a revision: mind the device tool's 64 MiB limit on what a call carries).
+# About 8 MB a revision: the device tool carries at most 64 MiB with the tracked files (~34 MB),
+# so carry only .gpu/revs and stage three or so revisions per call.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
