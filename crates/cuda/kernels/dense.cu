@@ -1,5 +1,5 @@
-// Dense building blocks: embedding gather, RMSNorm, bf16 GEMV (y = x·Wᵀ, optionally of the
-// RMS-normalised x), SwiGLU, argmax.
+// Dense building blocks: embedding gather, bf16 GEMV (y = x·Wᵀ, optionally of the
+// RMS-normalised x), SwiGLU, argmax. (RMSNorm of prefill rows: prefill.cu's pf_rms_norm_split.)
 // CPU twins: fastdecode_cpu::ops::{rms_norm, matvec, silu, argmax} and TargetModel::embed_row.
 
 // x[r, :] = embed[tokens[r], :]  (bf16 -> f32). grid: rows, block: 256.
@@ -9,17 +9,6 @@ extern "C" __global__ void embed_rows(const __nv_bfloat16* __restrict__ embed, c
     const int r = blockIdx.x;
     const __nv_bfloat16* src = embed + (size_t)tokens[r] * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) x[(size_t)r * hidden + i] = __bfloat162float(src[i]);
-}
-
-// out[r, :] = w * x[r, :] / rms(x[r, :]). grid: rows (at most 16 per launch), block: 256.
-extern "C" __global__ void rms_norm_rows(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                                         float* __restrict__ out, int n, float eps) {
-    pdl_wait();
-    __shared__ float inv[16], red[8 * 16];
-    const float* xr = x + (size_t)blockIdx.x * n;
-    block_inv_rms(xr, n, 1, eps, inv, red);
-    float* o = out + (size_t)blockIdx.x * n;
-    for (int i = threadIdx.x; i < n; i += 256) o[i] = __bfloat162float(w[i]) * (xr[i] * inv[0]);
 }
 
 // y[r, o] (+)= Σ_i W[o, i] · x'[r, i] for r < rows <= R, W bf16 [out, in], in % 8 == 0, where

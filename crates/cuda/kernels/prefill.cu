@@ -53,8 +53,8 @@ extern "C" __global__ void pf_split_rows(const float* __restrict__ x, __nv_bfloa
     xs[n + i] = __float2bfloat16_rn(v - __bfloat162float(h));
 }
 
-// RMSNorm of each row fused with the split the GEMMs take: v = w ⊙ x / rms(x) exactly as
-// rms_norm_rows computes it, out[r, :] = v (when out is set), xs[0, r, :] = bf16(v),
+// RMSNorm of each row fused with the split the GEMMs take: v = w ⊙ x / rms(x) (the inverse rms
+// as every fused-norm GEMV computes it), out[r, :] = v (when out is set), xs[0, r, :] = bf16(v),
 // xs[1, r, :] = bf16(v - xs[0, r, :]) (as pf_split_rows). grid: rows, block: 256.
 extern "C" __global__ void __launch_bounds__(256) pf_rms_norm_split(const float* __restrict__ x,
                                                                     const __nv_bfloat16* __restrict__ w,

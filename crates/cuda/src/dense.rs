@@ -39,36 +39,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// RMSNorm of `rows` rows of width `n` (n % 4 == 0).
-    pub fn rms_norm_rows(
-        &self,
-        x: &CudaView<f32>,
-        w: &CudaView<bf16>,
-        out: &mut CudaViewMut<f32>,
-        n: usize,
-        rows: usize,
-        eps: f32,
-    ) -> Result<()> {
-        check(
-            x.len() >= rows * n && out.len() >= rows * n && w.len() == n && n.is_multiple_of(4),
-            || format!("rms_norm_rows: bad shapes for {rows}×{n}"),
-        )?;
-        let f = self.function("dense", "rms_norm_rows")?;
-        let nn = n as i32;
-        let cfg = launch_cfg((rows as u32, 1), 256, 0);
-        // SAFETY: as above.
-        unsafe {
-            self.launch(&f)
-                .arg(x)
-                .arg(w)
-                .arg(out)
-                .arg(&nn)
-                .arg(&eps)
-                .launch(cfg)
-        }?;
-        Ok(())
-    }
-
     /// `y[r] (+)= x'[r] · Wᵀ` for any number of rows (launched 16 rows at a time), where `x'` is
     /// `x`, or `RMSNorm(x; norm.0, eps = norm.1)` computed inside the kernel.
     #[allow(clippy::too_many_arguments)]

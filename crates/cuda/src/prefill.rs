@@ -85,18 +85,15 @@ impl AttnDest<'_, '_> {
     }
 
     /// (out, xs) kernel arguments: the unused one is null.
-    fn pointers<'s>(
-        &'s mut self,
-        gpu: &'s Gpu,
-    ) -> (u64, u64, Option<cudarc::driver::SyncOnDrop<'s>>) {
+    fn pointers<'s>(&'s mut self, gpu: &'s Gpu) -> (u64, u64, cudarc::driver::SyncOnDrop<'s>) {
         match self {
             AttnDest::Rows(o) => {
                 let (p, s) = o.device_ptr_mut(&gpu.stream);
-                (p, 0, Some(s))
+                (p, 0, s)
             }
             AttnDest::Split(x) => {
                 let (p, s) = x.device_ptr_mut(&gpu.stream);
-                (0, p, Some(s))
+                (0, p, s)
             }
         }
     }
@@ -490,8 +487,9 @@ impl Gpu {
     /// `attend`): `q [rows, heads, d]` (normed and roped), caches `[slots, kv_heads, d]` holding
     /// every key the rows see (position p at slot `p % ring`, or `p` when `ring` is 0), gate
     /// logits of row r at `g[r · g_stride ..][..heads]`, `pos [rows]`, `out [rows, heads, d]`.
-    /// Row r sees key positions `max(0, pos - window + 1) ..= pos` (`window` 0: all). Flash-style: the caches are first
-    /// split into bf16 hi/lo rows (scratch of `8 · slots · kv_heads · d` bytes from the stream),
+    /// Row r sees key positions `max(0, pos - window + 1) ..= pos` (`window` 0: all).
+    /// Flash-style: the caches are first split into bf16 hi/lo rows (scratch of
+    /// `8 · slots · kv_heads · d` bytes from the stream),
     /// then a block takes up to 8 query heads of one kv group (sharing its keys) × blocks of 16
     /// rows, a warp each, and streams tiles of 32 keys through a 3-stage cp.async pipeline with
     /// an online softmax; q/k/P/v split hi/lo (about f32 accuracy). `d` is 32, 64 or 128; any

@@ -800,17 +800,17 @@ impl CudaTarget {
             }
             Logits::All => {
                 let logits = p.logits.as_mut().expect("allocated above");
-                g.rms_norm_rows(
+                let xs = g.rms_norm_split(
                     &p.rows.x.slice(0..n * h),
                     &m.norm.as_view(),
-                    &mut p.rows.xn.slice_mut(0..n * h),
+                    None,
                     h,
                     n,
                     eps,
                 )?;
-                g.gemm_bf16_tc(
+                g.gemm_bf16_tc_split(
                     &m.lm_head.as_view(),
-                    &p.rows.xn.slice(0..n * h),
+                    &xs.as_view(),
                     &mut logits.slice_mut(0..n * c.vocab_size),
                     c.vocab_size,
                     h,

@@ -106,39 +106,9 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn rms_norm_embed_and_argmax_match_cpu() {
+fn embed_and_argmax_match_cpu() {
     let g = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(2);
-    for (rows, n) in [(1usize, 2048usize), (5, 136), (17, 1000)] {
-        let x = rand_vec(&mut rng, rows * n, 3.0);
-        let w = to_bf16(&rand_vec(&mut rng, n, 1.0));
-        let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
-        let (dx, dw) = (
-            g.stream.clone_htod(&x).unwrap(),
-            g.stream.clone_htod(&w).unwrap(),
-        );
-        let mut dout = g.stream.alloc_zeros::<f32>(rows * n).unwrap();
-        g.rms_norm_rows(
-            &dx.as_view(),
-            &dw.as_view(),
-            &mut dout.as_view_mut(),
-            n,
-            rows,
-            1e-6,
-        )
-        .unwrap();
-        let got = g.stream.clone_dtoh(&dout).unwrap();
-        let mut want = vec![0f32; rows * n];
-        for r in 0..rows {
-            ops::rms_norm(
-                &x[r * n..(r + 1) * n],
-                &wf,
-                1e-6,
-                &mut want[r * n..(r + 1) * n],
-            );
-        }
-        assert!(max_rel(&got, &want) < 1e-5, "rms_norm {rows}x{n}");
-    }
     // Embedding gather is exact.
     let (vocab, hidden) = (300, 72);
     let e = to_bf16(&rand_vec(&mut rng, vocab * hidden, 1.0));

@@ -111,7 +111,15 @@ fn gemm_bf16_tc_matches_cpu_and_is_deterministic() {
 fn rms_norm_split_matches_cpu_and_feeds_the_gemm_like_a_split_of_the_norm() {
     let g = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(12);
-    for (rows, n) in [(1usize, 4usize), (3, 12), (17, 2052), (40, 136)] {
+    for (rows, n) in [
+        (1usize, 4usize),
+        (3, 12),
+        (17, 2052),
+        (40, 136),
+        (1, 2048),
+        (5, 136),
+        (17, 1000),
+    ] {
         let x = rand_vec(&mut rng, rows * n, 3.0);
         let w = to_bf16(&rand_vec(&mut rng, n, 1.0));
         let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
