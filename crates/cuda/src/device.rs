@@ -117,6 +117,21 @@ impl Gpu {
         // SAFETY: every slice of this context is used on this one stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
+        if ctx.has_async_alloc() {
+            // Scratch comes from the stream-ordered pool (cuMemAllocAsync). By default the pool
+            // hands its memory back to the driver at every synchronisation, so each prefill would
+            // map its scratch anew; keep it instead.
+            // SAFETY: the device is this context's; the attribute takes a u64.
+            unsafe {
+                let pool = cudarc::driver::result::device::get_default_mem_pool(ctx.cu_device())?;
+                let mut keep = u64::MAX;
+                cudarc::driver::result::mem_pool::set_attribute(
+                    pool,
+                    cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut keep as *mut u64).cast(),
+                )?;
+            }
+        }
         Ok(Gpu {
             ctx,
             stream,
