@@ -517,12 +517,14 @@ extern "C" __global__ void pf_moe_combine(const float* __restrict__ y, const int
 #define PF_KT 32  // keys per tile
 #define PF_ASTAGES 3
 
-// Split f32 rows x [n / D, D] into bf16 [n / D, 2, D]: hi then lo. grid: ceil(n / 4 / 256), block: 256.
+// Split f32 rows x [n / D, D] into bf16 [n / D, 2, D]: hi then lo, for the elements off ..
+// off + n (whole rows). grid: ceil(n / 4 / 256), block: 256.
 extern "C" __global__ void pf_attn_split(const float* __restrict__ ck, const float* __restrict__ cv,
                                          __nv_bfloat16* __restrict__ kx, __nv_bfloat16* __restrict__ vx,
-                                         long long n, int D) {
-    const long long u = ((long long)blockIdx.x * 256 + threadIdx.x) * 4;
-    if (u >= n) return;
+                                         long long off, long long n, int D) {
+    const long long i = ((long long)blockIdx.x * 256 + threadIdx.x) * 4;
+    if (i >= n) return;
+    const long long u = off + i;
     const long long row = u / D;
     const int d = (int)(u % D);
     const float4 a = *reinterpret_cast<const float4*>(ck + u);

@@ -487,8 +487,9 @@ impl Gpu {
     /// `attend`): `q [rows, heads, d]` (normed and roped), caches `[slots, kv_heads, d]` holding
     /// every key the rows see (position p at slot `p % ring`, or `p` when `ring` is 0), gate
     /// logits of row r at `g[r · g_stride ..][..heads]`, `pos [rows]`, `out [rows, heads, d]`.
-    /// Row r sees key positions `max(0, pos - window + 1) ..= pos` (`window` 0: all).
-    /// Flash-style: the caches are first split into bf16 hi/lo rows (scratch of
+    /// Row r sees key positions `max(0, pos - window + 1) ..= pos` (`window` 0: all); `keys`
+    /// must hold every position any row sees (only their slots are converted and read).
+    /// Flash-style: those cache rows are first split into bf16 hi/lo rows (scratch of
     /// `8 · slots · kv_heads · d` bytes from the stream),
     /// then a block takes up to 8 query heads of one kv group (sharing its keys) × blocks of 16
     /// rows, a warp each, and streams tiles of 32 keys through a 3-stage cp.async pipeline with
@@ -511,6 +512,7 @@ impl Gpu {
         window: usize,
         ring: usize,
         rows: usize,
+        keys: std::ops::Range<usize>,
     ) -> Result<()> {
         self.attend_prefill_to(
             q,
@@ -526,6 +528,7 @@ impl Gpu {
             window,
             ring,
             rows,
+            keys,
         )
     }
 
@@ -547,6 +550,7 @@ impl Gpu {
         window: usize,
         ring: usize,
         rows: usize,
+        keys: std::ops::Range<usize>,
     ) -> Result<CudaSlice<bf16>> {
         // Every element is written: each row's heads × d outputs, hi and lo.
         let mut xs = scratch::<bf16>(self, 2 * rows * heads * d)?;
@@ -564,6 +568,7 @@ impl Gpu {
             window,
             ring,
             rows,
+            keys,
         )?;
         Ok(xs)
     }
@@ -585,6 +590,7 @@ impl Gpu {
         window: usize,
         ring: usize,
         rows: usize,
+        keys: std::ops::Range<usize>,
     ) -> Result<()> {
         let name = match d {
             32 => "pf_attend_d32",
@@ -631,24 +637,34 @@ impl Gpu {
         if rows == 0 {
             return Ok(());
         }
-        // kx, vx: the caches as bf16 hi/lo rows, written in full by pf_attn_split.
+        // kx, vx: the caches as bf16 hi/lo rows; pf_attn_split writes the slots of the keys the
+        // rows see (the kernel reads no other), one or two runs of slots (a ring may wrap).
         let n = slots * kvd;
         let mut kx = scratch::<bf16>(self, 2 * n)?;
         let mut vx = scratch::<bf16>(self, 2 * n)?;
         let f = self.function("prefill", "pf_attn_split")?;
-        let (nn, di) = (n as i64, d as i32);
-        // SAFETY: argument types match pf_attn_split; ck, cv hold n floats, kx, vx 2n bf16.
-        unsafe {
-            self.stream
-                .launch_builder(&f)
-                .arg(ck)
-                .arg(cv)
-                .arg(&mut kx)
-                .arg(&mut vx)
-                .arg(&nn)
-                .arg(&di)
-                .launch(launch_cfg(((n / 4).div_ceil(256) as u32, 1), 256, 0))
-        }?;
+        let di = d as i32;
+        for run in key_slots(&keys, ring, slots) {
+            let (off, cnt) = ((run.start * kvd) as i64, (run.len() * kvd) as i64);
+            // SAFETY: argument types match pf_attn_split; the run lies inside the caches (n
+            // floats each) and kx, vx (2n bf16 each).
+            unsafe {
+                self.stream
+                    .launch_builder(&f)
+                    .arg(ck)
+                    .arg(cv)
+                    .arg(&mut kx)
+                    .arg(&mut vx)
+                    .arg(&off)
+                    .arg(&cnt)
+                    .arg(&di)
+                    .launch(launch_cfg(
+                        ((run.len() * kvd / 4).div_ceil(256) as u32, 1),
+                        256,
+                        0,
+                    ))
+            }?;
+        }
         // A block: gb heads of one kv group (the largest divisor of the group <= 8) times rb
         // blocks of 16 rows, a warp each.
         let group = heads / kv_heads;
@@ -706,5 +722,64 @@ impl Gpu {
                 })
         }?;
         Ok(())
+    }
+}
+
+/// The cache slots holding the key positions `keys` (position p at slot `p % ring`, or `p` when
+/// `ring` is 0), as at most two runs, clamped to `slots`.
+fn key_slots(
+    keys: &std::ops::Range<usize>,
+    ring: usize,
+    slots: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let (a, b) = if keys.is_empty() {
+        (0, 0)
+    } else if ring == 0 {
+        (keys.start, keys.end)
+    } else if keys.len() >= ring {
+        (0, ring)
+    } else {
+        (keys.start % ring, keys.end % ring)
+    };
+    // A ring run that wraps is [a, ring) then [0, b).
+    let runs = if ring > 0 && a >= b && !keys.is_empty() && keys.len() < ring {
+        [a..ring, 0..b]
+    } else {
+        [a..b, 0..0]
+    };
+    runs.into_iter()
+        .map(|r| r.start.min(slots)..r.end.min(slots))
+        .filter(|r| !r.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_slots;
+
+    #[test]
+    fn key_slots_cover_exactly_the_seen_positions() {
+        // Full attention: slot = position, clamped to the cache.
+        assert_eq!(key_slots(&(3..9), 0, 100), vec![3..9]);
+        assert_eq!(key_slots(&(90..120), 0, 100), vec![90..100]);
+        assert!(key_slots(&(5..5), 0, 100).is_empty());
+        // A ring of 16: no wrap, a wrap into two runs, and a range as long as the ring.
+        assert_eq!(key_slots(&(18..30), 16, 16), vec![2..14]);
+        assert_eq!(key_slots(&(12..20), 16, 16), vec![12..16, 0..4]);
+        assert_eq!(key_slots(&(12..16), 16, 16), vec![12..16]);
+        assert_eq!(key_slots(&(7..40), 16, 16), vec![0..16]);
+        // Every seen position's slot is in a run, and every run's slot is seen.
+        for start in 0..40 {
+            for len in 1..20 {
+                let keys = start..start + len;
+                let runs = key_slots(&keys, 16, 16);
+                let mut covered: Vec<usize> = runs.iter().flat_map(|r| r.clone()).collect();
+                covered.sort();
+                let mut want: Vec<usize> = keys.map(|p| p % 16).collect();
+                want.sort();
+                want.dedup();
+                assert_eq!(covered, want, "{start}+{len}");
+            }
+        }
     }
 }

@@ -655,6 +655,12 @@ impl CudaTarget {
                 l.window,
                 shape.ring,
                 n,
+                // The keys these rows see: the first row's window through the last row.
+                if l.window > 0 {
+                    (p0 + 1).saturating_sub(l.window)
+                } else {
+                    0
+                }..p0 + n,
             )?;
             mark!("prefill attention");
             g.gemm_bf16_tc_split(

@@ -384,6 +384,8 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
             g.stream.clone_htod(&gpad).unwrap(),
             g.stream.clone_htod(&pos).unwrap(),
         );
+        // The key positions the rows see: the first row's window through the last row.
+        let seen = attn.first_visible(p0)..total;
         let run = || {
             let mut dout = g.stream.alloc_zeros::<f32>(rows * heads * d).unwrap();
             g.attend_prefill(
@@ -400,6 +402,7 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
                 window,
                 ring,
                 rows,
+                seen.clone(),
             )
             .unwrap();
             g.stream.clone_dtoh(&dout).unwrap()
@@ -444,6 +447,7 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
                 window,
                 ring,
                 rows,
+                seen.clone(),
             )
             .unwrap();
         assert_split_of(
@@ -470,7 +474,8 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
             48,
             0,
             0,
-            1
+            1,
+            0..1
         )
         .is_err());
 }
@@ -650,6 +655,7 @@ fn prefill_kernels_timing_xs_shapes() {
                 window,
                 0,
                 rows,
+                0..rows,
             )
             .unwrap()
         });
