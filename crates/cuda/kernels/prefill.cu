@@ -55,11 +55,13 @@ extern "C" __global__ void pf_split_rows(const float* __restrict__ x, __nv_bfloa
 
 // RMSNorm of each row fused with the split the GEMMs take: v = w ⊙ x / rms(x) (the inverse rms
 // as every fused-norm GEMV computes it), out[r, :] = v (when out is set), xs[0, r, :] = bf16(v),
-// xs[1, r, :] = bf16(v - xs[0, r, :]) (as pf_split_rows). grid: rows, block: 256.
+// xs[1, r, :] = bf16(v - xs[0, r, :]) (as pf_split_rows), and, when perm is set, the same hi/lo
+// in the grouped expert GEMMs' layout (as pf_split_perm; n % 128 == 0). grid: rows, block: 256.
 extern "C" __global__ void __launch_bounds__(256) pf_rms_norm_split(const float* __restrict__ x,
                                                                     const __nv_bfloat16* __restrict__ w,
                                                                     float* __restrict__ out,
-                                                                    __nv_bfloat16* __restrict__ xs, int n, int rows,
+                                                                    __nv_bfloat16* __restrict__ xs,
+                                                                    uint4* __restrict__ perm, int n, int rows,
                                                                     float eps) {
     __shared__ float inv[16], red[8 * 16];
     const size_t base = (size_t)blockIdx.x * n, total = (size_t)rows * n;
@@ -82,6 +84,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_rms_norm_split(const float*
         pf_split2(v[2], v[3], hi1, lo1);
         *reinterpret_cast<uint2*>(xs + base + i) = make_uint2(hi0, hi1);
         *reinterpret_cast<uint2*>(xs + total + base + i) = make_uint2(lo0, lo1);
+        if (perm) {
+            // Columns i .. i+3 are k step s of thread t in their 128-column block (see the layout
+            // note below).
+            const int cc = i & 127, t = cc >> 5, rem = cc & 31, st = 2 * (rem >> 3) + ((rem >> 2) & 1);
+            perm[base / 4 + (i >> 7) * 32 + st * 4 + t] = make_uint4(hi0, hi1, lo0, lo1);
+        }
     }
 }
 

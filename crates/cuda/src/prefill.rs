@@ -60,6 +60,13 @@ fn is_aligned<T>(v: &CudaView<T>, gpu: &Gpu, bytes: u64) -> bool {
     p % bytes == 0
 }
 
+/// What `rms_norm_split` makes: the plain hi/lo split `[2, rows, n]` (bf16) and, when asked, the
+/// grouped expert GEMMs' layout of it (`rows · n / 4` uint4 as u32).
+pub struct NormSplit {
+    pub xs: CudaSlice<bf16>,
+    pub perm: Option<CudaSlice<u32>>,
+}
+
 /// Where `attend_prefill_to` writes its output.
 enum AttnDest<'a, 'b> {
     /// f32 rows `[rows, heads, d]`.
@@ -157,21 +164,26 @@ impl Gpu {
     }
 
     /// `xs = [hi; lo]` of `RMSNorm(x; w, eps)` for `rows` rows of width `n` (the input
-    /// `gemm_bf16_tc_split` takes), and the normalised rows themselves into `out` when given:
-    /// one pass instead of a norm and a split. Scratch of `4 · rows · n` bytes from the stream.
+    /// `gemm_bf16_tc_split` takes), the normalised rows themselves into `out` when given, and
+    /// with `perm` the same split in the grouped expert GEMMs' layout (`moe_prefill_split`'s
+    /// input; `n % 128 == 0`): one pass instead of a norm and a split or two. Scratch of
+    /// `4 · rows · n` bytes (and as much again for `perm`) from the stream.
+    #[allow(clippy::too_many_arguments)]
     pub fn rms_norm_split(
         &self,
         x: &CudaView<f32>,
         w: &CudaView<bf16>,
         out: Option<&mut CudaViewMut<f32>>,
+        perm: bool,
         n: usize,
         rows: usize,
         eps: f32,
-    ) -> Result<CudaSlice<bf16>> {
+    ) -> Result<NormSplit> {
         check(
             x.len() >= rows * n
                 && w.len() == n
                 && n.is_multiple_of(4)
+                && (!perm || n.is_multiple_of(128))
                 && out.as_ref().is_none_or(|o| o.len() >= rows * n)
                 && n <= i32::MAX as usize
                 && rows <= i32::MAX as usize,
@@ -186,9 +198,16 @@ impl Gpu {
             || "rms_norm_split: x and out must be 16-byte, w 8-byte aligned".into(),
         )?;
         // Written in full by pf_rms_norm_split.
-        let mut xs = scratch::<bf16>(self, 2 * rows * n)?;
+        let mut split = NormSplit {
+            xs: scratch::<bf16>(self, 2 * rows * n)?,
+            perm: if perm {
+                Some(scratch::<u32>(self, rows * n)?)
+            } else {
+                None
+            },
+        };
         if rows == 0 {
-            return Ok(xs);
+            return Ok(split);
         }
         let f = self.function("prefill", "pf_rms_norm_split")?;
         let (nn, ri) = (n as i32, rows as i32);
@@ -199,11 +218,17 @@ impl Gpu {
             Some(o) => b.arg(o),
             None => b.arg(&null),
         };
-        b.arg(&mut xs).arg(&nn).arg(&ri).arg(&eps);
-        // SAFETY: argument types match the kernel (out is a pointer or null); shapes checked above.
+        b.arg(&mut split.xs);
+        match split.perm.as_mut() {
+            Some(p) => b.arg(p),
+            None => b.arg(&null),
+        };
+        b.arg(&nn).arg(&ri).arg(&eps);
+        // SAFETY: argument types match the kernel (out and perm are pointers or null); shapes
+        // checked above.
         unsafe { b.launch(launch_cfg((rows as u32, 1), 256, 0)) }?;
         drop(b);
-        Ok(xs)
+        Ok(split)
     }
 
     /// `y[r] (+)= x[r] · Wᵀ` from the split activations `xs = [hi; lo]` (`2 · rows · inp` bf16,
@@ -278,7 +303,56 @@ impl Gpu {
 
     /// The whole MoE layer for `rows` tokens on the tensor cores:
     /// `x[r] += scaling · Σ_s wts[r,s] · D_e(silu(G_e xn_r) · U_e xn_r) + D_sh(silu(G_sh xn_r) · U_sh xn_r)`
-    /// with `e = ids[r, s]` (the output of `router_topk`: `[rows, k]`, ascending experts).
+    /// with `e = ids[r, s]` (the output of `router_topk`: `[rows, k]`, ascending experts): the
+    /// activations split into the grouped GEMMs' layout (`split_perm`), then
+    /// `moe_prefill_split`. Needs 16-byte aligned `xn`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_prefill(
+        &self,
+        w: &MoeWeights,
+        shape: MoeShape,
+        xn: &CudaView<f32>,
+        ids: &CudaView<i32>,
+        wts: &CudaView<f32>,
+        x: &mut CudaViewMut<f32>,
+        scaling: f32,
+        rows: usize,
+    ) -> Result<()> {
+        let xs = self.split_perm(xn, shape.hidden, rows)?;
+        self.moe_prefill_split(w, shape, &xs.as_view(), ids, wts, x, scaling, rows)
+    }
+
+    /// f32 rows `xn [rows, n]` (`n % 128 == 0`, 16-byte aligned) as hi/lo in the grouped expert
+    /// GEMMs' layout (`rows · n` u32): `moe_prefill_split`'s input. Scratch from the stream.
+    pub fn split_perm(&self, xn: &CudaView<f32>, n: usize, rows: usize) -> Result<CudaSlice<u32>> {
+        check(
+            xn.len() >= rows * n && n.is_multiple_of(128) && rows * n / 4 <= i32::MAX as usize,
+            || format!("split_perm: xn too small for {rows} rows of {n} (a multiple of 128)"),
+        )?;
+        check(is_aligned(xn, self, 16), || {
+            "split_perm: xn is not 16-byte aligned".into()
+        })?;
+        // Written in full by pf_split_perm.
+        let mut xs = scratch::<u32>(self, rows * n)?;
+        if rows > 0 {
+            let f = self.function("prefill", "pf_split_perm")?;
+            let (ri, ni) = (rows as i32, n as i32);
+            // SAFETY: argument types match the kernel; xn holds rows·n floats, xs as many u32.
+            unsafe {
+                self.stream
+                    .launch_builder(&f)
+                    .arg(xn)
+                    .arg(&mut xs)
+                    .arg(&ri)
+                    .arg(&ni)
+                    .launch(launch_cfg(((rows * n / 4).div_ceil(256) as u32, 1), 256, 0))
+            }?;
+        }
+        Ok(xs)
+    }
+
+    /// `moe_prefill` from activations already in the grouped GEMMs' split layout (`rows · hidden`
+    /// u32, as `pf_split_perm` or `rms_norm_split`'s `perm` output make them; 16-byte aligned).
     ///
     /// The (row, slot) pairs are grouped by expert on the GPU (a warp per expert, then a scan
     /// into work tiles), each expert's tokens run as tiles of up to 32 through grouped GEMMs
@@ -286,14 +360,14 @@ impl Gpu {
     /// pipeline in shared memory and dequantise in registers (each expert's weights are read
     /// once per 32 tokens), and the combine adds the slots in
     /// ascending expert order: no float atomics, the same bits every run. Needs `hidden`,
-    /// `inter` and `shared_inter` multiples of 128, `experts <= 1024`, and 16-byte aligned `xn`.
+    /// `inter` and `shared_inter` multiples of 128 and `experts <= 1024`.
     /// Scratch of about `rows · (4·hidden + (k + 1)·(4·hidden + 4·inter))` bytes comes from the stream.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_prefill(
+    pub fn moe_prefill_split(
         &self,
         w: &MoeWeights,
         shape: MoeShape,
-        xn: &CudaView<f32>,
+        xs: &CudaView<u32>,
         ids: &CudaView<i32>,
         wts: &CudaView<f32>,
         x: &mut CudaViewMut<f32>,
@@ -328,14 +402,14 @@ impl Gpu {
             || format!("moe_prefill: NVFP4 weights do not match E {e}, H {hd}, I {it}, Is {is}"),
         )?;
         check(
-            xn.len() >= rows * hd
+            xs.len() >= rows * hd
                 && x.len() >= rows * hd
                 && ids.len() >= rows * k
                 && wts.len() >= rows * k,
             || format!("moe_prefill: activations or routing too small for {rows} rows"),
         )?;
-        check(is_aligned(xn, self, 16), || {
-            "moe_prefill: xn is not 16-byte aligned".into()
+        check(is_aligned(xs, self, 16), || {
+            "moe_prefill: split activations are not 16-byte aligned".into()
         })?;
         check(rows * k <= i32::MAX as usize / hd.max(it), || {
             format!("moe_prefill: {rows} rows overflow the kernels' int indices")
@@ -345,10 +419,9 @@ impl Gpu {
         }
         let pairs = rows * k;
         let max_tiles = rows.div_ceil(MOE_TILE) + pairs.div_ceil(MOE_TILE) + e.min(pairs);
-        // Scratch, each fully written before it is read: xs by pf_split_perm; order, pos and
-        // cnt by pf_moe_place (order only where tiles point), tiles by pf_moe_tiles; h, hs by pf_moe_gate_up for every
-        // tile row; y by pf_moe_down for every placed pair and every shared row.
-        let mut xs = scratch::<u32>(self, rows * hd)?;
+        // Scratch, each fully written before it is read: order, pos and cnt by pf_moe_place
+        // (order only where tiles point), tiles by pf_moe_tiles; h, hs by pf_moe_gate_up for
+        // every tile row; y by pf_moe_down for every placed pair and every shared row.
         let mut order = scratch::<i32>(self, pairs)?;
         let mut pos = scratch::<i32>(self, pairs)?;
         let mut tiles = scratch::<i32>(self, 4 * max_tiles)?;
@@ -366,22 +439,8 @@ impl Gpu {
         );
         let (pi, mt) = (pairs as i32, max_tiles as i32);
 
-        let f = self.function("prefill", "pf_split_perm")?;
         // SAFETY (every launch below): argument types and order match the kernel signatures in
         // prefill.cu; sizes were checked above and the scratch sized for them.
-        unsafe {
-            self.stream
-                .launch_builder(&f)
-                .arg(xn)
-                .arg(&mut xs)
-                .arg(&ri)
-                .arg(&hi)
-                .launch(launch_cfg(
-                    ((rows * hd / 4).div_ceil(256) as u32, 1),
-                    256,
-                    0,
-                ))
-        }?;
         // ids go through shared memory (transposed, rows padded by one) when they fit the
         // default 48 KiB.
         let sid_bytes = k * (rows + 1) * 4;
@@ -426,7 +485,7 @@ impl Gpu {
                 .arg(&w.shared_gate.scales)
                 .arg(&w.shared_up.codes)
                 .arg(&w.shared_up.scales)
-                .arg(&xs)
+                .arg(xs)
                 .arg(&order)
                 .arg(&tiles)
                 .arg(&mut h)

@@ -610,6 +610,7 @@ impl CudaTarget {
                 &p.rows.x.slice(0..n * h),
                 &l.input_norm.as_view(),
                 None,
+                false,
                 h,
                 n,
                 eps,
@@ -617,7 +618,7 @@ impl CudaTarget {
             mark!("prefill rms_norm (+ split)");
             g.gemm_bf16_tc_split(
                 &l.qkvg.as_view(),
-                &xs.as_view(),
+                &xs.xs.as_view(),
                 &mut p.rows.qkvg.slice_mut(0..n * width),
                 width,
                 h,
@@ -673,11 +674,14 @@ impl CudaTarget {
                 true,
             )?;
             mark!("prefill gemm o_proj + residual");
-            // The normed rows (for the experts) and their split (for the router or dense GEMM).
+            // The split for the router or dense GEMM, and for the experts either the grouped
+            // GEMMs' layout or (step kernels) the normed rows.
+            let moe_layer = matches!(l.ffn, DevFfn::Moe(_));
             let xs = g.rms_norm_split(
                 &p.rows.x.slice(0..n * h),
                 &l.post_norm.as_view(),
-                Some(&mut p.rows.xn.slice_mut(0..n * h)),
+                (moe_layer && !grouped_moe).then_some(&mut p.rows.xn.slice_mut(0..n * h)),
+                moe_layer && grouped_moe,
                 h,
                 n,
                 eps,
@@ -688,7 +692,7 @@ impl CudaTarget {
                     let w = c.intermediate_size;
                     g.gemm_bf16_tc_split(
                         &gate_up.as_view(),
-                        &xs.as_view(),
+                        &xs.xs.as_view(),
                         &mut p.rows.gate_up.slice_mut(0..n * 2 * w),
                         2 * w,
                         h,
@@ -715,7 +719,7 @@ impl CudaTarget {
                 DevFfn::Moe(e) => {
                     g.gemm_bf16_tc_split(
                         &e.router.as_view(),
-                        &xs.as_view(),
+                        &xs.xs.as_view(),
                         &mut p.rows.router_logits.slice_mut(0..n * ms.experts),
                         ms.experts,
                         h,
@@ -743,10 +747,11 @@ impl CudaTarget {
                             shared_up: &e.shared_up,
                             shared_down: &e.shared_down,
                         };
-                        g.moe_prefill(
+                        let perm = xs.perm.as_ref().expect("asked for grouped MoE layers");
+                        g.moe_prefill_split(
                             &w,
                             ms,
-                            &p.rows.xn.slice(0..n * h),
+                            &perm.as_view(),
                             &p.rows.ids.slice(0..n * ms.top_k),
                             &p.rows.wts.slice(0..n * ms.top_k),
                             &mut p.rows.x.slice_mut(0..n * h),
@@ -810,13 +815,14 @@ impl CudaTarget {
                     &p.rows.x.slice(0..n * h),
                     &m.norm.as_view(),
                     None,
+                    false,
                     h,
                     n,
                     eps,
                 )?;
                 g.gemm_bf16_tc_split(
                     &m.lm_head.as_view(),
-                    &xs.as_view(),
+                    &xs.xs.as_view(),
                     &mut logits.slice_mut(0..n * c.vocab_size),
                     c.vocab_size,
                     h,

@@ -119,7 +119,10 @@ fn rms_norm_split_matches_cpu_and_feeds_the_gemm_like_a_split_of_the_norm() {
         (1, 2048),
         (5, 136),
         (17, 1000),
+        (5, 256),
+        (3, 2048),
     ] {
+        let perm = n % 128 == 0;
         let x = rand_vec(&mut rng, rows * n, 3.0);
         let w = to_bf16(&rand_vec(&mut rng, n, 1.0));
         let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
@@ -128,18 +131,19 @@ fn rms_norm_split_matches_cpu_and_feeds_the_gemm_like_a_split_of_the_norm() {
             g.stream.clone_htod(&w).unwrap(),
         );
         let mut dout = g.stream.alloc_zeros::<f32>(rows * n).unwrap();
-        let xs = g
+        let split = g
             .rms_norm_split(
                 &dx.as_view(),
                 &dw.as_view(),
                 Some(&mut dout.as_view_mut()),
+                perm,
                 n,
                 rows,
                 1e-6,
             )
             .unwrap();
         let out = g.stream.clone_dtoh(&dout).unwrap();
-        let xs = g.stream.clone_dtoh(&xs).unwrap();
+        let xs = g.stream.clone_dtoh(&split.xs).unwrap();
         // The normed rows against the CPU's RMSNorm.
         let mut want = vec![0f32; rows * n];
         for r in 0..rows {
@@ -153,12 +157,44 @@ fn rms_norm_split_matches_cpu_and_feeds_the_gemm_like_a_split_of_the_norm() {
         let err = max_rel(&out, &want);
         assert!(err < 1e-5, "rms_norm_split {rows}x{n}: {err}");
         assert_split_of(&xs, &out, "rms_norm_split");
+        // The grouped GEMMs' layout: columns c..c+4 of a 128-column block kb, as thread
+        // t = (c % 128) / 32's k step s, at uint4 kb·32 + s·4 + t of the row: hi pairs, lo pairs.
+        if let Some(p) = &split.perm {
+            let p = g.stream.clone_dtoh(p).unwrap();
+            let pair = |a: f32, b: f32| {
+                u32::from(bf16::from_f32(a).to_bits())
+                    | u32::from(bf16::from_f32(b).to_bits()) << 16
+            };
+            let low = |a: f32| a - bf16::from_f32(a).to_f32();
+            for r in 0..rows {
+                for c in (0..n).step_by(4) {
+                    let v = &out[r * n + c..r * n + c + 4];
+                    let (cc, rem) = (c % 128, c % 32);
+                    let s = 2 * (rem / 8) + (rem % 8) / 4;
+                    let u = r * n / 4 + (c / 128) * 32 + s * 4 + cc / 32;
+                    let want = [
+                        pair(v[0], v[1]),
+                        pair(v[2], v[3]),
+                        pair(low(v[0]), low(v[1])),
+                        pair(low(v[2]), low(v[3])),
+                    ];
+                    assert_eq!(p[4 * u..4 * u + 4], want, "perm row {r} col {c}");
+                }
+            }
+            // ... the very layout the MoE's own split makes of the normed rows.
+            let own = g.split_perm(&dout.as_view(), n, rows).unwrap();
+            assert_eq!(
+                g.stream.clone_dtoh(&own).unwrap(),
+                p,
+                "{rows}x{n}: split_perm differs"
+            );
+        }
         // Without the normed rows, the same split.
         let xs2 = g
-            .rms_norm_split(&dx.as_view(), &dw.as_view(), None, n, rows, 1e-6)
+            .rms_norm_split(&dx.as_view(), &dw.as_view(), None, false, n, rows, 1e-6)
             .unwrap();
         assert_eq!(
-            g.stream.clone_dtoh(&xs2).unwrap(),
+            g.stream.clone_dtoh(&xs2.xs).unwrap(),
             xs,
             "{rows}x{n}: rerun differs"
         );
