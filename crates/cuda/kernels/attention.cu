@@ -241,12 +241,15 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         const int h = kvh * G + warp;
         const float gate = softplus(row[goff + h]);  // loaded alongside the partials
         const float* pb = part + ((size_t)r * heads + h) * ATT_SPLITS * pw;
-        // Lane s holds split s's max and sum: the maxima and the weighted sum reduce in a fixed
-        // butterfly, then each lane adds its dims over the splits in split order.
-        const float ms = lane < used ? __ldcg(pb + lane * pw) : NEG_INF;
+        // Lane s holds split s's max and sum (one 8-byte load, aligned as pw is even: one round
+        // trip, not two): the maxima and the weighted sum reduce in a fixed butterfly, then each
+        // lane adds its dims over the splits in split order.
+        const float2 ml = lane < used ? __ldcg(reinterpret_cast<const float2*>(pb + lane * pw))
+                                      : make_float2(NEG_INF, 0.f);
+        const float ms = ml.x;
         const float M = warp_max(ms);
         const float wgt = ms == NEG_INF ? 0.f : expf(ms - M);  // unused splits weigh nothing
-        const float L = warp_sum(lane < used ? __ldcg(pb + lane * pw + 1) * wgt : 0.f);
+        const float L = warp_sum(lane < used ? ml.y * wgt : 0.f);
         float o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
         for (int s = 0; s < used; s++) {
