@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// CUDA only: also time every op of the prefill and of 32 decode steps with CUDA events.
     #[arg(long)]
     profile: bool,
+    /// CUDA only: write a per-block timeline of two decode steps to this CSV (kernels built with
+    /// FASTDECODE_NVRTC_DEFINES=-DFD_TRACE).
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -182,6 +186,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             repeats: a.repeats.max(5),
             json: a.json,
             profile: a.profile,
+            trace: a.trace.clone(),
         });
     }
     if a.synthetic.is_some() {

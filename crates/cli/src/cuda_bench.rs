@@ -74,6 +74,7 @@ pub struct CudaBenchArgs<'a> {
     pub repeats: usize,
     pub json: bool,
     pub profile: bool,
+    pub trace: Option<std::path::PathBuf>,
 }
 
 /// Per-op device time, from CUDA events between the ops: of the prefill of `prompt` (ms per
@@ -106,6 +107,47 @@ fn profile(
     }
     let decode = table(target.session().profiler.take().expect("set above"), steps);
     Ok((prefill, decode))
+}
+
+/// A timeline of two decode steps after the prompt, as CSV (module, ns, kind, event, block):
+/// needs kernels built with `FASTDECODE_NVRTC_DEFINES=-DFD_TRACE`.
+fn trace(
+    gpu: &Gpu,
+    target: &mut CudaBackend,
+    prompt: &[u32],
+    path: &std::path::Path,
+) -> Result<()> {
+    target.reset();
+    let positions: Vec<usize> = (0..prompt.len()).collect();
+    let mut tok = target.forward_greedy(prompt, &positions, &[], true)?.tokens[0];
+    // Graphs are captured on a step's first use: replay them in the traced steps.
+    for i in 0..2 {
+        tok = target
+            .forward_greedy(&[tok], &[prompt.len() + i], &[], true)?
+            .tokens[0];
+    }
+    gpu.trace_take()?;
+    for i in 2..4 {
+        tok = target
+            .forward_greedy(&[tok], &[prompt.len() + i], &[], true)?
+            .tokens[0];
+    }
+    let recs = gpu.trace_take()?;
+    if recs.is_empty() {
+        bail!("--trace: no records; build the kernels with FASTDECODE_NVRTC_DEFINES=-DFD_TRACE");
+    }
+    let mut csv = String::from("module,ns,kind,event,block\n");
+    for r in recs {
+        csv.push_str(&format!(
+            "{},{},{},{},{}\n",
+            r.module, r.ns, r.kind, r.event, r.block
+        ));
+    }
+    // A temporary name first, so an interrupted run leaves no half-written trace.
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, csv).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 pub fn run(a: CudaBenchArgs) -> Result<()> {
@@ -170,6 +212,9 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         v[v.len() / 2]
     };
     let (pm, dm) = (med(&mut prefill_ms), med(&mut decode_ms));
+    if let Some(path) = &a.trace {
+        trace(&gpu, &mut target, &prompt, path)?;
+    }
     let (prefill_breakdown, breakdown) = if a.profile {
         profile(&mut target, &prompt, 32)?
     } else {

@@ -98,6 +98,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos, const float* __restrict__ inv_freq,
     int rot_dim, float rope_scaling, float eps, float* __restrict__ ck, float* __restrict__ cv, int ring, int window, int heads, int kv_heads, int d,
     float* __restrict__ part, unsigned int* __restrict__ counters, float* __restrict__ out) {
+    FD_TRACE_KERNEL(3, kv_heads);
     extern __shared__ float sm[];
     __shared__ int is_last;
     const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
@@ -156,6 +157,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         for (int i = lane; i < d; i += WARP) cv[dst + i] = row[voff + kvh * d + i];
     }
     __syncthreads();
+    FD_MARK(3);
 
     float mx = NEG_INF, ls = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int t0 = beg; t0 < end; t0 += ATT_TILE) {
@@ -219,6 +221,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         __syncthreads();
     }
 
+    FD_MARK(4);
     const int pw = d + 2;
     if (warp < G) {
         float* pp = part + (((size_t)r * heads + kvh * G + warp) * ATT_SPLITS + split) * pw;
@@ -234,6 +237,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     __syncthreads();
     if (threadIdx.x == 0) is_last = atomicAdd(&counters[r * kv_heads + kvh], 1u) == (unsigned int)(used - 1);
     __syncthreads();
+    FD_MARK(5);
     if (!is_last) return;
     __threadfence();
     static_assert(ATT_SPLITS == WARP, "the merge gives each lane one split");

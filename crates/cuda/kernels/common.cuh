@@ -29,10 +29,48 @@ __device__ __forceinline__ float warp_max(float v) {
 // writing (weights; KV-cache rows of earlier steps; anything written two kernels back, since the
 // predecessor passed its own wait before letting this one start). After the wait it lets its own
 // successor start launching.
+// Timeline tracing (`-DFD_TRACE`, `fastdecode bench --trace`): thread 0 of every block of a
+// traced kernel stamps the global timer when the block starts (event 0), passes pdl_wait (1) and
+// ends (2), into this module's fd_trace buffer, read back by Gpu::trace_take.
+#ifdef FD_TRACE
+#define FD_TRACE_CAP (1u << 20)
+__device__ unsigned int fd_trace_n;
+__device__ unsigned long long fd_trace[2 * FD_TRACE_CAP];
+__shared__ unsigned int fd_kind;  // the running kernel's kind, with 0xA5 in the top byte
+__device__ __forceinline__ void fd_stamp(unsigned int kind, unsigned int ev) {
+    if (threadIdx.x | threadIdx.y | threadIdx.z) return;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned int i = atomicAdd(&fd_trace_n, 1u);
+    const unsigned int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (i < FD_TRACE_CAP) {
+        fd_trace[2 * i] = t;
+        fd_trace[2 * i + 1] = ((unsigned long long)(kind & 0xffffffu) << 40) | ((unsigned long long)ev << 32) | b;
+    }
+}
+struct FdTraceScope {
+    unsigned int kind;
+    __device__ FdTraceScope(unsigned int k) : kind(k) {
+        if (threadIdx.x == 0) fd_kind = 0xA5000000u | k;
+        fd_stamp(k, 0);
+    }
+    __device__ ~FdTraceScope() { fd_stamp(kind, 2); }
+};
+// kind: a kernel id (top 4 of 24 bits) and a tag (e.g. the GEMV's output rows).
+#define FD_TRACE_KERNEL(id, tag) FdTraceScope fd_trace_scope_(((unsigned int)(id) << 20) | ((unsigned int)(tag) & 0xfffffu))
+#define FD_MARK(ev) fd_stamp(fd_kind, ev)
+#else
+#define FD_TRACE_KERNEL(id, tag)
+#define FD_MARK(ev)
+#endif
+
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#ifdef FD_TRACE
+    if (threadIdx.x == 0 && (fd_kind >> 24) == 0xA5u) fd_stamp(fd_kind, 1);
 #endif
 }
 

@@ -5,6 +5,7 @@
 // x[r, :] = embed[tokens[r], :]  (bf16 -> f32). grid: rows, block: 256.
 extern "C" __global__ void embed_rows(const __nv_bfloat16* __restrict__ embed, const int* __restrict__ tokens,
                                       float* __restrict__ x, int hidden) {
+    FD_TRACE_KERNEL(1, 0);
     pdl_wait();
     const int r = blockIdx.x;
     const __nv_bfloat16* src = embed + (size_t)tokens[r] * hidden;
@@ -36,6 +37,7 @@ __device__ __forceinline__ void gemv_bf16_body(const __nv_bfloat16* __restrict__
 extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) gemv_bf16_1s(
     const __nv_bfloat16* __restrict__ W, const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm,
     float eps, float* __restrict__ y, int out, int in, int rows, int accumulate) {
+    FD_TRACE_KERNEL(2, out);
     extern __shared__ float xs[];
     __shared__ float inv[16], red[8 * 16];
     gemv_persistent<1>(W, xs, nullptr, inv, y, out, in, 1, accumulate, [&] {
@@ -50,6 +52,7 @@ extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) gemv_bf16_1s(
     extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) gemv_bf16_##R(                                        \
         const __nv_bfloat16* __restrict__ W, const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, \
         float eps, float* __restrict__ y, int out, int in, int rows, int accumulate) {                      \
+        FD_TRACE_KERNEL(2, out);                                                                            \
         gemv_bf16_body<R>(W, x, norm, eps, y, out, in, rows, accumulate);                                   \
     }
 GEMV_ENTRY(1)
@@ -61,6 +64,7 @@ GEMV_ENTRY(16)
 // a[r, i] = silu(gu[r, i]) · gu[r, n + i]: gu holds a fused gate|up projection of width 2n.
 // grid: (ceil(n / 256), rows), block: 256.
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ a, int n) {
+    FD_TRACE_KERNEL(8, 0);
     pdl_wait();
     const int i = blockIdx.x * 256 + threadIdx.x, r = blockIdx.y;
     if (i < n) a[(size_t)r * n + i] = silu(gu[(size_t)r * 2 * n + i]) * gu[(size_t)r * 2 * n + n + i];
@@ -70,6 +74,7 @@ extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restr
 // grid: rows, block: 1024.
 extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int vocab,
                                                                int* __restrict__ out) {
+    FD_TRACE_KERNEL(7, 0);
     pdl_wait();
     __shared__ float sv[32];
     __shared__ int si[32];

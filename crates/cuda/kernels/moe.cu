@@ -26,6 +26,7 @@ __device__ __forceinline__ void select_experts(const float* __restrict__ logits,
             key[e] = sc[e] + bias[e];
         }
         __syncthreads();
+        FD_MARK(3);
         // Four threads per expert, each counting the experts that beat it in a quarter of the
         // list (integer counts: the order of the sum does not matter).
         const int q = (E + 3) / 4, sub = t % 4;
@@ -46,6 +47,7 @@ __device__ __forceinline__ void select_experts(const float* __restrict__ logits,
             if (e < E && sub == 0) chosen[e] = rank < k;
         }
         __syncthreads();
+        FD_MARK(4);
         // List the chosen in ascending index: warp 0 takes the experts 32 at a time, a ballot
         // giving each chosen one its place (the chosen before it) without a serial scan.
         if (warp == 0) {
@@ -77,6 +79,7 @@ __device__ __forceinline__ void select_experts(const float* __restrict__ logits,
             }
         }
         __syncthreads();
+        FD_MARK(5);
     }
 }
 
@@ -94,7 +97,8 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
                                             float softcap, int rows) {
     __shared__ float inv[16], red[8 * 16];
     __shared__ int is_last;
-    gemv_persistent<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); });
+    gemv_persistent<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); FD_MARK(8); });
+    FD_MARK(6);
     // Every block writes a slice of xn (all blocks hold the same inverse rms), so no block's
     // serial loop delays the selection.
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += gridDim.x * blockDim.x)
@@ -105,6 +109,7 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
     __syncthreads();
     if (!is_last) return;
     __threadfence();
+    FD_MARK(7);
     select_experts(logits, bias, ids, wts, E, k, norm_topk, softcap, rows);
     if (threadIdx.x == 0) *counter = 0;
 }
@@ -115,6 +120,7 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
         const __nv_bfloat16* __restrict__ W, const float* __restrict__ bias, float* __restrict__ xn,        \
         float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,                         \
         unsigned int* __restrict__ counter, int E, int H, int k, int norm_topk, float softcap, int rows) {  \
+        FD_TRACE_KERNEL(4, 0);                                                                              \
         router_body<R>(x, norm, eps, W, bias, xn, logits, ids, wts, counter, E, H, k, norm_topk, softcap, rows); \
     }
 ROUTER_ENTRY(1)
@@ -248,6 +254,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
     const unsigned char* __restrict__ gs, const uint4* __restrict__ uc, const unsigned char* __restrict__ us,
     const uint4* __restrict__ sgc, const unsigned char* __restrict__ sgs, const uint4* __restrict__ suc,
     const unsigned char* __restrict__ sus, float* __restrict__ h, int H, int I, int Is, int k) {
+    FD_TRACE_KERNEL(5, 0);
     __shared__ float wsum[MOE_OB][2][4];  // per warp (block <= 128 threads)
     const int slot = blockIdx.y, r = blockIdx.z, t = threadIdx.x;
     const bool sh = slot == k;
@@ -279,6 +286,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
     if (sh) pdl_wait();  // the shared expert's weights were fetched before the wait
     float xv[32];
     if (on) load_x32(xn + (size_t)r * H + 32 * t, xv);
+    FD_MARK(3);
     // Per-chunk dots summed by a butterfly within each warp, then the warps in order.
     const int lane = t % WARP, warp = t / WARP;
 #pragma unroll
@@ -288,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
             gv = nvfp4_chunk_dot(gw[q], gsv[q], xv);
             uv = nvfp4_chunk_dot(uw[q], usv[q], xv);
         }
+        if (q == 0) FD_MARK(4);
         gv = warp_sum(gv);
         uv = warp_sum(uv);
         if (lane == 0) {
@@ -319,6 +328,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(
     const float* __restrict__ h, const int* __restrict__ ids, const float* __restrict__ wts,
     const uint4* __restrict__ dc, const unsigned char* __restrict__ ds, const uint4* __restrict__ sdc,
     const unsigned char* __restrict__ sds, float* __restrict__ x, int H, int I, int Is, int k, float scaling) {
+    FD_TRACE_KERNEL(6, 0);
     __shared__ float part[DOWN_OB][256];
     __shared__ float slot_sum[DOWN_OB][33];
     const int r = blockIdx.y, t = threadIdx.x;
@@ -352,6 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(
 #pragma unroll
     for (int q = 0; q < DOWN_OB; q++)
         if (on && o0 + q < H) part[q][t] = nvfp4_chunk_dot(w[q], sv[q], xv);
+    FD_MARK(3);
     __syncthreads();
     // Per (output, slot): the slot's chunks in order.
     for (int i = t; i < DOWN_OB * (k + 1); i += blockDim.x) {

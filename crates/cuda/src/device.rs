@@ -208,6 +208,40 @@ impl Gpu {
         Ok((needed.max(1) as u32).min(per_sm * self.sm_count))
     }
 
+    /// The timeline records of every loaded module built with `-DFD_TRACE` (see common.cuh), in
+    /// no particular order; the modules' buffers are emptied. Modules built without it have none.
+    pub fn trace_take(&self) -> Result<Vec<TraceRecord>> {
+        let mods = self.modules.lock().expect("module cache lock");
+        let mut out = vec![];
+        for (name, m) in mods.iter() {
+            let Ok(mut n) = m.get_global("fd_trace_n", &self.stream) else {
+                continue;
+            };
+            let mut nb = [0u8; 4];
+            self.stream.memcpy_dtoh(&n, &mut nb)?;
+            self.stream.memset_zeros(&mut n)?;
+            let buf = m.get_global("fd_trace", &self.stream)?;
+            let cap = buf.len() / 16;
+            let count = (u32::from_le_bytes(nb) as usize).min(cap);
+            let mut bytes = vec![0u8; count * 16];
+            self.stream
+                .memcpy_dtoh(&buf.slice(0..count * 16), &mut bytes)?;
+            for r in bytes.chunks_exact(16) {
+                let t = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+                let info = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
+                out.push(TraceRecord {
+                    module: name,
+                    ns: t,
+                    kind: (info >> 40) as u32,
+                    event: ((info >> 32) & 0xff) as u32,
+                    block: info as u32,
+                });
+            }
+        }
+        self.stream.synchronize()?;
+        Ok(out)
+    }
+
     /// A kernel function, compiling and loading its module on first use.
     pub fn function(&self, module: &'static str, func: &str) -> Result<CudaFunction> {
         let mut mods = self.modules.lock().expect("module cache lock");
@@ -226,6 +260,19 @@ impl Gpu {
         };
         Ok(m.load_function(func)?)
     }
+}
+
+/// One stamp of a traced kernel (common.cuh `fd_stamp`).
+pub struct TraceRecord {
+    pub module: &'static str,
+    /// The GPU's global timer, ns.
+    pub ns: u64,
+    /// Kernel id (top 4 of 24 bits) and tag.
+    pub kind: u32,
+    /// 0 block start, 1 past pdl_wait, 2 block end, 3.. FD_MARK points.
+    pub event: u32,
+    /// Linear block index.
+    pub block: u32,
 }
 
 fn write_cache(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
