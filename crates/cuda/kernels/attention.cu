@@ -104,8 +104,10 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
     const int G = heads / kv_heads;
     float* qs = sm;                        // [G][d]
-    float* ks = qs + G * d;                // [TILE][d + 1]: odd stride, lane-per-key reads hit distinct banks
-    float* vs = ks + ATT_TILE * (d + 1);   // [TILE][d]
+    // [TILE][d + 4]: a lane reads its key's row 16 bytes at a time; with the padded stride the
+    // eight lanes of each quarter-warp phase hit distinct banks.
+    float* ks = qs + G * d;
+    float* vs = ks + ATT_TILE * (d + 4);   // [TILE][d]
     float* tmp = vs + ATT_TILE * d;        // [WARPS][d]
     float* cs = tmp + ATT_WARPS * d;       // [d / 2]: this row's rope table
     float* sn = cs + d / 2;
@@ -166,11 +168,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         for (int q = 0; q < ATT_TILE / ATT_WARPS; q++) {
             const int j = warp + ATT_WARPS * q, kp = t0 + j;
             if (j < nt && kp < p0 && 4 * lane < d) {
-                float* kd = ks + j * (d + 1) + 4 * lane;
-                kd[0] = kr[q].x;
-                kd[1] = kr[q].y;
-                kd[2] = kr[q].z;
-                kd[3] = kr[q].w;
+                *reinterpret_cast<float4*>(ks + j * (d + 4) + 4 * lane) = kr[q];
                 *reinterpret_cast<float4*>(vs + j * d + 4 * lane) = vr[q];
             }
         }
@@ -183,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
                 rope_table(rope, kp, kc, kc + d / 2, lane, WARP);
                 __syncwarp();
                 warp_norm_rope(src + koff + kvh * d, k_norm, d, rope.rot_dim, eps, kc, kc + d / 2, tmp + warp * d,
-                               ks + j * (d + 1));
+                               ks + j * (d + 4));
                 for (int i = lane; i < d; i += WARP) vs[j * d + i] = src[voff + kvh * d + i];
             }
         }
@@ -192,15 +190,18 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         if (warp < G) {
             float s = NEG_INF;
             if (lane < nt) {
-                const float* q = qs + warp * d;
-                const float* k = ks + lane * (d + 1);
-                // Four interleaved partial sums: a 128-long dependent chain would stall.
+                const float4* q = reinterpret_cast<const float4*>(qs + warp * d);
+                const float4* k = reinterpret_cast<const float4*>(ks + lane * (d + 4));
+                // Four interleaved partial sums (a 128-long dependent chain would stall), 16-byte
+                // loads: the query is a broadcast, the key a row of its own.
                 float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
-                for (int i = 0; i < d; i += 4) {
-                    d0 += q[i] * k[i];
-                    d1 += q[i + 1] * k[i + 1];
-                    d2 += q[i + 2] * k[i + 2];
-                    d3 += q[i + 3] * k[i + 3];
+#pragma unroll 8
+                for (int i = 0; i < d / 4; i++) {
+                    const float4 a = q[i], b = k[i];
+                    d0 += a.x * b.x;
+                    d1 += a.y * b.y;
+                    d2 += a.z * b.z;
+                    d3 += a.w * b.w;
                 }
                 s = ((d0 + d1) + (d2 + d3)) * scale;
             }
@@ -210,6 +211,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             ls = ls * corr + warp_sum(pj);
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[c] *= corr;
+#pragma unroll 4
             for (int j = 0; j < nt; j++) {
                 const float pw = __shfl_sync(0xffffffffu, pj, j);
 #pragma unroll

@@ -1,151 +1,21 @@
-// Mixture of experts: router selection (top-k of the logits, and the normed input), NVFP4 expert GEMVs with
+// Mixture of experts: the router (logits of the normed input and the top-k selection), NVFP4 expert GEMVs with
 // dequantisation in registers (gate and up fused with SiLU·mul, routed and shared experts in one
 // launch; down fused with the routing-weight combine, the shared expert and the residual add).
 // CPU twins: fastdecode_cpu::layers::{Moe::route, Moe::forward}.
 
-// Expert selection for up to 16 rows of router logits, by one block. Selection by rank, all
-// experts at once: expert e is chosen when fewer than k experts beat it (a larger key, or an
-// equal key at a lower index), the order the CPU sorts by. The chosen are then listed in
-// ascending index and weighted by their pre-bias scores, summed in that order (renormalised
-// when norm_topk). The ranking is E² comparisons spread over all the block's threads (four per
-// expert). E <= 1024, k < 32.
-__device__ __forceinline__ void select_experts(const float* __restrict__ logits, const float* __restrict__ bias,
-                                               int* __restrict__ ids, float* __restrict__ wts, int E, int k,
-                                               int norm_topk, float softcap, int rows) {
-    __shared__ float key[1024], sc[1024];
-    __shared__ int chosen[1024];
-    __shared__ int list[32];
-    __shared__ float list_w[1];
-    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
-    const int nt = blockDim.x;
-    for (int r = 0; r < rows; r++) {
-        for (int e = t; e < E; e += nt) {
-            float v = __ldcg(logits + (size_t)r * E + e);  // other blocks wrote them: skip L1
-            if (softcap > 0.f) v = softcap * tanhf(v / softcap);
-            sc[e] = 1.f / (1.f + expf(-v));
-            key[e] = sc[e] + bias[e];
-        }
-        __syncthreads();
-        FD_MARK(3);
-        // Four threads per expert, each counting the experts that beat it in a quarter of the
-        // list (integer counts: the order of the sum does not matter).
-        const int q = (E + 3) / 4, sub = t % 4;
-        for (int e0 = 0; e0 < E; e0 += nt / 4) {
-            const int e = e0 + t / 4;
-            int rank = 0;
-            if (e < E) {
-                const float ke = key[e];
-                const int hi = min(E, (sub + 1) * q);
-#pragma unroll 8
-                for (int j = sub * q; j < hi; j++) {
-                    const float kj = key[j];
-                    rank += (kj > ke) || (kj == ke && j < e);
-                }
-            }
-            rank += __shfl_xor_sync(0xffffffffu, rank, 1);
-            rank += __shfl_xor_sync(0xffffffffu, rank, 2);
-            if (e < E && sub == 0) chosen[e] = rank < k;
-        }
-        __syncthreads();
-        FD_MARK(4);
-        // List the chosen in ascending index: warp 0 takes the experts 32 at a time, a ballot
-        // giving each chosen one its place (the chosen before it) without a serial scan.
-        if (warp == 0) {
-            int n = 0;
-            for (int e0 = 0; e0 < E; e0 += WARP) {
-                const int e = e0 + lane;
-                const bool c = e < E && chosen[e];
-                const unsigned int m = __ballot_sync(0xffffffffu, c);
-                const int at = n + __popc(m & ((1u << lane) - 1u));
-                if (c && at < k) list[at] = e;
-                n += __popc(m);
-            }
-            __syncwarp();
-            if (lane == 0) {
-                // NaN keys rank nowhere: fill up with the lowest unchosen experts, so the ids
-                // stay in range (the forward's output is garbage then anyway).
-                for (int e = 0; n < k && e < E; e++)
-                    if (!chosen[e]) list[n++] = e;
-                float total = 0.f;
-                for (int i = 0; i < k; i++) total += sc[list[i]];
-                list_w[0] = total;
-            }
-            __syncwarp();
-            // The list stays in shared memory: reading back global stores costs a round trip each.
-            if (lane < k) {
-                const float s = sc[list[lane]];
-                ids[(size_t)r * k + lane] = list[lane];
-                wts[(size_t)r * k + lane] = norm_topk ? s / list_w[0] : s;
-            }
-        }
-        __syncthreads();
-        FD_MARK(5);
-    }
-}
-
-// The whole router of up to R rows in one launch: logits = RMSNorm(x)·Wᵀ (the persistent GEMV,
-// one warp per expert row), xn = RMSNorm(x) for the experts (a slice per block, with the very
-// inverse rms the logits used), then the last block to finish (counted in `counter`, reset afterwards)
-// selects every row's experts. One entry point per R, as gemv_bf16. grid: any (persistent),
-// block: 256.
-template <int R>
-__device__ __forceinline__ void router_body(const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm,
-                                            float eps, const __nv_bfloat16* __restrict__ W,
-                                            const float* __restrict__ bias, float* __restrict__ xn,
-                                            float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
-                                            unsigned int* __restrict__ counter, int E, int H, int k, int norm_topk,
-                                            float softcap, int rows) {
-    __shared__ float inv[16], red[8 * 16];
-    __shared__ int is_last;
-    gemv_persistent<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); FD_MARK(8); });
-    FD_MARK(6);
-    // Every block writes a slice of xn (all blocks hold the same inverse rms), so no block's
-    // serial loop delays the selection.
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += gridDim.x * blockDim.x)
-        xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    FD_MARK(7);
-    select_experts(logits, bias, ids, wts, E, k, norm_topk, softcap, rows);
-    if (threadIdx.x == 0) *counter = 0;
-}
-
-#define ROUTER_ENTRY(R)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(256) router_##R(                                           \
-        const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, float eps,                     \
-        const __nv_bfloat16* __restrict__ W, const float* __restrict__ bias, float* __restrict__ xn,        \
-        float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,                         \
-        unsigned int* __restrict__ counter, int E, int H, int k, int norm_topk, float softcap, int rows) {  \
-        FD_TRACE_KERNEL(4, 0);                                                                              \
-        router_body<R>(x, norm, eps, W, bias, xn, logits, ids, wts, counter, E, H, k, norm_topk, softcap, rows); \
-    }
-ROUTER_ENTRY(1)
-ROUTER_ENTRY(2)
-ROUTER_ENTRY(4)
-ROUTER_ENTRY(8)
-ROUTER_ENTRY(16)
-
-// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts, one warp per row. The
-// same choice as select_experts (the k best by key, ties to the lower index) by k rounds of a
-// warp arg-max over the experts not yet chosen (lane l owns experts l, l + 32, ...), then the
-// same ascending listing and weight sum. grid: ceil(rows / 4), block: 128, shared: 4 · 2E floats.
-// E <= 1024, k < 32.
-extern "C" __global__ void __launch_bounds__(128) router_topk(const float* __restrict__ logits,
-                                                             const float* __restrict__ bias, int* __restrict__ ids,
-                                                             float* __restrict__ wts, int E, int k, int norm_topk,
-                                                             float softcap, int rows) {
-    extern __shared__ float rt_smem[];
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int r = blockIdx.x * 4 + warp;
-    if (r >= rows) return;
-    float* key = rt_smem + warp * 2 * E;
-    float* sc = key + E;
+// One warp: the k experts of one row of router logits. The key of expert e is
+// sigmoid(softcap(logit)) + bias[e]; the k largest keys win, ties to the lower index (the order the
+// CPU sorts by), found by k rounds of a warp arg-max over the experts not yet chosen (lane l owns
+// experts l, l + 32, ...). They are listed in ascending index into ids[0..k) with their weights
+// (the pre-bias scores, renormalised over the chosen when norm_topk, summed in ascending order)
+// into wts[0..k). key, sc: E floats each and picks: 32 ints of the warp's shared scratch; ids and
+// wts may be shared or global. Every thread of the warp must call it. E <= 1024, k < 32.
+__device__ __forceinline__ void warp_select_row(const float* __restrict__ logits, const float* __restrict__ bias,
+                                                int E, int k, int norm_topk, float softcap, float* key, float* sc,
+                                                int* picks, int* ids, float* wts) {
+    const int lane = threadIdx.x % WARP;
     for (int e = lane; e < E; e += WARP) {
-        float v = logits[(size_t)r * E + e];
+        float v = __ldcg(logits + e);  // written by other blocks (the step router): skip L1
         if (softcap > 0.f) v = softcap * tanhf(v / softcap);
         sc[e] = 1.f / (1.f + expf(-v));
         key[e] = sc[e] + bias[e];
@@ -177,47 +47,113 @@ extern "C" __global__ void __launch_bounds__(128) router_topk(const float* __res
         if (bi % WARP == lane) taken |= 1u << (bi / WARP);
         if (lane == round) mine = bi;
     }
-    __shared__ int picks[4][32];
     const int got = __popc(__ballot_sync(0xffffffffu, mine >= 0));  // rounds that found a winner
     if (got < k) {
         // Only NaN keys were left: fill up with the lowest unchosen experts, so the ids stay in
         // range (the forward's output is garbage then anyway). Lane 0 lists them serially.
-        if (lane < got) picks[warp][lane] = mine;
+        if (lane < got) picks[lane] = mine;
         __syncwarp();
         if (lane == 0) {
-            int list[32], n = 0, fill = k - got;
+            int n = 0, fill = k - got;
             for (int e = 0; e < E && n < k; e++) {
                 bool chosen = false;
-                for (int j = 0; j < got; j++) chosen |= picks[warp][j] == e;
-                if (chosen) {
-                    list[n++] = e;
-                } else if (fill > 0) {
-                    list[n++] = e;
-                    fill--;
-                }
+                for (int j = 0; j < got; j++) chosen |= picks[j] == e;
+                if (chosen || fill > 0) ids[n++] = e;
+                if (!chosen && fill > 0) fill--;
             }
             float total = 0.f;
-            for (int i = 0; i < k; i++) total += sc[list[i]];
-            for (int i = 0; i < k; i++) {
-                ids[(size_t)r * k + i] = list[i];
-                wts[(size_t)r * k + i] = norm_topk ? sc[list[i]] / total : sc[list[i]];
-            }
+            for (int i = 0; i < k; i++) total += sc[ids[i]];
+            for (int i = 0; i < k; i++) wts[i] = norm_topk ? sc[ids[i]] / total : sc[ids[i]];
         }
+        __syncwarp();
         return;
     }
     // Ascending order: lane i (< k) holds round i's expert; its place is the count of smaller ones.
     int place = 0;
     for (int j = 0; j < k; j++) place += __shfl_sync(0xffffffffu, mine, j) < mine;
-    if (lane < k) picks[warp][place] = mine;
+    if (lane < k) picks[place] = mine;
     __syncwarp();
-    // The total over the chosen in ascending index, as select_experts sums them.
     float total = 0.f;
-    for (int j = 0; j < k; j++) total += sc[picks[warp][j]];
+    for (int j = 0; j < k; j++) total += sc[picks[j]];
     if (lane < k) {
         const float sv = sc[mine];
-        ids[(size_t)r * k + place] = mine;
-        wts[(size_t)r * k + place] = norm_topk ? sv / total : sv;
+        ids[place] = mine;
+        wts[place] = norm_topk ? sv / total : sv;
     }
+    __syncwarp();
+}
+
+// The whole router of up to R rows in one launch: logits = RMSNorm(x)·Wᵀ (the persistent GEMV,
+// one warp per expert row), xn = RMSNorm(x) for the experts (a slice per block, with the very
+// inverse rms the logits used), then the last block to finish (counted in `counter`, reset afterwards)
+// selects every row's experts. One entry point per R, as gemv_bf16. grid: any (persistent),
+// block: 256.
+template <int R>
+__device__ __forceinline__ void router_body(const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm,
+                                            float eps, const __nv_bfloat16* __restrict__ W,
+                                            const float* __restrict__ bias, float* __restrict__ xn,
+                                            float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
+                                            unsigned int* __restrict__ counter, int E, int H, int k, int norm_topk,
+                                            float softcap, int rows) {
+    __shared__ float inv[16], red[8 * 16];
+    __shared__ float bias_s[1024];
+    __shared__ float sel[2 * 2048];  // key and score rows of the selecting warps
+    __shared__ int picks[8][32];
+    __shared__ int is_last;
+    // The bias is a weight: fetched before the wait, by every block (which one ends last is not
+    // known yet).
+    for (int e = threadIdx.x; e < E; e += blockDim.x) bias_s[e] = bias[e];
+    gemv_persistent<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); });
+    FD_MARK(6);
+    // Every block writes a slice of xn (all blocks hold the same inverse rms), so no block's
+    // serial loop delays the selection.
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += gridDim.x * blockDim.x)
+        xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    FD_MARK(7);
+    // The last block selects: a warp per row, as many warps at once as the scratch holds.
+    const int warp = threadIdx.x / WARP, nsel = min((int)blockDim.x / WARP, 2048 / E);
+    for (int r = warp; warp < nsel && r < rows; r += nsel)
+        warp_select_row(logits + (size_t)r * E, bias_s, E, k, norm_topk, softcap, sel + warp * 2 * E,
+                        sel + warp * 2 * E + E, picks[warp], ids + (size_t)r * k, wts + (size_t)r * k);
+    FD_MARK(5);
+    if (threadIdx.x == 0) *counter = 0;
+}
+
+#define ROUTER_ENTRY(R)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) router_##R(                                           \
+        const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, float eps,                     \
+        const __nv_bfloat16* __restrict__ W, const float* __restrict__ bias, float* __restrict__ xn,        \
+        float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,                         \
+        unsigned int* __restrict__ counter, int E, int H, int k, int norm_topk, float softcap, int rows) {  \
+        FD_TRACE_KERNEL(4, 0);                                                                              \
+        router_body<R>(x, norm, eps, W, bias, xn, logits, ids, wts, counter, E, H, k, norm_topk, softcap, rows); \
+    }
+ROUTER_ENTRY(1)
+ROUTER_ENTRY(2)
+ROUTER_ENTRY(4)
+ROUTER_ENTRY(8)
+ROUTER_ENTRY(16)
+
+// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts [rows, k], a warp per row.
+// grid: ceil(rows / 4), block: 128, shared: 4 · 2E floats. E <= 1024, k < 32.
+extern "C" __global__ void __launch_bounds__(128) router_topk(const float* __restrict__ logits,
+                                                             const float* __restrict__ bias, int* __restrict__ ids,
+                                                             float* __restrict__ wts, int E, int k, int norm_topk,
+                                                             float softcap, int rows) {
+    extern __shared__ float rt_smem[];
+    __shared__ int picks[4][32];
+    const int warp = threadIdx.x / WARP;
+    const int r = blockIdx.x * 4 + warp;
+    if (r >= rows) return;
+    float* key = rt_smem + warp * 2 * E;
+    warp_select_row(logits + (size_t)r * E, bias, E, k, norm_topk, softcap, key, key + E, picks[warp],
+                    ids + (size_t)r * k, wts + (size_t)r * k);
 }
 
 // The two scale bytes of 16-byte code chunk c (columns 32c..32c+32) of an NVFP4 row.

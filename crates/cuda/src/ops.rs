@@ -196,7 +196,7 @@ impl Gpu {
             )));
         }
         let g = h / kvh;
-        let shared = (g * d + ATT_TILE * (d + 1) + ATT_TILE * d + 2 * ATT_WARPS * d + d) * 4;
+        let shared = (g * d + ATT_TILE * (d + 4) + ATT_TILE * d + 2 * ATT_WARPS * d + d) * 4;
         let f = self.function("attention", "attend_decode")?;
         let ints = [
             shape.width(),
