@@ -109,7 +109,8 @@ fn profile(
     Ok((prefill, decode))
 }
 
-/// A timeline of two decode steps after the prompt, as CSV (module, ns, kind, event, block):
+/// A timeline of two decode steps after the prompt, as CSV (module, ns, kind, event, block, SM
+/// cycle counter):
 /// needs kernels built with `FASTDECODE_NVRTC_DEFINES=-DFD_TRACE`.
 fn trace(
     gpu: &Gpu,
@@ -136,11 +137,11 @@ fn trace(
     if recs.is_empty() {
         bail!("--trace: no records; build the kernels with FASTDECODE_NVRTC_DEFINES=-DFD_TRACE");
     }
-    let mut csv = String::from("module,ns,kind,event,block\n");
+    let mut csv = String::from("module,ns,kind,event,block,clock\n");
     for r in recs {
         csv.push_str(&format!(
-            "{},{},{},{},{}\n",
-            r.module, r.ns, r.kind, r.event, r.block
+            "{},{},{},{},{},{}\n",
+            r.module, r.ns, r.kind, r.event, r.block, r.clock
         ));
     }
     // A temporary name first, so an interrupted run leaves no half-written trace.

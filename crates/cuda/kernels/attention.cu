@@ -34,13 +34,24 @@ __device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, co
                                                int d, int rot_dim, float eps, const float* cs, const float* sn,
                                                float* tmp, float* dst) {
     const int lane = threadIdx.x % WARP;
+    // The row and the norm weight (d <= 128: four each per lane) are loaded into registers at
+    // once, before anything is stored: a store may alias a later load as far as the compiler
+    // knows, which would turn the loads into a chain of round trips.
+    float xv[4], wv[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int i = lane + j * WARP;
+        xv[j] = i < d ? src[i] : 0.f;
+        wv[j] = i < d ? __bfloat162float(w[i]) : 0.f;
+    }
     float ss = 0.f;
-    // Unrolled so the row's loads are all in flight at once (the sum keeps its order).
-#pragma unroll 4
-    for (int i = lane; i < d; i += WARP) ss += src[i] * src[i];
+#pragma unroll
+    for (int j = 0; j < 4; j++) ss += xv[j] * xv[j];  // the zero padding adds nothing
     ss = warp_sum(ss);
     const float inv = 1.f / sqrtf(ss / (float)d + eps);
-    for (int i = lane; i < d; i += WARP) tmp[i] = __bfloat162float(w[i]) * (src[i] * inv);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (lane + j * WARP < d) tmp[lane + j * WARP] = wv[j] * (xv[j] * inv);
     __syncwarp();
     const int half = rot_dim / 2;
     for (int i = lane; i < d; i += WARP) {
@@ -52,6 +63,18 @@ __device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, co
         dst[i] = o;
     }
     __syncwarp();
+}
+
+// One warp: dst[0..d) = src[0..d), d <= 128, every load issued before any store (which the
+// compiler would otherwise have to order, a store possibly aliasing the next load).
+__device__ __forceinline__ void warp_copy_row(const float* src, float* dst, int d) {
+    const int lane = threadIdx.x % WARP;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) v[j] = lane + j * WARP < d ? src[lane + j * WARP] : 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (lane + j * WARP < d) dst[lane + j * WARP] = v[j];
 }
 
 __device__ __forceinline__ size_t kv_slot(int p, int ring) { return (size_t)(ring > 0 ? p % ring : p); }
@@ -66,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_store(
     float* __restrict__ ck, float* __restrict__ cv) {
     __shared__ float tmp[8][128], cs[64], sn[64];
     const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int warp = threadIdx.x / WARP;
     const int h = blockIdx.x * 8 + warp, r = blockIdx.y, p = pos[r];
     rope_table(rope, p, cs, sn, threadIdx.x, blockDim.x);
     pdl_wait();
@@ -79,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_store(
         const int kh = h - heads;
         const size_t dst = (kv_slot(p, ring) * kv_heads + kh) * d;
         warp_norm_rope(row + (heads + kh) * d, k_norm, d, rot_dim, eps, cs, sn, tmp[warp], ck + dst);
-        for (int i = lane; i < d; i += WARP) cv[dst + i] = row[(heads + kv_heads + kh) * d + i];
+        warp_copy_row(row + (heads + kv_heads + kh) * d, cv + dst, d);
     }
 }
 
@@ -156,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     if (split == 0 && warp == ATT_WARPS - 1) {
         const size_t dst = (kv_slot(p, ring) * kv_heads + kvh) * d;
         warp_norm_rope(row + koff + kvh * d, k_norm, d, rope.rot_dim, eps, cs, sn, tmp + warp * d, ck + dst);
-        for (int i = lane; i < d; i += WARP) cv[dst + i] = row[voff + kvh * d + i];
+        warp_copy_row(row + voff + kvh * d, cv + dst, d);
     }
     __syncthreads();
     FD_MARK(3);
@@ -182,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
                 __syncwarp();
                 warp_norm_rope(src + koff + kvh * d, k_norm, d, rope.rot_dim, eps, kc, kc + d / 2, tmp + warp * d,
                                ks + j * (d + 4));
-                for (int i = lane; i < d; i += WARP) vs[j * d + i] = src[voff + kvh * d + i];
+                warp_copy_row(src + voff + kvh * d, vs + j * d, d);
             }
         }
         __syncthreads();

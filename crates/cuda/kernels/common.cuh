@@ -30,12 +30,13 @@ __device__ __forceinline__ float warp_max(float v) {
 // predecessor passed its own wait before letting this one start). After the wait it lets its own
 // successor start launching.
 // Timeline tracing (`-DFD_TRACE`, `fastdecode bench --trace`): thread 0 of every block of a
-// traced kernel stamps the global timer when the block starts (event 0), passes pdl_wait (1) and
-// ends (2), into this module's fd_trace buffer, read back by Gpu::trace_take.
+// traced kernel stamps the global timer and its SM's cycle counter when the block starts (event
+// 0), passes pdl_wait (1) and ends (2), into this module's fd_trace buffer, read back by
+// Gpu::trace_take.
 #ifdef FD_TRACE
 #define FD_TRACE_CAP (1u << 20)
 __device__ unsigned int fd_trace_n;
-__device__ unsigned long long fd_trace[2 * FD_TRACE_CAP];
+__device__ unsigned long long fd_trace[3 * FD_TRACE_CAP];
 __shared__ unsigned int fd_kind;  // the running kernel's kind, with 0xA5 in the top byte
 __device__ __forceinline__ void fd_stamp(unsigned int kind, unsigned int ev) {
     if (threadIdx.x | threadIdx.y | threadIdx.z) return;
@@ -44,8 +45,9 @@ __device__ __forceinline__ void fd_stamp(unsigned int kind, unsigned int ev) {
     const unsigned int i = atomicAdd(&fd_trace_n, 1u);
     const unsigned int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     if (i < FD_TRACE_CAP) {
-        fd_trace[2 * i] = t;
-        fd_trace[2 * i + 1] = ((unsigned long long)(kind & 0xffffffu) << 40) | ((unsigned long long)ev << 32) | b;
+        fd_trace[3 * i] = t;
+        fd_trace[3 * i + 1] = ((unsigned long long)(kind & 0xffffffu) << 40) | ((unsigned long long)ev << 32) | b;
+        fd_trace[3 * i + 2] = clock64();  // the SM's cycle counter: with t, its clock rate
     }
 }
 struct FdTraceScope {

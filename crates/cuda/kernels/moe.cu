@@ -14,11 +14,26 @@ __device__ __forceinline__ void warp_select_row(const float* __restrict__ logits
                                                 int E, int k, int norm_topk, float softcap, float* key, float* sc,
                                                 int* picks, int* ids, float* wts) {
     const int lane = threadIdx.x % WARP;
-    for (int e = lane; e < E; e += WARP) {
-        float v = __ldcg(logits + e);  // written by other blocks (the step router): skip L1
-        if (softcap > 0.f) v = softcap * tanhf(v / softcap);
-        sc[e] = 1.f / (1.f + expf(-v));
-        key[e] = sc[e] + bias[e];
+    // Eight logits per lane are loaded before any is stored: a store to the scratch may alias the
+    // next load as far as the compiler knows, which would make them a chain of L2 round trips.
+    for (int e0 = 0; e0 < E; e0 += 8 * WARP) {
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = e0 + lane + i * WARP;
+            v[i] = e < E ? __ldcg(logits + e) : 0.f;  // written by other blocks (the step router): skip L1
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = e0 + lane + i * WARP;
+            if (e < E) {
+                float u = v[i];
+                if (softcap > 0.f) u = softcap * tanhf(u / softcap);
+                const float sg = 1.f / (1.f + expf(-u));
+                sc[e] = sg;
+                key[e] = sg + bias[e];
+            }
+        }
     }
     __syncwarp();
     unsigned int taken = 0;  // bit i: expert lane + 32 i is chosen

@@ -221,20 +221,22 @@ impl Gpu {
             self.stream.memcpy_dtoh(&n, &mut nb)?;
             self.stream.memset_zeros(&mut n)?;
             let buf = m.get_global("fd_trace", &self.stream)?;
-            let cap = buf.len() / 16;
+            let cap = buf.len() / 24;
             let count = (u32::from_le_bytes(nb) as usize).min(cap);
-            let mut bytes = vec![0u8; count * 16];
+            let mut bytes = vec![0u8; count * 24];
             self.stream
-                .memcpy_dtoh(&buf.slice(0..count * 16), &mut bytes)?;
-            for r in bytes.chunks_exact(16) {
-                let t = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-                let info = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
+                .memcpy_dtoh(&buf.slice(0..count * 24), &mut bytes)?;
+            for r in bytes.chunks_exact(24) {
+                let word =
+                    |i: usize| u64::from_le_bytes(r[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+                let (t, info) = (word(0), word(1));
                 out.push(TraceRecord {
                     module: name,
                     ns: t,
                     kind: (info >> 40) as u32,
                     event: ((info >> 32) & 0xff) as u32,
                     block: info as u32,
+                    clock: word(2),
                 });
             }
         }
@@ -273,6 +275,8 @@ pub struct TraceRecord {
     pub event: u32,
     /// Linear block index.
     pub block: u32,
+    /// The SM's cycle counter (comparable within a block only).
+    pub clock: u64,
 }
 
 fn write_cache(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
