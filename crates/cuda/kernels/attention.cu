@@ -209,6 +209,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             }
         }
         __syncthreads();
+        FD_MARK(6);
         if (t0 + ATT_TILE < end) fetch(t0 + ATT_TILE);
         if (warp < G) {
             float s = NEG_INF;
@@ -232,6 +233,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             const float corr = expf(mx - mn);  // 0 on the first tile (mx = -inf, mn finite)
             const float pj = lane < nt ? expf(s - mn) : 0.f;
             ls = ls * corr + warp_sum(pj);
+            FD_MARK(7);
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[c] *= corr;
 #pragma unroll 4

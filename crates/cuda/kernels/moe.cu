@@ -98,6 +98,115 @@ __device__ __forceinline__ void warp_select_row(const float* __restrict__ logits
     __syncwarp();
 }
 
+// The whole block (exactly 256 threads): the same selection as warp_select_row for one row, with short
+// dependency chains. Every warp takes the maximum key of its experts (e = 32 w + lane + 256 j); at
+// least one expert of each of the 8 warps reaches the smallest of those maxima M, so when k <= 8
+// only experts with key >= M can be among the k best. Those candidates are listed in ascending
+// index and each one's rank among them counted (ties to the lower index); the k of rank < k are
+// the choice, listed and weighted as warp_select_row does (same sums in the same order, same bits).
+// NaN keys (or an empty warp) leave M unusable: then every expert is a candidate, and if fewer
+// than k keys are numbers warp 0 falls back to warp_select_row. E <= 1024, k < 32. The 8 µs rank
+// count over all E² pairs and the ~5 µs single-warp selection it replaces were measured in the
+// decode step's trace (bench --trace).
+struct BlockSelect {
+    float key[1024], sc[1024], ckey[1024];
+    int cand[1024];
+    float wmax[8];
+    int wcount[8];
+    int slot[32];
+    int n;
+};
+
+__device__ __forceinline__ void block_select_row(const float* __restrict__ logits, const float* __restrict__ bias,
+                                                 int E, int k, int norm_topk, float softcap, BlockSelect& b,
+                                                 int* picks, int* ids, float* wts) {
+    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
+    // Keys: every thread's (up to four) logits loaded before any is stored.
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) v[j] = t + 256 * j < E ? __ldcg(logits + t + 256 * j) : 0.f;
+    float mx = NEG_INF;
+    bool nan = false;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int e = t + 256 * j;
+        if (e < E) {
+            float u = v[j];
+            if (softcap > 0.f) u = softcap * tanhf(u / softcap);
+            const float sg = 1.f / (1.f + expf(-u));
+            const float key = sg + bias[e];
+            b.sc[e] = sg;
+            b.key[e] = key;
+            mx = fmaxf(mx, key);
+            nan |= key != key;
+        }
+    }
+    mx = warp_max(mx);
+    nan = __any_sync(0xffffffffu, nan);
+    if (lane == 0) b.wmax[warp] = nan ? __int_as_float(0x7fc00000) : mx;
+    __syncthreads();
+    // The bound: the least warp maximum, or -inf (every number a candidate) when it is unusable.
+    float M = __int_as_float(0x7f800000);
+    bool usable = k <= 8;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        const float m = b.wmax[w];
+        usable &= m == m && m != NEG_INF;
+        M = fminf(M, m);
+    }
+    if (!usable) M = NEG_INF;
+    // Candidates in ascending index: per 256-expert round, a ballot per warp and the warps' counts.
+    int n = 0;
+    for (int e0 = 0; e0 < E; e0 += 256) {
+        const int e = e0 + t;
+        const bool c = e < E && b.key[e] >= M;  // NaN keys never
+        const unsigned int m = __ballot_sync(0xffffffffu, c);
+        if (lane == 0) b.wcount[warp] = __popc(m);
+        __syncthreads();
+        int before = n;
+        for (int w = 0; w < warp; w++) before += b.wcount[w];
+        if (c) {
+            const int at = before + __popc(m & ((1u << lane) - 1u));
+            b.cand[at] = e;
+            b.ckey[at] = b.key[e];
+        }
+        for (int w = 0; w < 8; w++) n += b.wcount[w];
+        __syncthreads();
+    }
+    if (n < k) {
+        // Fewer numbers than k: NaN keys involved; the warp routine fills up as the CPU does.
+        if (warp == 0) warp_select_row(logits, bias, E, k, norm_topk, softcap, b.key, b.sc, picks, ids, wts);
+        return;
+    }
+    // Rank among the candidates (the list ascends by index, so an equal key ranks first if earlier).
+    for (int i = t; i < n; i += 256) {
+        const float ke = b.ckey[i];
+        int rank = 0;
+        for (int j = 0; j < n; j++) {
+            const float kj = b.ckey[j];
+            rank += (kj > ke) | ((kj == ke) & (j < i));
+        }
+        if (rank < k) b.slot[rank] = b.cand[i];
+    }
+    __syncthreads();
+    if (warp == 0) {
+        // Lane i < k holds the expert of rank i; its place in ascending index order is the count
+        // of smaller chosen ids.
+        const int mine = lane < k ? b.slot[lane] : 0x7fffffff;
+        int place = 0;
+        for (int j = 0; j < k; j++) place += __shfl_sync(0xffffffffu, mine, j) < mine;
+        if (lane < k) picks[place] = mine;
+        __syncwarp();
+        float total = 0.f;
+        for (int j = 0; j < k; j++) total += b.sc[picks[j]];
+        if (lane < k) {
+            const float sv = b.sc[mine];
+            ids[place] = mine;
+            wts[place] = norm_topk ? sv / total : sv;
+        }
+    }
+}
+
 // The whole router of up to R rows in one launch: logits = RMSNorm(x)·Wᵀ (the persistent GEMV,
 // one warp per expert row), xn = RMSNorm(x) for the experts (a slice per block, with the very
 // inverse rms the logits used), then the last block to finish (counted in `counter`, reset afterwards)
@@ -112,8 +221,8 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
                                             float softcap, int rows) {
     __shared__ float inv[16], red[8 * 16];
     __shared__ float bias_s[1024];
-    __shared__ float sel[2 * 2048];  // key and score rows of the selecting warps
-    __shared__ int picks[8][32];
+    __shared__ BlockSelect sel;
+    __shared__ int picks[32];
     __shared__ int is_last;
     // The bias is a weight: fetched before the wait, by every block (which one ends last is not
     // known yet).
@@ -131,11 +240,12 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
     if (!is_last) return;
     __threadfence();
     FD_MARK(7);
-    // The last block selects: a warp per row, as many warps at once as the scratch holds.
-    const int warp = threadIdx.x / WARP, nsel = min((int)blockDim.x / WARP, 2048 / E);
-    for (int r = warp; warp < nsel && r < rows; r += nsel)
-        warp_select_row(logits + (size_t)r * E, bias_s, E, k, norm_topk, softcap, sel + warp * 2 * E,
-                        sel + warp * 2 * E + E, picks[warp], ids + (size_t)r * k, wts + (size_t)r * k);
+    // The last block selects, row by row.
+    for (int r = 0; r < rows; r++) {
+        block_select_row(logits + (size_t)r * E, bias_s, E, k, norm_topk, softcap, sel, picks, ids + (size_t)r * k,
+                         wts + (size_t)r * k);
+        __syncthreads();
+    }
     FD_MARK(5);
     if (threadIdx.x == 0) *counter = 0;
 }

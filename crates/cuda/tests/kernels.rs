@@ -372,10 +372,12 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
     let g = gpu();
     // (experts, top-k, hidden, intermediate, shared intermediate): awkward small sizes with more
     // experts than a warp and biases that make every selection key negative; then the XS 2.1
-    // widths (2048 / 512, top-8) with fewer experts.
+    // widths (2048 / 512, top-8) with fewer experts; then more experts than the step router's
+    // block has threads (its bounded candidate search and two rounds of listing).
     for (e, k, hid, inter, sh) in [
         (100usize, 3usize, 96usize, 64usize, 32usize),
         (24, 8, 2048, 512, 512),
+        (300, 8, 64, 32, 32),
     ] {
         let mut rng = ChaCha8Rng::seed_from_u64(4 + hid as u64);
         let (gd, gq) = quant(&g, &mut rng, e * inter, hid);
