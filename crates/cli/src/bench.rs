@@ -192,6 +192,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.synthetic.is_some() {
         bail!("--synthetic needs --backend cuda (the CPU backend reads a model directory; make one with `fastdecode synth`)");
     }
+    if a.profile || a.trace.is_some() {
+        bail!("--profile and --trace time GPU kernels: they need --backend cuda");
+    }
     if a.decode_tokens < 2 || a.repeats == 0 {
         bail!("--decode-tokens must be at least 2 and --repeats at least 1");
     }

@@ -382,6 +382,13 @@ fn generate_and_bench_report_json() {
         "oracle:1.5",
     ]);
     assert!(e.contains("oracle probability"), "{e}");
+    // GPU-only timing options are refused on the CPU, not silently ignored.
+    for opt in [&["--profile"][..], &["--trace", "t.csv"][..]] {
+        let mut args = vec!["bench", "--model", m, "--decode-tokens", "4"];
+        args.extend_from_slice(opt);
+        let e = fails(&args);
+        assert!(e.contains("need --backend cuda"), "{opt:?}: {e}");
+    }
 
     let out = ok(&[
         "bench",
