@@ -1,7 +1,8 @@
 #!/bin/bash
 # On the GPU machine, from the repository root, after tools/gpu/stage.sh staged .gpu/ here:
 # the CUDA kernel tests against their CPU twins, the model check against the CPU reference on the
-# bundled and a synthetic model, and the XS 2.1 benchmark (JSON into $OUT when set).
+# bundled and a synthetic model, and the XS 2.1 benchmark (JSON into $OUT when set); with TRACE=1
+# also a per-kernel timeline of the decode step (tools/gpu/trace_summary.py).
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export FASTDECODE_HOME=${FASTDECODE_HOME:-/tmp/fdhome}
@@ -17,4 +18,12 @@ echo "== bench: XS 2.1"
 ./.gpu/fastdecode bench --backend cuda --synthetic xs2.1 --seed 0 --prompt-tokens 512 \
     --decode-tokens 512 --repeats 5 --profile --json > "$out/bench-xs2.1.json" || status=1
 grep -A3 '"decode_ms_per_token\|"prefill_ms\|"fraction_of_roofline' "$out/bench-xs2.1.json"
+if [ -n "${TRACE:-}" ]; then
+    # A timeline of two decode steps in the graph, per kernel (README: bench --trace).
+    echo "== trace: XS 2.1 decode step"
+    FASTDECODE_NVRTC_DEFINES=-DFD_TRACE ./.gpu/fastdecode bench --backend cuda --synthetic xs2.1 --seed 0 \
+        --prompt-tokens 512 --decode-tokens 32 --trace "$out/trace.csv" > /dev/null || status=1
+    python3 tools/gpu/trace_summary.py "$out/trace.csv" || status=1
+    gzip -f "$out/trace.csv"
+fi
 exit $status
