@@ -42,7 +42,8 @@ pub struct BenchArgs {
     /// DFlash draft source: `drafter` or `oracle:P`.
     #[arg(long, default_value = "drafter")]
     draft: DraftSpec,
-    /// Timed repeats of every run; speeds are the median over repeats.
+    /// Timed repeats of every run; speeds are the median over repeats (the CUDA backend runs at
+    /// least 5, so that its spread means something).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// Seed for random prompts and the oracle.
