@@ -2,7 +2,7 @@
 # On the GPU machine, from the repository root, after tools/gpu/stage.sh staged .gpu/ here:
 # the CUDA kernel tests against their CPU twins, the model check against the CPU reference on the
 # bundled and a synthetic model, and the XS 2.1 benchmark (JSON into $OUT when set); with TRACE=1
-# also a per-kernel timeline of the decode step (tools/gpu/trace_summary.py).
+# also a per-kernel timeline of the decode step (table on stderr, waterfall SVG into $OUT).
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export FASTDECODE_HOME=${FASTDECODE_HOME:-/tmp/fdhome}
@@ -23,7 +23,7 @@ if [ -n "${TRACE:-}" ]; then
     echo "== trace: XS 2.1 decode step"
     FASTDECODE_NVRTC_DEFINES=-DFD_TRACE ./.gpu/fastdecode bench --backend cuda --synthetic xs2.1 --seed 0 \
         --prompt-tokens 512 --decode-tokens 32 --trace "$out/trace.csv" > /dev/null || status=1
-    python3 tools/gpu/trace_summary.py "$out/trace.csv" || status=1
+    ./.gpu/fastdecode timeline "$out/trace.csv" --svg "$out/timeline.svg" > /dev/null || status=1
     gzip -f "$out/trace.csv"
 fi
 exit $status

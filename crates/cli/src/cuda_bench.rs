@@ -109,9 +109,8 @@ fn profile(
     Ok((prefill, decode))
 }
 
-/// A timeline of two decode steps after the prompt, as CSV (module, ns, kind, event, block, SM
-/// cycle counter):
-/// needs kernels built with `FASTDECODE_NVRTC_DEFINES=-DFD_TRACE`.
+/// A timeline of two decode steps after the prompt, as CSV (`fastdecode_cuda::timeline`), and
+/// its per-kernel table on stderr: needs kernels built with `FASTDECODE_NVRTC_DEFINES=-DFD_TRACE`.
 fn trace(
     gpu: &Gpu,
     target: &mut CudaBackend,
@@ -137,17 +136,12 @@ fn trace(
     if recs.is_empty() {
         bail!("--trace: no records; build the kernels with FASTDECODE_NVRTC_DEFINES=-DFD_TRACE");
     }
-    let mut csv = String::from("module,ns,kind,event,block,clock\n");
-    for r in recs {
-        csv.push_str(&format!(
-            "{},{},{},{},{},{}\n",
-            r.module, r.ns, r.kind, r.event, r.block, r.clock
-        ));
-    }
-    // A temporary name first, so an interrupted run leaves no half-written trace.
-    let tmp = path.with_extension("partial");
-    std::fs::write(&tmp, csv).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    fastdecode_cuda::timeline::write_csv(path, &recs)?;
+    // The per-kernel table on stderr (stdout may be the JSON); `fastdecode timeline` redoes it.
+    eprint!(
+        "{}",
+        fastdecode_cuda::timeline::table(&fastdecode_cuda::timeline::costs(&recs))
+    );
     Ok(())
 }
 

@@ -8,6 +8,7 @@ mod gate_cmds;
 mod generate;
 mod model_cmds;
 mod price;
+mod timeline;
 mod worker;
 
 use clap::{Parser, Subcommand};
@@ -54,6 +55,8 @@ enum Cmd {
     Bisect(gate_cmds::BisectArgs),
     /// Price a candidate build against the pinned baseline build in paired, timed worker runs.
     Price(Box<price::PriceArgs>),
+    /// Tabulate a decode-step timeline written by `bench --trace` (and draw it with --svg).
+    Timeline(timeline::TimelineArgs),
 }
 
 fn main() {
@@ -78,6 +81,7 @@ fn main() {
         Cmd::Bisect(a) => gate_cmds::bisect(a),
         Cmd::Price(a) => price::run(*a),
         Cmd::Check(a) => check::run(a),
+        Cmd::Timeline(a) => timeline::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -60,6 +60,7 @@ fn every_subcommand_has_help() {
         ("verify", "<DIR>"),
         ("generate", "--block-size"),
         ("bench", "--decode-tokens"),
+        ("timeline", "--svg"),
     ] {
         let out = ok(&[cmd, "--help"]);
         assert!(out.contains(must), "{cmd} --help lacks {must}: {out}");
@@ -457,4 +458,53 @@ fn cuda_generate_needs_no_cpu_model_and_fails_clearly_without_a_gpu() {
         "x",
     ]);
     assert!(err.contains("not a model directory"), "{err}");
+}
+
+#[test]
+fn timeline_tabulates_a_trace_draws_it_and_names_bad_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    // Two launches of a GEMV (kind 2, tag 2048), one block each, then an attention launch (kind 3)
+    // that waits 1 µs after the second GEMV ends and runs 5 µs.
+    let (g, a) = (2 << 20 | 2048, 3 << 20);
+    let rows = [
+        (0, g, 0, 0),
+        (500, g, 1, 0),
+        (10_000, g, 2, 0),
+        (8_000, a, 0, 0),
+        (11_000, a, 1, 0),
+        (16_000, a, 2, 0),
+        (20_000, g, 0, 0),
+        (21_000, g, 1, 0),
+        (30_000, g, 2, 0),
+    ];
+    let mut text = String::from("module,ns,kind,event,block,clock\n");
+    for (ns, kind, ev, b) in rows {
+        text += &format!("m,{ns},{kind},{ev},{b},{}\n", 2 * ns);
+    }
+    std::fs::write(&csv, text).unwrap();
+    let svg = dir.path().join("t.svg");
+    let out = ok(&[
+        "timeline",
+        csv.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    // attend_decode follows the first GEMV: adds 6 µs, waited 1, ran 5; the second GEMV follows it.
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("attend_decode"))
+        .unwrap();
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&cols[1..5], ["1", "6.00", "1.00", "5.00"], "{out}");
+    assert!(out.contains("gemv_bf16 (2048)"), "{out}");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(svg.matches("<title>").count(), 3, "{svg}");
+    let e = fails(&["timeline", dir.path().join("none.csv").to_str().unwrap()]);
+    assert!(e.contains("none.csv"), "{e}");
+    std::fs::write(&csv, "module,ns,kind,event,block,clock\nm,1,2,zero,0,0\n").unwrap();
+    let e = fails(&["timeline", csv.to_str().unwrap()]);
+    assert!(e.contains("t.csv") && e.contains("line: 2"), "{e}");
+    let e = fails(&["timeline", csv.to_str().unwrap(), "--window", "0"]);
+    assert!(e.contains("--window"), "{e}");
 }

@@ -210,7 +210,7 @@ impl Gpu {
 
     /// The timeline records of every loaded module built with `-DFD_TRACE` (see common.cuh), in
     /// no particular order; the modules' buffers are emptied. Modules built without it have none.
-    pub fn trace_take(&self) -> Result<Vec<TraceRecord>> {
+    pub fn trace_take(&self) -> Result<Vec<crate::timeline::TraceRecord>> {
         let mods = self.modules.lock().expect("module cache lock");
         let mut out = vec![];
         for (name, m) in mods.iter() {
@@ -230,8 +230,8 @@ impl Gpu {
                 let word =
                     |i: usize| u64::from_le_bytes(r[8 * i..8 * i + 8].try_into().expect("8 bytes"));
                 let (t, info) = (word(0), word(1));
-                out.push(TraceRecord {
-                    module: name,
+                out.push(crate::timeline::TraceRecord {
+                    module: name.to_string(),
                     ns: t,
                     kind: (info >> 40) as u32,
                     event: ((info >> 32) & 0xff) as u32,
@@ -262,21 +262,6 @@ impl Gpu {
         };
         Ok(m.load_function(func)?)
     }
-}
-
-/// One stamp of a traced kernel (common.cuh `fd_stamp`).
-pub struct TraceRecord {
-    pub module: &'static str,
-    /// The GPU's global timer, ns.
-    pub ns: u64,
-    /// Kernel id (top 4 of 24 bits) and tag.
-    pub kind: u32,
-    /// 0 block start, 1 past pdl_wait, 2 block end, 3.. FD_MARK points.
-    pub event: u32,
-    /// Linear block index.
-    pub block: u32,
-    /// The SM's cycle counter (comparable within a block only).
-    pub clock: u64,
 }
 
 fn write_cache(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {

@@ -14,6 +14,7 @@
 //!   `kernels/prefill.cu` (GEMM, flash attention, grouped MoE); `kernels/common.cuh` holds the
 //!   shared device code and the determinism rules.
 //! - `device.rs` — opening the GPU (clear errors), NVRTC compilation and its cache, launches.
+//! - `timeline.rs` — traced decode steps (`-DFD_TRACE`): launches, per-kernel costs, a waterfall.
 
 pub mod dense;
 pub mod device;
@@ -23,6 +24,7 @@ pub mod ops;
 pub mod prefill;
 pub mod profile;
 pub mod target;
+pub mod timeline;
 pub mod weights;
 
 pub use device::Gpu;
