@@ -3,6 +3,27 @@
 // launch; down fused with the routing-weight combine, the shared expert and the residual add).
 // CPU twins: fastdecode_cpu::layers::{Moe::route, Moe::forward}.
 
+// One warp: lane i < k holds the i-th of the k chosen experts (distinct, in any order). Lists them
+// in ascending index into ids[0..k) with their weights: the pre-bias scores sc, renormalised when
+// norm_topk by their sum taken in ascending index. picks: 32 ints of the warp's shared scratch.
+__device__ __forceinline__ void warp_list_chosen(int mine, int k, int norm_topk, const float* sc, int* picks,
+                                                 int* ids, float* wts) {
+    const int lane = threadIdx.x % WARP;
+    // Its place in ascending order is the count of smaller chosen ids.
+    int place = 0;
+    for (int j = 0; j < k; j++) place += __shfl_sync(0xffffffffu, mine, j) < mine;
+    if (lane < k) picks[place] = mine;
+    __syncwarp();
+    float total = 0.f;
+    for (int j = 0; j < k; j++) total += sc[picks[j]];
+    if (lane < k) {
+        const float sv = sc[mine];
+        ids[place] = mine;
+        wts[place] = norm_topk ? sv / total : sv;
+    }
+    __syncwarp();
+}
+
 // One warp: the k experts of one row of router logits. The key of expert e is
 // sigmoid(softcap(logit)) + bias[e]; the k largest keys win, ties to the lower index (the order the
 // CPU sorts by), found by k rounds of a warp arg-max over the experts not yet chosen (lane l owns
@@ -83,19 +104,8 @@ __device__ __forceinline__ void warp_select_row(const float* __restrict__ logits
         __syncwarp();
         return;
     }
-    // Ascending order: lane i (< k) holds round i's expert; its place is the count of smaller ones.
-    int place = 0;
-    for (int j = 0; j < k; j++) place += __shfl_sync(0xffffffffu, mine, j) < mine;
-    if (lane < k) picks[place] = mine;
-    __syncwarp();
-    float total = 0.f;
-    for (int j = 0; j < k; j++) total += sc[picks[j]];
-    if (lane < k) {
-        const float sv = sc[mine];
-        ids[place] = mine;
-        wts[place] = norm_topk ? sv / total : sv;
-    }
-    __syncwarp();
+    // Lane i (< k) holds round i's expert.
+    warp_list_chosen(mine, k, norm_topk, sc, picks, ids, wts);
 }
 
 // The whole block (exactly 256 threads): the same selection as warp_select_row for one row, with short
@@ -114,7 +124,6 @@ struct BlockSelect {
     float wmax[8];
     int wcount[8];
     int slot[32];
-    int n;
 };
 
 __device__ __forceinline__ void block_select_row(const float* __restrict__ logits, const float* __restrict__ bias,
@@ -189,22 +198,8 @@ __device__ __forceinline__ void block_select_row(const float* __restrict__ logit
         if (rank < k) b.slot[rank] = b.cand[i];
     }
     __syncthreads();
-    if (warp == 0) {
-        // Lane i < k holds the expert of rank i; its place in ascending index order is the count
-        // of smaller chosen ids.
-        const int mine = lane < k ? b.slot[lane] : 0x7fffffff;
-        int place = 0;
-        for (int j = 0; j < k; j++) place += __shfl_sync(0xffffffffu, mine, j) < mine;
-        if (lane < k) picks[place] = mine;
-        __syncwarp();
-        float total = 0.f;
-        for (int j = 0; j < k; j++) total += b.sc[picks[j]];
-        if (lane < k) {
-            const float sv = b.sc[mine];
-            ids[place] = mine;
-            wts[place] = norm_topk ? sv / total : sv;
-        }
-    }
+    // Lane i < k of warp 0 holds the expert of rank i.
+    if (warp == 0) warp_list_chosen(lane < k ? b.slot[lane] : -1, k, norm_topk, b.sc, picks, ids, wts);
 }
 
 // The whole router of up to R rows in one launch: logits = RMSNorm(x)·Wᵀ (the persistent GEMV,

@@ -53,6 +53,13 @@ extern "C" __global__ void pf_split_rows(const float* __restrict__ x, __nv_bfloa
     xs[n + i] = __float2bfloat16_rn(v - __bfloat162float(h));
 }
 
+// The uint4 holding column c (c % 4 == 0) of `row` in the grouped expert GEMMs' split layout of
+// K-column rows (the layout note under "Mixture of experts" below).
+__device__ __forceinline__ size_t pf_split_index(int c, int K, size_t row) {
+    const int q = c & 127, t = q >> 5, i = (q & 31) >> 3, hh = (q & 7) >> 2;
+    return row * (size_t)(K / 4) + (size_t)(c >> 7) * 32 + (2 * i + hh) * 4 + t;
+}
+
 // RMSNorm of each row fused with the split the GEMMs take: v = w ⊙ x / rms(x) (the inverse rms
 // as every fused-norm GEMV computes it), out[r, :] = v (when out is set), xs[0, r, :] = bf16(v),
 // xs[1, r, :] = bf16(v - xs[0, r, :]) (as pf_split_rows), and, when perm is set, the same hi/lo
@@ -84,12 +91,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_rms_norm_split(const float*
         pf_split2(v[2], v[3], hi1, lo1);
         *reinterpret_cast<uint2*>(xs + base + i) = make_uint2(hi0, hi1);
         *reinterpret_cast<uint2*>(xs + total + base + i) = make_uint2(lo0, lo1);
-        if (perm) {
-            // Columns i .. i+3 are k step s of thread t in their 128-column block (see the layout
-            // note below).
-            const int cc = i & 127, t = cc >> 5, rem = cc & 31, st = 2 * (rem >> 3) + ((rem >> 2) & 1);
-            perm[base / 4 + (i >> 7) * 32 + st * 4 + t] = make_uint4(hi0, hi1, lo0, lo1);
-        }
+        if (perm) perm[pf_split_index(i, n, blockIdx.x)] = make_uint4(hi0, hi1, lo0, lo1);
     }
 }
 
@@ -109,10 +111,6 @@ extern "C" __global__ void __launch_bounds__(256) pf_rms_norm_split(const float*
 #define PF_NT 4
 #define PF_TOK (PF_NT * 8)
 
-__device__ __forceinline__ size_t pf_split_index(int c, int K, size_t row) {
-    const int q = c & 127, t = q >> 5, i = (q & 31) >> 3, hh = (q & 7) >> 2;
-    return row * (size_t)(K / 4) + (size_t)(c >> 7) * 32 + (2 * i + hh) * 4 + t;
-}
 
 // Split layout of f32 rows x [n, K]. grid: ceil(n·K/4 / 256), block: 256 (thread per uint4).
 extern "C" __global__ void pf_split_perm(const float* __restrict__ x, uint4* __restrict__ xs, int n, int K) {
