@@ -120,14 +120,11 @@ fn trace(
     target.reset();
     let positions: Vec<usize> = (0..prompt.len()).collect();
     let mut tok = target.forward_greedy(prompt, &positions, &[], true)?.tokens[0];
-    // Graphs are captured on a step's first use: replay them in the traced steps.
-    for i in 0..2 {
-        tok = target
-            .forward_greedy(&[tok], &[prompt.len() + i], &[], true)?
-            .tokens[0];
-    }
-    gpu.trace_take()?;
-    for i in 2..4 {
+    // Graphs are captured on a step's first use: only steps 2 and 3, graph replays, are kept.
+    for i in 0..4 {
+        if i == 2 {
+            gpu.trace_take()?;
+        }
         tok = target
             .forward_greedy(&[tok], &[prompt.len() + i], &[], true)?
             .tokens[0];

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use fastdecode_cuda::timeline;
 
@@ -28,10 +28,7 @@ pub fn run(a: TimelineArgs) -> Result<()> {
     print!("{}", timeline::table(&timeline::costs(&recs)));
     if let Some(svg) = &a.svg {
         let text = timeline::waterfall_svg(&timeline::launches(&recs), a.window);
-        // A temporary name first, so an interrupted run leaves no half-written picture.
-        let tmp = svg.with_extension("partial");
-        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, svg).with_context(|| format!("writing {}", svg.display()))?;
+        crate::common::write_file(svg, &text)?;
     }
     Ok(())
 }

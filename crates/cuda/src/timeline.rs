@@ -4,7 +4,7 @@
 //! writes them as CSV; this module reads them back, groups them into launches and tells what each
 //! kernel adds to a step (`fastdecode timeline`), or draws the step as a waterfall.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -61,6 +61,9 @@ pub struct Launch {
     pub last_end: u64,
     /// Per FD_MARK event, each block's time (its last, for a mark inside a loop).
     pub marks: BTreeMap<u32, HashMap<u32, u64>>,
+    /// The SM clock each block ran at (its cycle span over its timer span), MHz, for blocks
+    /// that ran long enough (> 2 µs) for the timer's 32 ns steps to matter little.
+    pub sm_mhz: Vec<f64>,
 }
 
 /// The records grouped into launches, in launch order. A kind's blocks start once per launch, so a
@@ -69,7 +72,8 @@ pub fn launches(records: &[TraceRecord]) -> Vec<Launch> {
     let mut recs: Vec<&TraceRecord> = records.iter().collect();
     recs.sort_by_key(|r| (r.ns, r.event));
     struct Open {
-        started: HashSet<u32>,
+        /// Each started block's start (timer, cycle counter).
+        started: HashMap<u32, (u64, u64)>,
         l: Launch,
         waits: Vec<u64>,
     }
@@ -86,13 +90,13 @@ pub fn launches(records: &[TraceRecord]) -> Vec<Launch> {
         if r.event == 0
             && open
                 .get(&r.kind)
-                .is_some_and(|o| o.started.contains(&r.block))
+                .is_some_and(|o| o.started.contains_key(&r.block))
         {
             let o = open.remove(&r.kind).expect("checked above");
             close(o, &mut done);
         }
         let o = open.entry(r.kind).or_insert_with(|| Open {
-            started: HashSet::new(),
+            started: HashMap::new(),
             l: Launch {
                 kind: r.kind,
                 blocks: 0,
@@ -100,17 +104,27 @@ pub fn launches(records: &[TraceRecord]) -> Vec<Launch> {
                 first_wait: r.ns,
                 last_end: 0,
                 marks: BTreeMap::new(),
+                sm_mhz: vec![],
             },
             waits: vec![],
         });
         match r.event {
             0 => {
-                o.started.insert(r.block);
+                o.started.insert(r.block, (r.ns, r.clock));
                 o.l.blocks += 1;
                 o.l.first_start = o.l.first_start.min(r.ns);
             }
             1 => o.waits.push(r.ns),
-            2 => o.l.last_end = o.l.last_end.max(r.ns),
+            2 => {
+                o.l.last_end = o.l.last_end.max(r.ns);
+                if let Some(&(t0, c0)) = o.started.get(&r.block) {
+                    let dt = r.ns.saturating_sub(t0);
+                    if dt > 2000 {
+                        o.l.sm_mhz
+                            .push(r.clock.wrapping_sub(c0) as f64 / dt as f64 * 1e3);
+                    }
+                }
+            }
             e => {
                 o.l.marks.entry(e).or_default().insert(r.block, r.ns);
             }
@@ -161,36 +175,13 @@ fn median(v: &mut [f64]) -> f64 {
 /// predecessor and only counts for its marks.
 pub fn costs(records: &[TraceRecord]) -> Vec<KernelCost> {
     let ls = launches(records);
-    // SM clock: each block's start and end stamps of a kind, paired in time order.
-    let mut stamps: HashMap<(u32, u32), Vec<(u64, u64)>> = HashMap::new();
-    let mut sorted: Vec<&TraceRecord> = records
-        .iter()
-        .filter(|r| r.event == 0 || r.event == 2)
-        .collect();
-    sorted.sort_by_key(|r| (r.ns, r.event));
-    for r in sorted {
-        stamps
-            .entry((r.kind, r.block))
-            .or_default()
-            .push((r.ns, r.clock));
-    }
-    let mut mhz: HashMap<u32, Vec<f64>> = HashMap::new();
-    for ((kind, _), v) in stamps {
-        for p in v.chunks_exact(2) {
-            let (dt, dc) = (p[1].0.saturating_sub(p[0].0), p[1].1.wrapping_sub(p[0].1));
-            // Long enough for the timer's 32 ns steps to matter little.
-            if dt > 2000 {
-                mhz.entry(kind)
-                    .or_default()
-                    .push(dc as f64 / dt as f64 * 1e3);
-            }
-        }
-    }
     // Per kind: each launch's (step, wait, run), and per mark each launch's (min, median, max).
     type PerKind = (Vec<[f64; 3]>, BTreeMap<u32, Vec<[f64; 3]>>);
     let mut per: BTreeMap<u32, PerKind> = BTreeMap::new();
+    let mut mhz: HashMap<u32, Vec<f64>> = HashMap::new();
     let mut prev_end: Option<u64> = None;
     for l in &ls {
+        mhz.entry(l.kind).or_default().extend(&l.sm_mhz);
         let e = per.entry(l.kind).or_default();
         if let Some(p) = prev_end {
             e.0.push([
@@ -222,7 +213,10 @@ pub fn costs(records: &[TraceRecord]) -> Vec<KernelCost> {
                 wait_us: col(1),
                 run_us: col(2),
                 share: s.iter().map(|x| x[0]).sum::<f64>() / total,
-                sm_mhz: mhz.get_mut(&kind).map(|v| median(v)),
+                sm_mhz: mhz
+                    .get_mut(&kind)
+                    .filter(|v| !v.is_empty())
+                    .map(|v| median(v)),
                 marks: m
                     .into_iter()
                     .map(|(ev, v)| {
@@ -339,17 +333,15 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> CudaError {
     CudaError::Shape(format!("{}: {e}", path.display()))
 }
 
-/// Writes the records as CSV (header `module,ns,kind,event,block,clock`), to a temporary name
-/// first, so an interrupted run leaves no half-written file.
+/// Writes the records as CSV (header `module,ns,kind,event,block,clock`), atomically
+/// (`fastdecode_model::checkpoint::write_atomic`): an interrupted run leaves no half-written file.
 pub fn write_csv(path: &Path, records: &[TraceRecord]) -> Result<()> {
-    let tmp = path.with_extension("partial");
-    let mut w = csv::Writer::from_path(&tmp).map_err(|e| io_err(&tmp, e))?;
+    let mut w = csv::Writer::from_writer(vec![]);
     for r in records {
-        w.serialize(r).map_err(|e| io_err(&tmp, e))?;
+        w.serialize(r).map_err(|e| io_err(path, e))?;
     }
-    w.flush().map_err(|e| io_err(&tmp, e))?;
-    drop(w);
-    std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
+    let bytes = w.into_inner().map_err(|e| io_err(path, e))?;
+    Ok(fastdecode_model::checkpoint::write_atomic(path, &bytes)?)
 }
 
 /// Reads records written by `write_csv`; a malformed line is an error naming the file and line.
@@ -466,7 +458,8 @@ mod tests {
         let p = dir.path().join("t.csv");
         let recs = trace();
         write_csv(&p, &recs).unwrap();
-        assert!(!dir.path().join("t.partial").exists());
+        // Nothing but the file itself is left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         assert_eq!(read_csv(&p).unwrap(), recs);
         std::fs::write(&p, "module,ns,kind,event,block,clock\nm,1,2,x,0,0\n").unwrap();
         let e = read_csv(&p).unwrap_err().to_string();
