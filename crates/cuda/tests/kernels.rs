@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 mod common;
-use common::{gpu, max_rel, quant, rand_vec, to_bf16};
+use common::{gpu, max_rel, quant_moe, rand_vec, to_bf16};
 
 #[test]
 fn no_gpu_is_an_error_not_a_panic() {
@@ -380,12 +380,8 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
         (300, 8, 64, 32, 32),
     ] {
         let mut rng = ChaCha8Rng::seed_from_u64(4 + hid as u64);
-        let (gd, gq) = quant(&g, &mut rng, e * inter, hid);
-        let (ud, uq) = quant(&g, &mut rng, e * inter, hid);
-        let (dd, dq) = quant(&g, &mut rng, e * hid, inter);
-        let (sgd, sgq) = quant(&g, &mut rng, sh, hid);
-        let (sud, suq) = quant(&g, &mut rng, sh, hid);
-        let (sdd, sdq) = quant(&g, &mut rng, hid, sh);
+        let ([gd, ud, dd, sgd, sud, sdd], [gq, uq, dq, sgq, suq, sdq]) =
+            quant_moe(&g, &mut rng, (e, hid, inter, sh));
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let router = linear(&mut rng, e, hid);
         let bias: Vec<f32> = rand_vec(&mut rng, e, 0.05)

@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 mod common;
-use common::{gpu, max_rel, quant, rand_vec, to_bf16};
+use common::{gpu, max_rel, quant_moe, rand_vec, to_bf16};
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -209,12 +209,8 @@ fn moe_prefill_matches_cpu_and_is_deterministic() {
     // Is != I; more tokens than one 64-token tile for some experts (expert 3's bias makes every
     // row pick it), none at all for others (very negative biases).
     let (e, k, hid, inter, sh) = (40usize, 4usize, 256usize, 128usize, 384usize);
-    let (gd, gq) = quant(&g, &mut rng, e * inter, hid);
-    let (ud, uq) = quant(&g, &mut rng, e * inter, hid);
-    let (dd, dq) = quant(&g, &mut rng, e * hid, inter);
-    let (sgd, sgq) = quant(&g, &mut rng, sh, hid);
-    let (sud, suq) = quant(&g, &mut rng, sh, hid);
-    let (sdd, sdq) = quant(&g, &mut rng, hid, sh);
+    let ([gd, ud, dd, sgd, sud, sdd], [gq, uq, dq, sgq, suq, sdq]) =
+        quant_moe(&g, &mut rng, (e, hid, inter, sh));
     let router: Vec<f32> = to_bf16(&rand_vec(&mut rng, e * hid, (3.0 / hid as f32).sqrt()))
         .iter()
         .map(|x| x.to_f32())

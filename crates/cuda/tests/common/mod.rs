@@ -31,6 +31,34 @@ pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, |m, (x, y)| m.max((x - y).abs() / scale))
 }
 
+/// One MoE layer's random NVFP4 experts, drawn in this order: routed gate `[e·inter, hid]`, up
+/// (the same), down `[e·hid, inter]`, then the shared gate `[sh, hid]`, up and down `[hid, sh]`;
+/// the device copies and the dequantised f32 twins, in that order.
+pub fn quant_moe(
+    g: &Gpu,
+    rng: &mut ChaCha8Rng,
+    (e, hid, inter, sh): (usize, usize, usize, usize),
+) -> ([DevNvfp4; 6], [Vec<f32>; 6]) {
+    let shapes = [
+        (e * inter, hid),
+        (e * inter, hid),
+        (e * hid, inter),
+        (sh, hid),
+        (sh, hid),
+        (hid, sh),
+    ];
+    let (dev, cpu): (Vec<_>, Vec<_>) = shapes
+        .iter()
+        .map(|&(rows, cols)| quant(g, rng, rows, cols))
+        .unzip();
+    (
+        dev.try_into()
+            .unwrap_or_else(|_| unreachable!("six shapes")),
+        cpu.try_into()
+            .unwrap_or_else(|_| unreachable!("six shapes")),
+    )
+}
+
 /// Random NVFP4 weights `[rows, cols]`: the device copy and the dequantised f32 twin.
 pub fn quant(g: &Gpu, rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> (DevNvfp4, Vec<f32>) {
     let w = rand_vec(rng, rows * cols, (3.0 / cols as f32).sqrt());
