@@ -441,11 +441,6 @@ impl Gpu {
 
         // SAFETY (every launch below): argument types and order match the kernel signatures in
         // prefill.cu; sizes were checked above and the scratch sized for them.
-        // ids go through shared memory (transposed, rows padded by one) when they fit the
-        // default 48 KiB.
-        let sid_bytes = k * (rows + 1) * 4;
-        let staged = i32::from(sid_bytes <= 48 * 1024);
-        let sid_bytes = if staged != 0 { sid_bytes as u32 } else { 0 };
         let f = self.function("prefill", "pf_moe_place")?;
         unsafe {
             self.stream
@@ -457,9 +452,7 @@ impl Gpu {
                 .arg(&mut order)
                 .arg(&mut pos)
                 .arg(&mut cnt)
-                .arg(&staged)
-                // Four experts (warps) per block.
-                .launch(launch_cfg((e.div_ceil(4) as u32, 1), 128, sid_bytes))
+                .launch(launch_cfg((1, 1), 256, 0))
         }?;
         let f = self.function("prefill", "pf_moe_tiles")?;
         unsafe {
