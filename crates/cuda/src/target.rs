@@ -31,7 +31,6 @@ struct Rows {
     x: CudaSlice<f32>,
     xn: CudaSlice<f32>,
     qkvg: CudaSlice<f32>,
-    att: CudaSlice<f32>,
     router_logits: CudaSlice<f32>,
     ids: CudaSlice<i32>,
     wts: CudaSlice<f32>,
@@ -47,7 +46,7 @@ impl Rows {
         n: usize,
     ) -> Result<Rows> {
         let ms = moe_shape(c);
-        let (h, d) = (c.hidden_size, c.head_dim);
+        let h = c.hidden_size;
         Ok(Rows {
             tok: st.alloc_zeros(n)?,
             pos: st.alloc_zeros(n)?,
@@ -55,7 +54,6 @@ impl Rows {
             x: st.alloc_zeros(n * h)?,
             xn: st.alloc_zeros(n * h)?,
             qkvg: st.alloc_zeros(n * qkvg_width(c))?,
-            att: st.alloc_zeros(n * max_heads(c) * d)?,
             router_logits: st.alloc_zeros(n * c.num_experts.max(1))?,
             ids: st.alloc_zeros(n * ms.top_k.max(1))?,
             wts: st.alloc_zeros(n * ms.top_k.max(1))?,
@@ -73,6 +71,8 @@ struct Scratch {
     host_tok: PinnedHostSlice<i32>,
     host_pos: PinnedHostSlice<i32>,
     rows: Rows,
+    /// The attention output (the prefill's attention writes the o_proj GEMM's split instead).
+    att: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     part: CudaSlice<f32>,
     att_counters: CudaSlice<u32>,
@@ -161,6 +161,7 @@ impl CudaTarget {
             host_tok,
             host_pos,
             rows: Rows::new(c, st, n)?,
+            att: st.alloc_zeros(n * hmax * d)?,
             logits: st.alloc_zeros(n * c.vocab_size)?,
             part: st.alloc_zeros(n * hmax * ATT_SPLITS * (d + 2))?,
             att_counters: st.alloc_zeros(n * c.num_key_value_heads)?,
@@ -419,12 +420,12 @@ impl CudaTarget {
                 cv,
                 &mut s.part,
                 &mut s.att_counters,
-                &mut s.rows.att.as_view_mut(),
+                &mut s.att.as_view_mut(),
             )?;
             mark!("attend (qk norm, rope, kv store, split-KV, gate)");
             g.gemv_bf16(
                 &l.o.as_view(),
-                &s.rows.att.as_view(),
+                &s.att.as_view(),
                 None,
                 &mut s.rows.x.as_view_mut(),
                 h,
