@@ -260,20 +260,19 @@ ROUTER_ENTRY(4)
 ROUTER_ENTRY(8)
 ROUTER_ENTRY(16)
 
-// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts [rows, k], a warp per row.
-// grid: ceil(rows / 4), block: 128, shared: 4 · 2E floats. E <= 1024, k < 32.
-extern "C" __global__ void __launch_bounds__(128) router_topk(const float* __restrict__ logits,
+// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts [rows, k], a block per
+// row with the decode router's bounded block selection (a warp per row running k arg-max rounds
+// took ~5 us a row; the block ~2 us). grid: rows, block: 256. E <= 1024, k < 32.
+extern "C" __global__ void __launch_bounds__(256) router_topk(const float* __restrict__ logits,
                                                              const float* __restrict__ bias, int* __restrict__ ids,
                                                              float* __restrict__ wts, int E, int k, int norm_topk,
                                                              float softcap, int rows) {
-    extern __shared__ float rt_smem[];
-    __shared__ int picks[4][32];
-    const int warp = threadIdx.x / WARP;
-    const int r = blockIdx.x * 4 + warp;
+    __shared__ BlockSelect sel;
+    __shared__ int picks[32];
+    const int r = blockIdx.x;
     if (r >= rows) return;
-    float* key = rt_smem + warp * 2 * E;
-    warp_select_row(logits + (size_t)r * E, bias, E, k, norm_topk, softcap, key, key + E, picks[warp],
-                    ids + (size_t)r * k, wts + (size_t)r * k);
+    block_select_row(logits + (size_t)r * E, bias, E, k, norm_topk, softcap, sel, picks, ids + (size_t)r * k,
+                     wts + (size_t)r * k);
 }
 
 // The two scale bytes of 16-byte code chunk c (columns 32c..32c+32) of an NVFP4 row.

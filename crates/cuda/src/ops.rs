@@ -260,6 +260,9 @@ impl Gpu {
                 "router_topk: buffers too small for {rows} rows"
             )));
         }
+        if rows == 0 {
+            return Ok(());
+        }
         let f = self.function("moe", "router_topk")?;
         let (ee, kk, n, ri) = (e as i32, k as i32, norm_topk as i32, rows as i32);
         // SAFETY: as above.
@@ -274,12 +277,8 @@ impl Gpu {
                 .arg(&n)
                 .arg(&softcap)
                 .arg(&ri)
-                // A warp per row, four per block, each with its row's keys and scores.
-                .launch(launch_cfg(
-                    (rows.div_ceil(4) as u32, 1),
-                    128,
-                    (4 * 2 * e * 4) as u32,
-                ))
+                // A block per row.
+                .launch(launch_cfg((rows as u32, 1), 256, 0))
         }?;
         Ok(())
     }
