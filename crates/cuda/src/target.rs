@@ -21,6 +21,7 @@ use crate::error::{CudaError, Result};
 use crate::model::{moe_shape, CudaModel, DevFfn};
 use crate::ops::{AttnShape, ATT_SPLITS, MAX_ROWS};
 use crate::prefill::MoeWeights;
+use crate::profile::mark;
 
 /// Per-row buffers both paths use, for up to `n` rows: inputs, activations, the router's
 /// choices and the greedy picks.
@@ -378,17 +379,10 @@ impl CudaTarget {
         let eps = c.rms_norm_eps as f32;
         let ms = moe_shape(c);
         let mut prof = self.profiler.take();
-        macro_rules! mark {
-            ($name:expr) => {
-                if let Some(p) = prof.as_mut() {
-                    p.mark($name, st)?;
-                }
-            };
-        }
-        mark!("start");
+        mark(&mut prof, "start", st)?;
         let s = &mut self.s;
         g.embed_rows(&m.embed, &s.rows.tok.slice(0..n), &mut s.rows.x, h)?;
-        mark!("embed_rows");
+        mark(&mut prof, "embed_rows", st)?;
         // The first kernel follows host copies (token ids, positions), which a programmatic
         // launch would not wait for; the rest follow kernels (unless taps add copies between).
         g.set_pdl(taps.is_empty());
@@ -405,7 +399,7 @@ impl CudaTarget {
                 n,
                 false,
             )?;
-            mark!("norm + gemv qkvg");
+            mark(&mut prof, "norm + gemv qkvg", st)?;
             let (ck, cv) = &mut self.kv[li];
             g.attend_decode(
                 &s.rows.qkvg.as_view(),
@@ -422,7 +416,11 @@ impl CudaTarget {
                 &mut s.att_counters,
                 &mut s.att.as_view_mut(),
             )?;
-            mark!("attend (qk norm, rope, kv store, split-KV, gate)");
+            mark(
+                &mut prof,
+                "attend (qk norm, rope, kv store, split-KV, gate)",
+                st,
+            )?;
             g.gemv_bf16(
                 &l.o.as_view(),
                 &s.att.as_view(),
@@ -433,7 +431,7 @@ impl CudaTarget {
                 n,
                 true,
             )?;
-            mark!("gemv o_proj + residual");
+            mark(&mut prof, "gemv o_proj + residual", st)?;
             match &l.ffn {
                 DevFfn::Dense { gate_up, down } => {
                     let w = c.intermediate_size;
@@ -447,14 +445,14 @@ impl CudaTarget {
                         n,
                         false,
                     )?;
-                    mark!("dense norm + gemv gate_up");
+                    mark(&mut prof, "dense norm + gemv gate_up", st)?;
                     g.silu_mul(
                         &s.rows.gate_up.as_view(),
                         &mut s.rows.act.as_view_mut(),
                         w,
                         n,
                     )?;
-                    mark!("dense silu_mul");
+                    mark(&mut prof, "dense silu_mul", st)?;
                     g.gemv_bf16(
                         &down.as_view(),
                         &s.rows.act.as_view(),
@@ -465,7 +463,7 @@ impl CudaTarget {
                         n,
                         true,
                     )?;
-                    mark!("dense gemv down + residual");
+                    mark(&mut prof, "dense gemv down + residual", st)?;
                 }
                 DevFfn::Moe(e) => {
                     g.router(
@@ -484,7 +482,7 @@ impl CudaTarget {
                         &mut s.rows.wts.as_view_mut(),
                         &mut s.router_counter,
                     )?;
-                    mark!("router (norm, logits, top-k)");
+                    mark(&mut prof, "router (norm, logits, top-k)", st)?;
                     g.moe_gate_up(
                         &s.rows.xn.as_view(),
                         &s.rows.ids.as_view(),
@@ -496,7 +494,7 @@ impl CudaTarget {
                         n,
                         &mut s.rows.h.as_view_mut(),
                     )?;
-                    mark!("nvfp4 gate_up (routed + shared)");
+                    mark(&mut prof, "nvfp4 gate_up (routed + shared)", st)?;
                     g.moe_down(
                         &s.rows.h.as_view(),
                         &s.rows.ids.as_view(),
@@ -508,7 +506,7 @@ impl CudaTarget {
                         n,
                         &mut s.rows.x.as_view_mut(),
                     )?;
-                    mark!("nvfp4 down + combine + residual");
+                    mark(&mut prof, "nvfp4 down + combine + residual", st)?;
                 }
             }
             for (t, _) in taps.iter().enumerate().filter(|(_, &tl)| tl == li) {
@@ -537,14 +535,14 @@ impl CudaTarget {
                 rows,
                 false,
             )?;
-            mark!("norm + gemv lm_head");
+            mark(&mut prof, "norm + gemv lm_head", st)?;
             g.argmax_rows(
                 &s.logits.as_view(),
                 c.vocab_size,
                 rows,
                 &mut s.rows.next.as_view_mut(),
             )?;
-            mark!("argmax");
+            mark(&mut prof, "argmax", st)?;
         }
         if let Some(p) = prof.as_mut() {
             p.collect()?;
@@ -588,21 +586,14 @@ impl CudaTarget {
             .iter()
             .all(|v| v.is_multiple_of(128));
         let mut prof = self.profiler.take();
-        macro_rules! mark {
-            ($name:expr) => {
-                if let Some(pr) = prof.as_mut() {
-                    pr.mark($name, st)?;
-                }
-            };
-        }
-        mark!("start");
+        mark(&mut prof, "start", st)?;
         let p = self.p.as_mut().expect("allocated above");
         let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let pos: Vec<i32> = (p0..p0 + n).map(|q| q as i32).collect();
         st.memcpy_htod(&toks, &mut p.rows.tok.slice_mut(0..n))?;
         st.memcpy_htod(&pos, &mut p.rows.pos.slice_mut(0..n))?;
         g.embed_rows(&m.embed, &p.rows.tok.slice(0..n), &mut p.rows.x, h)?;
-        mark!("prefill embed");
+        mark(&mut prof, "prefill embed", st)?;
         for (li, l) in m.layers.iter().enumerate() {
             let shape = attn_shape(c, l);
             let width = shape.width();
@@ -616,7 +607,7 @@ impl CudaTarget {
                 n,
                 eps,
             )?;
-            mark!("prefill rms_norm (+ split)");
+            mark(&mut prof, "prefill rms_norm (+ split)", st)?;
             g.gemm_bf16_tc_split(
                 &l.qkvg.as_view(),
                 &xs.xs.as_view(),
@@ -626,7 +617,7 @@ impl CudaTarget {
                 n,
                 false,
             )?;
-            mark!("prefill gemm qkvg (hi/lo)");
+            mark(&mut prof, "prefill gemm qkvg (hi/lo)", st)?;
             let (ck, cv) = &mut self.kv[li];
             g.qk_norm_rope_store(
                 &p.rows.qkvg.slice(0..n * width),
@@ -641,7 +632,7 @@ impl CudaTarget {
                 ck,
                 cv,
             )?;
-            mark!("prefill qk norm + rope + kv store");
+            mark(&mut prof, "prefill qk norm + rope + kv store", st)?;
             // Straight into the o_proj GEMM's hi/lo split.
             let att = g.attend_prefill_split(
                 &p.q.slice(0..n * l.heads * d),
@@ -664,7 +655,7 @@ impl CudaTarget {
                     0
                 }..p0 + n,
             )?;
-            mark!("prefill attention");
+            mark(&mut prof, "prefill attention", st)?;
             g.gemm_bf16_tc_split(
                 &l.o.as_view(),
                 &att.as_view(),
@@ -674,7 +665,7 @@ impl CudaTarget {
                 n,
                 true,
             )?;
-            mark!("prefill gemm o_proj + residual");
+            mark(&mut prof, "prefill gemm o_proj + residual", st)?;
             // The split for the router or dense GEMM, and for the experts either the grouped
             // GEMMs' layout or (step kernels) the normed rows.
             let moe_layer = matches!(l.ffn, DevFfn::Moe(_));
@@ -687,7 +678,7 @@ impl CudaTarget {
                 n,
                 eps,
             )?;
-            mark!("prefill rms_norm (+ split)");
+            mark(&mut prof, "prefill rms_norm (+ split)", st)?;
             match &l.ffn {
                 DevFfn::Dense { gate_up, down } => {
                     let w = c.intermediate_size;
@@ -715,7 +706,7 @@ impl CudaTarget {
                         n,
                         true,
                     )?;
-                    mark!("prefill dense mlp");
+                    mark(&mut prof, "prefill dense mlp", st)?;
                 }
                 DevFfn::Moe(e) => {
                     g.gemm_bf16_tc_split(
@@ -737,7 +728,7 @@ impl CudaTarget {
                         c.moe_router_logit_softcapping as f32,
                         n,
                     )?;
-                    mark!("prefill router (gemm + top-k)");
+                    mark(&mut prof, "prefill router (gemm + top-k)", st)?;
                     let scaling = c.moe_routed_scaling_factor as f32;
                     if grouped_moe {
                         let w = MoeWeights {
@@ -759,7 +750,7 @@ impl CudaTarget {
                             scaling,
                             n,
                         )?;
-                        mark!("prefill grouped moe");
+                        mark(&mut prof, "prefill grouped moe", st)?;
                     } else {
                         // Widths the grouped kernel does not take: the step kernels, every row
                         // reading its own experts.
@@ -785,7 +776,7 @@ impl CudaTarget {
                             n,
                             &mut p.rows.x.as_view_mut(),
                         )?;
-                        mark!("prefill moe (step kernels)");
+                        mark(&mut prof, "prefill moe (step kernels)", st)?;
                     }
                 }
             }
@@ -838,7 +829,7 @@ impl CudaTarget {
                 )?;
             }
         }
-        mark!("prefill lm_head + argmax");
+        mark(&mut prof, "prefill lm_head + argmax", st)?;
         if let Some(pr) = prof.as_mut() {
             pr.collect()?;
         }
