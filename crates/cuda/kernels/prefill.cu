@@ -290,15 +290,18 @@ extern "C" __global__ void __launch_bounds__(1024) pf_moe_tiles(const int* __res
 }
 
 // Four e2m1 codes (the low 16 bits of x, nibbles a, b, c, d from the low end) times the bf16x2
-// scale s2, as bf16x2 (a, b) -> p0 and (c, d) -> p1. Byte permutes look up the high and low
-// bytes of the bf16 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}; the sign is bit 3 of each code, and
-// one multiply moves two of them at once to bits 15 and 31 (sign bits 3, 7 by 2^12 + 2^24; bits
-// 11, 15 by 2^4 + 2^16; no other sign bit lands on 15 or 31): two instructions per pair where
-// shifting and masking each took four, in the decode that bounds the prefill's expert GEMMs
-// (Nsight: issue-bound, 58-67 % SM throughput). Exact: every e2m1·e4m3 product is a bf16.
+// scale s2 (from pf_e4m3x2x2: the e4m3 scale times 2^-8), as bf16x2 (a, b) -> p0 and (c, d) ->
+// p1. Byte permutes look up the high and low bytes of the bf16 magnitudes {0, .5, 1, 1.5, 2, 3,
+// 4, 6} times 2^8 (which only raises the high bytes), the 2^-8 of the scale cancels it; the sign
+// is bit 3 of each code, and one multiply moves two of them at once to bits 15 and 31 (sign bits
+// 3, 7 by 2^12 + 2^24; bits 11, 15 by 2^4 + 2^16; no other sign bit lands on 15 or 31): two
+// instructions per pair where shifting and masking each took four, in the decode that bounds the
+// prefill's expert GEMMs (Nsight: issue-bound, 58-67 % SM throughput). Exact: every product
+// (e2m1 · 2^8) · (e4m3 · 2^-8) is the bf16 e2m1 · e4m3, as before the scalings (checked for every
+// code and scale byte).
 __device__ __forceinline__ void pf_fp4x4(unsigned x, unsigned s2, unsigned& p0, unsigned& p1) {
     const unsigned m = x & 0x7777u;
-    const unsigned hi = __byte_perm(0x3F3F3F00u, 0x40404040u, m);
+    const unsigned hi = __byte_perm(0x43434300u, 0x44444444u, m);
     const unsigned lo = __byte_perm(0xC0800000u, 0xC0804000u, m);
     const unsigned sg = x & 0x8888u;
     const unsigned v0 = __byte_perm(lo, hi, 0x5140u) | ((sg * 0x01001000u) & 0x80008000u);
@@ -310,12 +313,16 @@ __device__ __forceinline__ void pf_fp4x4(unsigned x, unsigned s2, unsigned& p0, 
     p1 = *reinterpret_cast<unsigned*>(&r1);
 }
 
-// An e4m3 byte as a bf16x2 pair (exact).
-__device__ __forceinline__ unsigned pf_e4m3x2(unsigned b) {
-    const unsigned e = (b >> 3) & 15u, m = b & 7u;
-    const unsigned mag = e ? (((e + 120u) << 7) | (m << 4)) : (__float_as_uint((float)m * 0.001953125f) >> 16);
-    const unsigned v = mag | ((b & 0x80u) << 8);
-    return v | (v << 16);
+// The two e4m3 bytes of sv (low 16 bits) times 2^-8, each as a bf16x2 pair (exact). An e4m3 byte
+// placed at bit 7 of an f16 is its value times 2^-8 (subnormals included); widened to f32, its
+// top half is the bf16. Both bytes go through one f16x2: a handful of instructions where the
+// exponent/subnormal branch per byte took about a dozen.
+__device__ __forceinline__ void pf_e4m3x2x2(unsigned sv, unsigned& c0, unsigned& c1) {
+    const unsigned x = __byte_perm(sv, 0u, 0x4140u);  // bytes b0, 0, b1, 0
+    const unsigned h = ((x & 0x007f007fu) << 7) | ((x & 0x00800080u) << 8);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    c0 = __byte_perm(__float_as_uint(f.x), 0u, 0x3232u);
+    c1 = __byte_perm(__float_as_uint(f.y), 0u, 0x3232u);
 }
 
 // The expert GEMMs. A block takes one work tile (<= PF_TOK tokens of one expert) and
@@ -413,8 +420,7 @@ __device__ __forceinline__ void pf_moe_mainloop(uint4* smem, const PfMoeSrc& src
                 const int row = warp * 32 + m * 16 + r * 8 + g;
                 cw[m][r] = st[row * 4 + t];
                 const unsigned sv = ss[row * 4 + t];
-                cs[m][r][0] = pf_e4m3x2(sv & 0xffu);
-                cs[m][r][1] = pf_e4m3x2(sv >> 8);
+                pf_e4m3x2x2(sv, cs[m][r][0], cs[m][r][1]);
             }
 #pragma unroll
         for (int s = 0; s < 8; s++) {
