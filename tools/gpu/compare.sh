@@ -10,13 +10,14 @@ export LD_LIBRARY_PATH=${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}
 out=${OUT:-/tmp}
 revs=$(ls .gpu/revs)
 status=0
+t="timeout ${STEP_TIMEOUT:-300}"  # a hanging run costs one step, not the whole call
 for sha in $revs; do
     echo "== check $sha"
-    ./.gpu/revs/$sha/fastdecode check --backend cuda --model assets/laguna-tiny 2>&1 | tail -3 || status=1
+    $t ./.gpu/revs/$sha/fastdecode check --backend cuda --model assets/laguna-tiny 2>&1 | tail -3 || status=1
 done
 for round in $(seq "${ROUNDS:-3}"); do
     for sha in $revs; do
-        ./.gpu/revs/$sha/fastdecode bench --backend cuda --synthetic xs2.1 --seed 0 --prompt-tokens 512 \
+        $t ./.gpu/revs/$sha/fastdecode bench --backend cuda --synthetic xs2.1 --seed 0 --prompt-tokens 512 \
             --decode-tokens "${DECODE_TOKENS:-256}" --repeats 3 --json > "$out/compare-$sha-$round.json" \
             || { echo "bench $sha round $round failed"; status=1; }
     done

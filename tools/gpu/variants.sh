@@ -26,7 +26,7 @@ for round in $(seq "${ROUNDS:-2}"); do
         [ "$round" = 1 ] && names+=("$name")
         # The settings apply to this run only.
         IFS=';' read -ra pairs <<< "$settings"
-        env "${pairs[@]}" "$bin" bench --backend cuda --synthetic xs2.1 --seed 0 --prompt-tokens 512 \
+        timeout "${STEP_TIMEOUT:-300}" env "${pairs[@]}" "$bin" bench --backend cuda --synthetic xs2.1 --seed 0 --prompt-tokens 512 \
             --decode-tokens "${DECODE_TOKENS:-256}" --repeats 5 --json > "$out/variant-$name-$round.json" \
             || { echo "bench $name round $round failed"; status=1; }
     done
