@@ -22,24 +22,5 @@ for round in $(seq "${ROUNDS:-3}"); do
             || { echo "bench $sha round $round failed"; status=1; }
     done
 done
-python3 - "$out" $revs <<'PY'
-import json, statistics, sys
-out, revs = sys.argv[1], sys.argv[2:]
-print(f"{'rev':<12} {'decode ms/token':>16} {'prefill ms':>11}  (medians over rounds)")
-for sha in revs:
-    runs = []
-    for n in range(1, 100):
-        try:
-            runs.append(json.load(open(f"{out}/compare-{sha}-{n}.json")))
-        except FileNotFoundError:
-            break
-        except json.JSONDecodeError:
-            continue
-    if not runs:
-        print(f"{sha:<12} {'no runs':>16}")
-        continue
-    d = statistics.median(r["decode_ms_per_token"]["median"] for r in runs)
-    p = statistics.median(r["prefill_ms"]["median"] for r in runs)
-    print(f"{sha:<12} {d:>16.4f} {p:>11.2f}  ({len(runs)} rounds)")
-PY
+python3 tools/gpu/medians.py "$out" compare "${ROUNDS:-3}" rev $revs
 exit $status

@@ -31,22 +31,5 @@ for round in $(seq "${ROUNDS:-2}"); do
             || { echo "bench $name round $round failed"; status=1; }
     done
 done
-python3 - "$out" "${ROUNDS:-2}" "${names[@]}" <<'PY'
-import json, statistics, sys
-out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print(f"{'variant':<16} {'decode ms/token':>16} {'prefill ms':>11}  (medians over rounds)")
-for name in names:
-    runs = []
-    for n in range(1, rounds + 1):
-        try:
-            runs.append(json.load(open(f"{out}/variant-{name}-{n}.json")))
-        except (FileNotFoundError, json.JSONDecodeError):
-            continue  # that run failed (reported above)
-    if not runs:
-        print(f"{name:<16} {'no runs':>16}")
-        continue
-    d = statistics.median(r["decode_ms_per_token"]["median"] for r in runs)
-    p = statistics.median(r["prefill_ms"]["median"] for r in runs)
-    print(f"{name:<16} {d:>16.4f} {p:>11.2f}  ({len(runs)} rounds)")
-PY
+python3 tools/gpu/medians.py "$out" variant "${ROUNDS:-2}" variant "${names[@]}"
 exit $status
