@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_store(
 // (row, kv head) to finish (counted in `counters`, reset afterwards) merges the splits in split
 // order, applies the softplus gate and writes out[r, h, :]. The ranges depend only on the row's
 // own position, so a row's bits never depend on the launch's other rows.
-// Shared: (G·d + TILE·(d+1) + TILE·d + 2·WARPS·d + d) floats. d % 32 == 0, d <= 128.
+// Shared: (G·d + TILE·(d+4) + TILE·d + 2·WARPS·d + d + 8·TILE + 8) floats. d % 32 == 0, d <= 128.
 extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const float* __restrict__ qkvg, int width, const __nv_bfloat16* __restrict__ q_norm,
     const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos, const float* __restrict__ inv_freq,
@@ -135,6 +135,8 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     float* cs = tmp + ATT_WARPS * d;       // [d / 2]: this row's rope table
     float* sn = cs + d / 2;
     float* kcs = sn + d / 2;               // [WARPS][d]: per-warp tables of other positions
+    float* sc = kcs + ATT_WARPS * d;       // [8][TILE]: a tile's scores, then its weights, per head
+    float* corr = sc + 8 * ATT_TILE;       // [8]: per head, the tile's rescale of earlier sums
     const int kvh = blockIdx.x, split = blockIdx.y, r = blockIdx.z;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int p = pos[r], p0 = pos[0];
@@ -152,23 +154,25 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const int beg = lo + split * per, end = min(lo + (split + 1) * per, p + 1);
     const float scale = 1.f / sqrtf((float)d);
 
-    // Cached keys of a tile: warp w copies keys w, w + 8, w + 16, w + 24, lane l dims 4l..4l+4,
-    // into registers first. The first tile is fetched before the queries are normalised and each
-    // next tile while the current one is scored, so the loads overlap the work.
+    // The tile stays in registers: thread (warp w, lane l) holds dims 4l..4l+4 of keys and values
+    // w, w + 8, w + 16, w + 24 of the tile, and every head's scores and weighted sums are formed
+    // from there. (Scoring from a shared-memory copy made each of the G heads' warps read the
+    // whole tile again: ~3.6 us a tile in the decode step's trace.) Missing keys and dims are
+    // zeros. Cached keys are loaded before the queries are normalised, and the next tile's while
+    // the current one is scored (keys) and weighted (values).
     float4 kr[ATT_TILE / ATT_WARPS], vr[ATT_TILE / ATT_WARPS];
-    auto fetch = [&](int t0) {
+    auto fetch = [&](float4* dst, const float* cache, int t0) {
         const int nt = min(ATT_TILE, end - t0);
 #pragma unroll
         for (int q = 0; q < ATT_TILE / ATT_WARPS; q++) {
             const int j = warp + ATT_WARPS * q, kp = t0 + j;
-            if (j < nt && kp < p0 && 4 * lane < d) {
-                const size_t s = (kv_slot(kp, ring) * kv_heads + kvh) * d + 4 * lane;
-                kr[q] = *reinterpret_cast<const float4*>(ck + s);
-                vr[q] = *reinterpret_cast<const float4*>(cv + s);
-            }
+            dst[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (j < nt && kp < p0 && 4 * lane < d)
+                dst[q] = *reinterpret_cast<const float4*>(cache + (kv_slot(kp, ring) * kv_heads + kvh) * d + 4 * lane);
         }
     };
-    fetch(beg);  // earlier steps' keys: no kernel of this step writes them before this one
+    fetch(kr, ck, beg);  // earlier steps' keys: no kernel of this step writes them before this one
+    fetch(vr, cv, beg);
     rope_table(rope, p, cs, sn, threadIdx.x, blockDim.x);  // constants only: before the wait too
     pdl_wait();
     __syncthreads();
@@ -184,81 +188,133 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     __syncthreads();
     FD_MARK(3);
 
-    float mx = NEG_INF, ls = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    // Warp h < G keeps head h's running max and sum of weights (the same in every lane); every
+    // thread keeps, per head, its keys' share of the weighted value sum (acc[h][c]: dim 4l + c).
+    float mx = NEG_INF, ls = 0.f, acc[8][4];
+#pragma unroll
+    for (int h = 0; h < 8; h++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[h][c] = 0.f;
     for (int t0 = beg; t0 < end; t0 += ATT_TILE) {
         const int nt = min(ATT_TILE, end - t0);
-#pragma unroll
-        for (int q = 0; q < ATT_TILE / ATT_WARPS; q++) {
-            const int j = warp + ATT_WARPS * q, kp = t0 + j;
-            if (j < nt && kp < p0 && 4 * lane < d) {
-                *reinterpret_cast<float4*>(ks + j * (d + 4) + 4 * lane) = kr[q];
-                *reinterpret_cast<float4*>(vs + j * d + 4 * lane) = vr[q];
-            }
-        }
-        // Keys of this launch's rows: normalised and rotated here, as the cache writer does.
-        for (int j = warp; j < nt; j += ATT_WARPS) {
-            const int kp = t0 + j;
-            if (kp >= p0) {
-                const float* src = qkvg + (size_t)(kp - p0) * width;
-                float* kc = kcs + warp * d;
-                rope_table(rope, kp, kc, kc + d / 2, lane, WARP);
-                __syncwarp();
-                warp_norm_rope(src + koff + kvh * d, k_norm, d, rope.rot_dim, eps, kc, kc + d / 2, tmp + warp * d,
-                               ks + j * (d + 4));
-                warp_copy_row(src + voff + kvh * d, vs + j * d, d);
-            }
-        }
-        __syncthreads();
-        FD_MARK(6);
-        if (t0 + ATT_TILE < end) fetch(t0 + ATT_TILE);
-        if (warp < G) {
-            float s = NEG_INF;
-            if (lane < nt) {
-                const float4* q = reinterpret_cast<const float4*>(qs + warp * d);
-                const float4* k = reinterpret_cast<const float4*>(ks + lane * (d + 4));
-                // Four interleaved partial sums (a 128-long dependent chain would stall), 16-byte
-                // loads: the query is a broadcast, the key a row of its own.
-                float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
-#pragma unroll 8
-                for (int i = 0; i < d / 4; i++) {
-                    const float4 a = q[i], b = k[i];
-                    d0 += a.x * b.x;
-                    d1 += a.y * b.y;
-                    d2 += a.z * b.z;
-                    d3 += a.w * b.w;
+        if (t0 + nt > p0) {
+            // Keys of this launch's rows: normalised and rotated here, as the cache writer does,
+            // then picked up from shared memory into the registers.
+            for (int j = warp; j < nt; j += ATT_WARPS) {
+                const int kp = t0 + j;
+                if (kp >= p0) {
+                    const float* src = qkvg + (size_t)(kp - p0) * width;
+                    float* kc = kcs + warp * d;
+                    rope_table(rope, kp, kc, kc + d / 2, lane, WARP);
+                    __syncwarp();
+                    warp_norm_rope(src + koff + kvh * d, k_norm, d, rope.rot_dim, eps, kc, kc + d / 2,
+                                   tmp + warp * d, ks + j * (d + 4));
+                    warp_copy_row(src + voff + kvh * d, vs + j * d, d);
                 }
-                s = ((d0 + d1) + (d2 + d3)) * scale;
             }
+            __syncthreads();
+#pragma unroll
+            for (int q = 0; q < ATT_TILE / ATT_WARPS; q++) {
+                const int j = warp + ATT_WARPS * q;
+                if (j < nt && t0 + j >= p0 && 4 * lane < d) {
+                    kr[q] = *reinterpret_cast<const float4*>(ks + j * (d + 4) + 4 * lane);
+                    vr[q] = *reinterpret_cast<const float4*>(vs + j * d + 4 * lane);
+                }
+            }
+        }
+        FD_MARK(6);
+        // Scores: this thread's four dims of the 8 heads × 4 keys, reduced over the lanes by a
+        // fixed reduce-scatter butterfly that leaves lane l with the whole dot of head l / 4 and
+        // key warp + 8 (l % 4). The first level pairs heads h and h + 4 as it forms them.
+        float v[16];
+#pragma unroll
+        for (int hp = 0; hp < 4; hp++) {
+            const bool on = 4 * lane < d;
+            const float4 qa = on && hp < G ? *reinterpret_cast<const float4*>(qs + hp * d + 4 * lane)
+                                           : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 qb = on && hp + 4 < G ? *reinterpret_cast<const float4*>(qs + (hp + 4) * d + 4 * lane)
+                                               : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float a = qa.x * kr[q].x + qa.y * kr[q].y + qa.z * kr[q].z + qa.w * kr[q].w;
+                const float b = qb.x * kr[q].x + qb.y * kr[q].y + qb.z * kr[q].z + qb.w * kr[q].w;
+                const bool hi = lane & 16;
+                v[hp * 4 + q] = (hi ? b : a) + __shfl_xor_sync(0xffffffffu, hi ? a : b, 16);
+            }
+        }
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) {
+            const bool hi = lane & o;
+#pragma unroll
+            for (int i = 0; i < o; i++) v[i] = (hi ? v[i + o] : v[i]) + __shfl_xor_sync(0xffffffffu, hi ? v[i] : v[i + o], o);
+        }
+        {
+            const int h = lane / 4, j = warp + ATT_WARPS * (lane % 4);
+            if (h < G) sc[h * ATT_TILE + j] = j < nt ? v[0] * scale : NEG_INF;
+        }
+        if (t0 + ATT_TILE < end) fetch(kr, ck, t0 + ATT_TILE);
+        __syncthreads();
+        // Softmax of the tile, online: warp h rescales head h's sums and turns scores into weights.
+        if (warp < G) {
+            const float s = sc[warp * ATT_TILE + lane];
             const float mn = fmaxf(mx, warp_max(s));
-            const float corr = expf(mx - mn);  // 0 on the first tile (mx = -inf, mn finite)
+            const float cr = expf(mx - mn);  // 0 on the first tile (mx = -inf, mn finite)
             const float pj = lane < nt ? expf(s - mn) : 0.f;
-            ls = ls * corr + warp_sum(pj);
-            FD_MARK(7);
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[c] *= corr;
-#pragma unroll 4
-            for (int j = 0; j < nt; j++) {
-                const float pw = __shfl_sync(0xffffffffu, pj, j);
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    if (lane + WARP * c < d) acc[c] += pw * vs[j * d + lane + WARP * c];
-            }
+            ls = ls * cr + warp_sum(pj);
             mx = mn;
+            sc[warp * ATT_TILE + lane] = pj;
+            if (lane == 0) corr[warp] = cr;
         }
         __syncthreads();
+        FD_MARK(7);
+#pragma unroll
+        for (int h = 0; h < 8; h++) {
+            if (h < G) {
+                const float cr = corr[h];
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[h][c] *= cr;
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float pj = sc[h * ATT_TILE + warp + ATT_WARPS * q];
+                    acc[h][0] += pj * vr[q].x;
+                    acc[h][1] += pj * vr[q].y;
+                    acc[h][2] += pj * vr[q].z;
+                    acc[h][3] += pj * vr[q].w;
+                }
+            }
+        }
+        if (t0 + ATT_TILE < end) {
+            fetch(vr, cv, t0 + ATT_TILE);
+            __syncthreads();  // every warp has read this tile's weights before the next scores land
+        }
     }
+
+    // The heads' sums over the warps (each warp's keys), in warp order, through shared memory
+    // (the tile's area: 8 · G · d floats fit in it).
+    __syncthreads();
+    float* red = ks;
+    if (4 * lane < d) {
+#pragma unroll
+        for (int h = 0; h < 8; h++)
+            if (h < G)
+                *reinterpret_cast<float4*>(red + (warp * G + h) * d + 4 * lane) =
+                    make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+    }
+    __syncthreads();
 
     FD_MARK(4);
     const int pw = d + 2;
-    if (warp < G) {
+    if (warp < G && lane == 0) {
         float* pp = part + (((size_t)r * heads + kvh * G + warp) * ATT_SPLITS + split) * pw;
-        if (lane == 0) {
-            pp[0] = mx;
-            pp[1] = ls;
-        }
+        pp[0] = mx;
+        pp[1] = ls;
+    }
+    for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
+        const int h = i / d, e = i % d;
+        float o = 0.f;
 #pragma unroll
-        for (int c = 0; c < 4; c++)
-            if (lane + WARP * c < d) pp[2 + lane + WARP * c] = acc[c];
+        for (int w = 0; w < ATT_WARPS; w++) o += red[(w * G + h) * d + e];
+        part[(((size_t)r * heads + kvh * G + h) * ATT_SPLITS + split) * pw + 2 + e] = o;
     }
     __threadfence();
     __syncthreads();
@@ -282,7 +338,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         const float wgt = ms == NEG_INF ? 0.f : expf(ms - M);  // unused splits weigh nothing
         const float L = warp_sum(lane < used ? ml.y * wgt : 0.f);
         float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
+#pragma unroll 16
         for (int s = 0; s < used; s++) {
             const float ws = __shfl_sync(0xffffffffu, wgt, s);
 #pragma unroll

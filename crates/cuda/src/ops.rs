@@ -196,7 +196,9 @@ impl Gpu {
             )));
         }
         let g = h / kvh;
-        let shared = (g * d + ATT_TILE * (d + 4) + ATT_TILE * d + 2 * ATT_WARPS * d + d) * 4;
+        let shared =
+            (g * d + ATT_TILE * (d + 4) + ATT_TILE * d + 2 * ATT_WARPS * d + d + 8 * ATT_TILE + 8)
+                * 4;
         let f = self.function("attention", "attend_decode")?;
         let ints = [
             shape.width(),

@@ -191,10 +191,12 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
         scaling: RopeScaling::Default,
     };
     // (heads, kv heads, head_dim, rope, window, positions): GQA groups 3, 8 and 1; a window
-    // smaller than a tile and one larger; full contexts long enough for several tiles per split.
+    // smaller than a tile and one larger; full contexts of one tile per split and, past
+    // ATT_SPLITS · ATT_TILE = 1024 keys, of two.
     let cases = [
         (6usize, 2usize, 64usize, &default, 13usize, 80usize),
         (6, 2, 64, &yarn, 0, 600),
+        (8, 2, 64, &yarn, 0, 1100),
         (16, 2, 128, &yarn, 0, 300),
         (8, 8, 32, &default, 40, 120),
     ];
