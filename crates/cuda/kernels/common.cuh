@@ -236,7 +236,15 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
             oo += nw;
         }
     };
+    // When accumulating, lane 0 reads the row's old y as the row begins, so the round trip
+    // overlaps the row's dot instead of following it (always after the wait: y may be the
+    // predecessor's output).
+    float old[R];
     auto consume = [&](const uint4* buf, int oo, int ss) {
+        if (accumulate && ss == 0 && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; r++) old[r] = r < rows ? y[(size_t)r * out + oo] : 0.f;
+        }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int c = ss * 8 * WARP + lane + u * WARP;
@@ -246,10 +254,7 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const float s = warp_sum(acc[r]);
-                if (lane == 0 && r < rows) {
-                    float* dst = y + (size_t)r * out + oo;
-                    *dst = accumulate ? *dst + s : s;
-                }
+                if (lane == 0 && r < rows) y[(size_t)r * out + oo] = accumulate ? old[r] + s : s;
                 acc[r] = 0.f;
             }
         }

@@ -412,6 +412,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(
     __shared__ float w_slot[32];
     if (t < k) w_slot[t] = wts[(size_t)r * k + t];
     pdl_wait();
+    // The residual this block adds to, read now so that the round trip overlaps the dots.
+    const float x_old = t < DOWN_OB && o0 + t < H ? x[(size_t)r * H + o0 + t] : 0.f;
     float xv[32];
     if (on) load_x32(h + ((size_t)r * (k + 1) + s) * imax + 32 * c, xv);
 #pragma unroll
@@ -433,6 +435,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(
     if (t < DOWN_OB && o0 + t < H) {
         float routed = 0.f;
         for (int sl = 0; sl < k; sl++) routed += w_slot[sl] * slot_sum[t][sl];
-        x[(size_t)r * H + o0 + t] += scaling * routed + slot_sum[t][k];
+        x[(size_t)r * H + o0 + t] = x_old + (scaling * routed + slot_sum[t][k]);
     }
 }
