@@ -123,7 +123,6 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     float* __restrict__ part, unsigned int* __restrict__ counters, float* __restrict__ out) {
     FD_TRACE_KERNEL(3, kv_heads);
     extern __shared__ float sm[];
-    __shared__ int is_last;
     const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
     const int G = heads / kv_heads;
     float* qs = sm;                        // [G][d]
@@ -316,13 +315,9 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         for (int w = 0; w < ATT_WARPS; w++) o += red[(w * G + h) * d + e];
         part[(((size_t)r * heads + kvh * G + h) * ATT_SPLITS + split) * pw + 2 + e] = o;
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(&counters[r * kv_heads + kvh], 1u) == (unsigned int)(used - 1);
-    __syncthreads();
+    const bool is_last = block_arrives_last(&counters[r * kv_heads + kvh], (unsigned int)used);
     FD_MARK(5);
     if (!is_last) return;
-    __threadfence();
     static_assert(ATT_SPLITS == WARP, "the merge gives each lane one split");
     if (warp < G) {
         const int h = kvh * G + warp;

@@ -76,6 +76,25 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Every thread of the block calls it after the block's global writes that another block will
+// read: true, in every thread, in the block whose arrival at `counter` is the total-th. That
+// block then sees every arrived block's writes (read them at L2, __ldcg: not through a stale L1).
+// One thread's release/acquire atomic after the block barrier (which orders the block's writes
+// before it) is all this message passing needs; the sequentially consistent __threadfence() in
+// every thread before and after it, which it replaced, cost ~0.8 % of the XS 2.1 decode step
+// (2.50 against 2.48 ms/token, H200).
+__device__ __forceinline__ bool block_arrives_last(unsigned int* counter, unsigned int total) {
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int before;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+        last = before == total - 1;
+    }
+    __syncthreads();
+    return last;
+}
+
 // Eight bf16 from one 16-byte word, widened by a shift (bf16 is the top half of an f32).
 __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float out[8]) {
     const unsigned int u[4] = {raw.x, raw.y, raw.z, raw.w};

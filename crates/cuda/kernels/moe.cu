@@ -218,7 +218,6 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
     __shared__ float bias_s[1024];
     __shared__ BlockSelect sel;
     __shared__ int picks[32];
-    __shared__ int is_last;
     // The bias is a weight: fetched before the wait, by every block (which one ends last is not
     // known yet).
     for (int e = threadIdx.x; e < E; e += blockDim.x) bias_s[e] = bias[e];
@@ -228,12 +227,7 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
     // serial loop delays the selection.
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += gridDim.x * blockDim.x)
         xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
+    if (!block_arrives_last(counter, gridDim.x)) return;
     FD_MARK(7);
     // The last block selects, row by row.
     for (int r = 0; r < rows; r++) {
