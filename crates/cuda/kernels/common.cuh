@@ -31,20 +31,28 @@ __device__ __forceinline__ float warp_max(float v) {
 // successor start launching.
 // Timeline tracing (`-DFD_TRACE`, `fastdecode bench --trace`): thread 0 of every block of a
 // traced kernel stamps the global timer and its SM's cycle counter when the block starts (event
-// 0), passes pdl_wait (1) and ends (2), into this module's fd_trace buffer, read back by
-// Gpu::trace_take.
+// 0), passes pdl_wait (1), reaches a mark (FD_MARK, 3 and up) and ends (2), into this module's
+// fd_trace buffer, read back by Gpu::trace_take. A block reserves FD_TRACE_SLOTS records with one
+// atomic as it starts (marks past them are dropped), so a mark costs a few stores: an atomic per
+// mark put an L2 round trip (~0.8 us, the block's other warps waiting at its next barrier) into
+// every traced phase.
+// Unused slots keep a zero timestamp and are skipped when read (trace_take zeroes what it read).
 #ifdef FD_TRACE
-#define FD_TRACE_CAP (1u << 20)
+#define FD_TRACE_CAP (1u << 21)
+#define FD_TRACE_SLOTS 12u
 __device__ unsigned int fd_trace_n;
 __device__ unsigned long long fd_trace[3 * FD_TRACE_CAP];
 __shared__ unsigned int fd_kind;  // the running kernel's kind, with 0xA5 in the top byte
+__shared__ unsigned int fd_next;  // the block's next reserved record
+__shared__ unsigned int fd_end;   // one past its last
 __device__ __forceinline__ void fd_stamp(unsigned int kind, unsigned int ev) {
     if (threadIdx.x | threadIdx.y | threadIdx.z) return;
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    const unsigned int i = atomicAdd(&fd_trace_n, 1u);
+    const unsigned int i = fd_next;
     const unsigned int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    if (i < FD_TRACE_CAP) {
+    if (i < fd_end && i < FD_TRACE_CAP) {
+        fd_next = i + 1;
         fd_trace[3 * i] = t;
         fd_trace[3 * i + 1] = ((unsigned long long)(kind & 0xffffffu) << 40) | ((unsigned long long)ev << 32) | b;
         fd_trace[3 * i + 2] = clock64();  // the SM's cycle counter: with t, its clock rate
@@ -53,7 +61,11 @@ __device__ __forceinline__ void fd_stamp(unsigned int kind, unsigned int ev) {
 struct FdTraceScope {
     unsigned int kind;
     __device__ FdTraceScope(unsigned int k) : kind(k) {
-        if (threadIdx.x == 0) fd_kind = 0xA5000000u | k;
+        if (threadIdx.x == 0) {
+            fd_kind = 0xA5000000u | k;
+            fd_next = atomicAdd(&fd_trace_n, FD_TRACE_SLOTS);
+            fd_end = fd_next + FD_TRACE_SLOTS;
+        }
         fd_stamp(k, 0);
     }
     __device__ ~FdTraceScope() { fd_stamp(kind, 2); }

@@ -220,16 +220,21 @@ impl Gpu {
             let mut nb = [0u8; 4];
             self.stream.memcpy_dtoh(&n, &mut nb)?;
             self.stream.memset_zeros(&mut n)?;
-            let buf = m.get_global("fd_trace", &self.stream)?;
+            let mut buf = m.get_global("fd_trace", &self.stream)?;
             let cap = buf.len() / 24;
             let count = (u32::from_le_bytes(nb) as usize).min(cap);
             let mut bytes = vec![0u8; count * 24];
-            self.stream
-                .memcpy_dtoh(&buf.slice(0..count * 24), &mut bytes)?;
+            let mut used = buf.slice_mut(0..count * 24);
+            self.stream.memcpy_dtoh(&used, &mut bytes)?;
+            // Blocks reserve records in runs; the ones they left unused keep a zero timestamp.
+            self.stream.memset_zeros(&mut used)?;
             for r in bytes.chunks_exact(24) {
                 let word =
                     |i: usize| u64::from_le_bytes(r[8 * i..8 * i + 8].try_into().expect("8 bytes"));
                 let (t, info) = (word(0), word(1));
+                if t == 0 {
+                    continue;
+                }
                 out.push(crate::timeline::TraceRecord {
                     module: name.to_string(),
                     ns: t,
