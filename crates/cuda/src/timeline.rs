@@ -64,6 +64,8 @@ pub struct Launch {
     /// The SM clock each block ran at (its cycle span over its timer span), MHz, for blocks
     /// that ran long enough (> 2 µs) for the timer's 32 ns steps to matter little.
     pub sm_mhz: Vec<f64>,
+    /// Every block's steps from one of its events to its next: (from, to, µs).
+    pub phases: Vec<(u32, u32, f64)>,
 }
 
 /// The records grouped into launches, in launch order. A kind's blocks start once per launch, so a
@@ -74,6 +76,8 @@ pub fn launches(records: &[TraceRecord]) -> Vec<Launch> {
     struct Open {
         /// Each started block's start (timer, cycle counter).
         started: HashMap<u32, (u64, u64)>,
+        /// Each block's latest event and its time.
+        last: HashMap<u32, (u32, u64)>,
         l: Launch,
         waits: Vec<u64>,
     }
@@ -97,6 +101,7 @@ pub fn launches(records: &[TraceRecord]) -> Vec<Launch> {
         }
         let o = open.entry(r.kind).or_insert_with(|| Open {
             started: HashMap::new(),
+            last: HashMap::new(),
             l: Launch {
                 kind: r.kind,
                 blocks: 0,
@@ -105,9 +110,13 @@ pub fn launches(records: &[TraceRecord]) -> Vec<Launch> {
                 last_end: 0,
                 marks: BTreeMap::new(),
                 sm_mhz: vec![],
+                phases: vec![],
             },
             waits: vec![],
         });
+        if let Some((from, t)) = o.last.insert(r.block, (r.event, r.ns)) {
+            o.l.phases.push((from, r.event, micros(r.ns, t)));
+        }
         match r.event {
             0 => {
                 o.started.insert(r.block, (r.ns, r.clock));
@@ -154,6 +163,11 @@ pub struct KernelCost {
     pub sm_mhz: Option<f64>,
     /// Per FD_MARK event: (min, median, max) over the blocks of µs after the first wait.
     pub marks: BTreeMap<u32, [f64; 3]>,
+    /// A block's steps between consecutive events (from, to), in the order they first occur:
+    /// median and 90th percentile over all its blocks and launches, µs. Unlike the marks, these
+    /// are measured from each block's own previous event, so blocks that start or pass their
+    /// wait late do not blur them.
+    pub phases: Vec<(u32, u32, [f64; 2])>,
 }
 
 /// a - b in µs. The timer reads ~1.7e18 ns, beyond f64's exact integers: subtract first.
@@ -179,9 +193,19 @@ pub fn costs(records: &[TraceRecord]) -> Vec<KernelCost> {
     type PerKind = (Vec<[f64; 3]>, BTreeMap<u32, Vec<[f64; 3]>>);
     let mut per: BTreeMap<u32, PerKind> = BTreeMap::new();
     let mut mhz: HashMap<u32, Vec<f64>> = HashMap::new();
+    // Per kind, each phase's durations, phases in the order they first occur.
+    type Steps = Vec<((u32, u32), Vec<f64>)>;
+    let mut phases: HashMap<u32, Steps> = HashMap::new();
     let mut prev_end: Option<u64> = None;
     for l in &ls {
         mhz.entry(l.kind).or_default().extend(&l.sm_mhz);
+        let ph = phases.entry(l.kind).or_default();
+        for &(from, to, us) in &l.phases {
+            match ph.iter_mut().find(|(k, _)| *k == (from, to)) {
+                Some((_, v)) => v.push(us),
+                None => ph.push(((from, to), vec![us])),
+            }
+        }
         let e = per.entry(l.kind).or_default();
         if let Some(p) = prev_end {
             e.0.push([
@@ -224,6 +248,17 @@ pub fn costs(records: &[TraceRecord]) -> Vec<KernelCost> {
                         (ev, [c(0), c(1), c(2)])
                     })
                     .collect(),
+                phases: phases
+                    .remove(&kind)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|((from, to), mut v)| {
+                        let m = median(&mut v);
+                        // Nearest rank: the smallest value with 90 % of them at or below it.
+                        let p90 = v[(v.len() * 9).div_ceil(10).max(1) - 1];
+                        (from, to, [m, p90])
+                    })
+                    .collect(),
             }
         })
         .collect();
@@ -231,7 +266,17 @@ pub fn costs(records: &[TraceRecord]) -> Vec<KernelCost> {
     out
 }
 
-/// The costs as a table, with each kernel's marks under it.
+/// A trace event as the table names it: start, wait, end, or the mark's number.
+fn event_name(e: u32) -> String {
+    match e {
+        0 => "start".into(),
+        1 => "wait".into(),
+        2 => "end".into(),
+        n => n.to_string(),
+    }
+}
+
+/// The costs as a table, with each kernel's marks and per-block phases under it.
 pub fn table(costs: &[KernelCost]) -> String {
     let mut s = format!(
         "{:<26} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7}\n",
@@ -256,6 +301,22 @@ pub fn table(costs: &[KernelCost]) -> String {
                 "    mark {ev}: {:.2} / {:.2} / {:.2} µs after the wait",
                 m[0], m[1], m[2]
             );
+        }
+        if !c.phases.is_empty() {
+            let steps: Vec<String> = c
+                .phases
+                .iter()
+                .map(|(from, to, v)| {
+                    format!(
+                        "{}→{} {:.2} / {:.2}",
+                        event_name(*from),
+                        event_name(*to),
+                        v[0],
+                        v[1]
+                    )
+                })
+                .collect();
+            let _ = writeln!(s, "    per block, median / p90 µs: {}", steps.join(", "));
         }
     }
     s
@@ -436,6 +497,21 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("mark 3: 2.00 / 2.00 / 2.00"), "{t}");
+        // Per block, from each block's own previous event: A's two blocks wait 1.00 and 1.01 µs
+        // after their start and end 9.00 and 9.99 µs after their wait; B's one block steps
+        // 7, 2 and 6 µs.
+        assert_eq!(
+            b.phases,
+            vec![(0, 1, [7.0, 7.0]), (1, 3, [2.0, 2.0]), (3, 2, [6.0, 6.0])]
+        );
+        assert_eq!(a.phases.len(), 2);
+        assert_eq!((a.phases[0].0, a.phases[0].1), (0, 1));
+        assert!((a.phases[0].2[0] - 1.005).abs() < 1e-9 && (a.phases[0].2[1] - 1.01).abs() < 1e-9);
+        assert!((a.phases[1].2[0] - 9.495).abs() < 1e-9 && (a.phases[1].2[1] - 9.99).abs() < 1e-9);
+        assert!(
+            t.contains("per block, median / p90 µs: start→wait 7.00 / 7.00, wait→3 2.00 / 2.00, 3→end 6.00 / 6.00"),
+            "{t}"
+        );
     }
 
     #[test]
