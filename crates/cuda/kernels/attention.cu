@@ -155,9 +155,9 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
 
     // The tile stays in registers: thread (warp w, lane l) holds dims 4l..4l+4 of keys and values
     // w, w + 8, w + 16, w + 24 of the tile, and every head's scores and weighted sums are formed
-    // from there. (Scoring from a shared-memory copy made each of the G heads' warps read the
-    // whole tile again: ~3.6 us a tile in the decode step's trace.) Missing keys and dims are
-    // zeros. Cached keys are loaded before the queries are normalised, and the next tile's while
+    // from there, each key read once. (A shared-memory copy that each of the G heads' warps read
+    // whole took as long: the tile's ~3 us are its dependent steps on few warps, BENCHMARKS,
+    // seventh measurement.) Missing keys and dims are zeros. Cached keys are loaded before the queries are normalised, and the next tile's while
     // the current one is scored (keys) and weighted (values).
     float4 kr[ATT_TILE / ATT_WARPS], vr[ATT_TILE / ATT_WARPS];
     auto fetch = [&](float4* dst, const float* cache, int t0) {
