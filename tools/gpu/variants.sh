@@ -4,8 +4,8 @@
 # launch knob), interleaved round by round so that drift of the machine hits all of them alike,
 # then a table of medians. Each argument is NAME=SETTINGS, SETTINGS being VAR=VALUE pairs
 # separated by ';' (values may hold spaces; "base=" for none):
-#   tools/gpu/variants.sh base= off=FASTDECODE_OPROJ_PREFETCH=off \
-#       'one=FASTDECODE_NVRTC_DEFINES=-DFD_ATT_OPROJ_MINB=1 -DFD_OPROJ_PREFETCH_AFTER_WAIT;FASTDECODE_OPROJ_PREFETCH=5'
+#   tools/gpu/variants.sh base= nopdl=FASTDECODE_PDL=0 \
+#       'both=FASTDECODE_NVRTC_DEFINES=-DFD_WEIGHT_LOAD=1 -DFD_GEMV_MINB=2;FASTDECODE_PDL=0'
 # ROUNDS (default 2), DECODE_TOKENS (default 256) tune it; JSON of every run into $OUT when set.
 set -o pipefail
 cd "$(dirname "$0")/../.."

@@ -126,8 +126,9 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
     const int G = heads / kv_heads;
     float* qs = sm;                        // [G][d]
-    // [TILE][d + 4]: a lane reads its key's row 16 bytes at a time; with the padded stride the
-    // eight lanes of each quarter-warp phase hit distinct banks.
+    // [TILE][d + 4]: keys of this launch's rows, normalised here and picked up into registers
+    // (the padding dates from scoring out of shared memory; the stride and its size are also
+    // the launcher's, ops.rs). After the tiles, ks and vs hold the warps' partial sums.
     float* ks = qs + G * d;
     float* vs = ks + ATT_TILE * (d + 4);   // [TILE][d]
     float* tmp = vs + ATT_TILE * d;        // [WARPS][d]
@@ -157,8 +158,9 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     // w, w + 8, w + 16, w + 24 of the tile, and every head's scores and weighted sums are formed
     // from there, each key read once. (A shared-memory copy that each of the G heads' warps read
     // whole took as long: the tile's ~3 us are its dependent steps on few warps, BENCHMARKS,
-    // seventh measurement.) Missing keys and dims are zeros. Cached keys are loaded before the queries are normalised, and the next tile's while
-    // the current one is scored (keys) and weighted (values).
+    // seventh measurement.) Missing keys and dims are zeros. Cached keys are loaded before the
+    // queries are normalised, and the next tile's while the current one is scored (keys) and
+    // weighted (values).
     float4 kr[ATT_TILE / ATT_WARPS], vr[ATT_TILE / ATT_WARPS];
     auto fetch = [&](float4* dst, const float* cache, int t0) {
         const int nt = min(ATT_TILE, end - t0);

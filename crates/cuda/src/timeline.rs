@@ -253,8 +253,9 @@ pub fn costs(records: &[TraceRecord]) -> Vec<KernelCost> {
                     .unwrap_or_default()
                     .into_iter()
                     .map(|((from, to), mut v)| {
+                        // median() sorts v in place; the 90th percentile is then the nearest
+                        // rank: the smallest value with 90 % of them at or below it.
                         let m = median(&mut v);
-                        // Nearest rank: the smallest value with 90 % of them at or below it.
                         let p90 = v[(v.len() * 9).div_ceil(10).max(1) - 1];
                         (from, to, [m, p90])
                     })
