@@ -221,12 +221,32 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
     // The bias is a weight: fetched before the wait, by every block (which one ends last is not
     // known yet).
     for (int e = threadIdx.x; e < E; e += blockDim.x) bias_s[e] = bias[e];
-    gemv_persistent<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); });
-    FD_MARK(6);
-    // Every block writes a slice of xn (all blocks hold the same inverse rms), so no block's
-    // serial loop delays the selection.
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += gridDim.x * blockDim.x)
-        xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
+    bool staged = false;
+    if constexpr (R == 1) {
+        // One row of up to 4096: the normed row is staged in shared memory once per block (as
+        // gemv_bf16_1s does, NormWords), so the GEMV's chunks read neither x nor the norm weight
+        // through L1 after the wait. Same values, same sums, same bits as the generic path.
+        __shared__ float xs[8 * 256 * 2];
+        if (H <= 8 * 256 * 2) {
+            const NormWords<2> nw = norm_words_load<2>(norm, H);
+            gemv_persistent<1>(W, xs, nullptr, inv, logits, E, H, 1, 0, [&] {
+                block_inv_rms(x, H, 1, eps, inv, red);
+                norm_words_stage<2>(nw, x, inv[0], H, xs);
+                __syncthreads();
+            });
+            FD_MARK(6);
+            for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x) xn[i] = xs[i];
+            staged = true;
+        }
+    }
+    if (!staged) {
+        gemv_persistent<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); });
+        FD_MARK(6);
+        // Every block writes a slice of xn (all blocks hold the same inverse rms), so no block's
+        // serial loop delays the selection.
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += gridDim.x * blockDim.x)
+            xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
+    }
     if (!block_arrives_last(counter, gridDim.x)) return;
     FD_MARK(7);
     // The last block selects, row by row.

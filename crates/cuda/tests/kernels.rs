@@ -34,7 +34,10 @@ fn no_gpu_is_an_error_not_a_panic() {
 fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
     let g = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    for (out, inp) in [(1000, 136), (7, 8), (513, 2048), (64, 8200)] {
+    // Widths for each way the single-row GEMV stages x: normed up to 2048 (norm words loaded
+    // before the wait) and wider, plain up to 8192 (float4s at once, 8184 leaving some threads
+    // idle) and wider.
+    for (out, inp) in [(1000, 136), (7, 8), (513, 2048), (33, 8184), (64, 8200)] {
         let w = to_bf16(&rand_vec(&mut rng, out * inp, 0.1));
         let wf: Vec<f32> = w.iter().map(|x| x.to_f32()).collect();
         let dw = g.stream.clone_htod(&w).unwrap();
