@@ -80,7 +80,8 @@ __device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, co
     warp_norm_rope_loaded(warp_load_head(src, w, d), d, rot_dim, eps, cs, sn, tmp, dst);
 }
 
-// One warp: a row of d <= 128 floats into registers (lane l: l, l + 32, ...; zeros past d).
+// One warp: a row of d <= 128 floats into registers (lane l: l, l + 32, ...; zeros past d), and
+// back out (so the load can go out before other work).
 __device__ __forceinline__ void warp_load_row(const float* src, int d, float v[4]) {
     const int lane = threadIdx.x % WARP;
 #pragma unroll
@@ -96,13 +97,9 @@ __device__ __forceinline__ void warp_store_row(const float v[4], float* dst, int
 // One warp: dst[0..d) = src[0..d), d <= 128, every load issued before any store (which the
 // compiler would otherwise have to order, a store possibly aliasing the next load).
 __device__ __forceinline__ void warp_copy_row(const float* src, float* dst, int d) {
-    const int lane = threadIdx.x % WARP;
     float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) v[j] = lane + j * WARP < d ? src[lane + j * WARP] : 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        if (lane + j * WARP < d) dst[lane + j * WARP] = v[j];
+    warp_load_row(src, d, v);
+    warp_store_row(v, dst, d);
 }
 
 __device__ __forceinline__ size_t kv_slot(int p, int ring) { return (size_t)(ring > 0 ? p % ring : p); }
@@ -219,6 +216,16 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             }
     float* kc = kcs + warp * d;
     if (jk >= 0 && tl + jk != p) rope_table(rope, tl + jk, kc, kc + d / 2, lane, WARP);  // its table
+    // One warp: launch key kp (its table computed here, in kc) normalised, rotated and stored with
+    // its value at place j of the tile, as the cache writer does.
+    auto launch_key = [&](int kp, int j) {
+        const float* src = qkvg + (size_t)(kp - p0) * width;
+        rope_table(rope, kp, kc, kc + d / 2, lane, WARP);
+        __syncwarp();
+        warp_norm_rope(src + koff + kvh * d, k_norm, d, rope.rot_dim, eps, kc, kc + d / 2, tmp + warp * d,
+                       ks + j * (d + 4));
+        warp_copy_row(src + voff + kvh * d, vs + j * d, d);
+    };
     pdl_wait();
     __syncthreads();
 
@@ -237,15 +244,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             warp_norm_rope_loaded(kh, d, rope.rot_dim, eps, own ? cs : kc, own ? sn : kc + d / 2, tmp + warp * d,
                                   ks + jk * (d + 4));
             warp_store_row(vv, vs + jk * d, d);
-            for (int j = jk + ATT_WARPS; j < end - tl; j += ATT_WARPS) {  // more rows' keys
-                const int kp = tl + j;
-                const float* src = qkvg + (size_t)(kp - p0) * width;
-                rope_table(rope, kp, kc, kc + d / 2, lane, WARP);
-                __syncwarp();
-                warp_norm_rope(src + koff + kvh * d, k_norm, d, rope.rot_dim, eps, kc, kc + d / 2, tmp + warp * d,
-                               ks + j * (d + 4));
-                warp_copy_row(src + voff + kvh * d, vs + j * d, d);
-            }
+            for (int j = jk + ATT_WARPS; j < end - tl; j += ATT_WARPS) launch_key(tl + j, j);  // more rows
         }
     }
     if (split == 0 && warp == ATT_WARPS - 1) {
@@ -269,18 +268,8 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             // Keys of this launch's rows: normalised and rotated here (unless done beside the
             // queries, `early`), as the cache writer does, then picked up from shared memory into
             // the registers.
-            for (int j = warp; j < nt && !early; j += ATT_WARPS) {
-                const int kp = t0 + j;
-                if (kp >= p0) {
-                    const float* src = qkvg + (size_t)(kp - p0) * width;
-                    float* kc = kcs + warp * d;
-                    rope_table(rope, kp, kc, kc + d / 2, lane, WARP);
-                    __syncwarp();
-                    warp_norm_rope(src + koff + kvh * d, k_norm, d, rope.rot_dim, eps, kc, kc + d / 2,
-                                   tmp + warp * d, ks + j * (d + 4));
-                    warp_copy_row(src + voff + kvh * d, vs + j * d, d);
-                }
-            }
+            for (int j = warp; j < nt && !early; j += ATT_WARPS)
+                if (t0 + j >= p0) launch_key(t0 + j, j);
             __syncthreads();
 #pragma unroll
             for (int q = 0; q < ATT_TILE / ATT_WARPS; q++) {
