@@ -188,6 +188,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             json: a.json,
             profile: a.profile,
             trace: a.trace.clone(),
+            block_sizes: a.block_sizes.clone().unwrap_or_default(),
+            draft: a.draft,
         });
     }
     if a.synthetic.is_some() {

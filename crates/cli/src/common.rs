@@ -13,10 +13,17 @@ use fastdecode_worker::{ModelId, Spec};
 #[derive(Args, Clone)]
 pub struct WorkerSide {
     /// Model directory the workers load; the bundled default when omitted.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "synthetic")]
     pub model: Option<PathBuf>,
-    /// Backend the workers run on.
-    #[arg(long, default_value = "cpu")]
+    /// Workers generate this preset's synthetic weights in GPU memory instead of loading a
+    /// directory (e.g. xs2.1; needs --backend cuda).
+    #[arg(long)]
+    pub synthetic: Option<String>,
+    /// Seed of the --synthetic weights.
+    #[arg(long, default_value_t = 0, requires = "synthetic")]
+    pub synthetic_seed: u64,
+    /// Backend the workers run on (cpu or cuda).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub backend: String,
     /// Seconds a worker may take to load, verify and warm up.
     #[arg(long, default_value_t = 300.0)]
@@ -28,6 +35,12 @@ pub struct WorkerSide {
 
 impl WorkerSide {
     pub fn model(&self) -> Result<ModelId> {
+        if let Some(preset) = &self.synthetic {
+            if self.backend != "cuda" {
+                bail!("--synthetic {preset}: synthetic weights are generated in GPU memory; add --backend cuda");
+            }
+            return ModelId::synthetic(preset, self.synthetic_seed);
+        }
         let dir = match &self.model {
             Some(d) => d.clone(),
             None => default_model_dir()?,
@@ -38,7 +51,7 @@ impl WorkerSide {
     pub fn spec(&self, bin: &Path, model: &ModelId, flags: Option<String>) -> Spec {
         Spec {
             bin: bin.to_path_buf(),
-            model: model.dir.clone(),
+            model: model.source.clone(),
             backend: self.backend.clone(),
             flags,
             ready_timeout: Duration::from_secs_f64(self.ready_timeout),

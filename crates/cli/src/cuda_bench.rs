@@ -10,8 +10,8 @@ use serde_json::json;
 
 use fastdecode_cuda::{CudaModel, Gpu};
 use fastdecode_engine::cuda_backend::CudaBackend;
-use fastdecode_engine::session;
-use fastdecode_engine::TargetBackend;
+use fastdecode_engine::session::{self, DraftPlan};
+use fastdecode_engine::{DraftSpec, TargetBackend};
 use fastdecode_model::checkpoint::TensorStore;
 use fastdecode_model::config::LagunaConfig;
 use fastdecode_model::inventory::{target_inventory, Layout, TensorSpec};
@@ -75,6 +75,10 @@ pub struct CudaBenchArgs<'a> {
     pub json: bool,
     pub profile: bool,
     pub trace: Option<std::path::PathBuf>,
+    /// DFlash block sizes to time after serial decoding (none: serial only), with drafts from
+    /// `draft`.
+    pub block_sizes: Vec<usize>,
+    pub draft: DraftSpec,
 }
 
 /// Per-op device time, from CUDA events between the ops: of the prefill of `prompt` (ms per
@@ -86,6 +90,18 @@ fn profile(
     prompt: &[u32],
     steps: usize,
 ) -> Result<(Breakdown, Breakdown)> {
+    let (prefill, mut per_rows) = profile_rows(target, prompt, steps, &[1])?;
+    Ok((prefill, per_rows.remove(0)))
+}
+
+/// Per-op device time of `steps` forwards of each row count in `rows` after the prefill of
+/// `prompt` (ms per forward): a K-row forward is a verify block, rolled back after each.
+fn profile_rows(
+    target: &mut CudaBackend,
+    prompt: &[u32],
+    steps: usize,
+    rows: &[usize],
+) -> Result<(Breakdown, Vec<Breakdown>)> {
     let table = |prof: fastdecode_cuda::profile::Profiler, per: usize| {
         let mut rows: Breakdown = prof
             .totals
@@ -98,15 +114,124 @@ fn profile(
     target.reset();
     let positions: Vec<usize> = (0..prompt.len()).collect();
     target.session().profiler = Some(Default::default());
-    let mut tok = target.forward_greedy(prompt, &positions, &[], true)?.tokens[0];
+    let tok = target.forward_greedy(prompt, &positions, &[], true)?.tokens[0];
     let prefill = table(target.session().profiler.take().expect("set above"), 1);
-    target.session().profiler = Some(Default::default());
-    for i in 0..steps {
-        let p = prompt.len() + i;
-        tok = target.forward_greedy(&[tok], &[p], &[], true)?.tokens[0];
+    let mut out = vec![];
+    for &k in rows {
+        target.session().profiler = Some(Default::default());
+        let o = target.kv_len();
+        for _ in 0..steps {
+            let p: Vec<usize> = (o..o + k).collect();
+            target.forward_greedy(&vec![tok; k], &p, &[], false)?;
+            target.truncate(o);
+        }
+        out.push(table(
+            target.session().profiler.take().expect("set above"),
+            steps,
+        ));
     }
-    let decode = table(target.session().profiler.take().expect("set above"), steps);
-    Ok((prefill, decode))
+    Ok((prefill, out))
+}
+
+/// Mean distinct routed experts per sparse layer of a `k`-row verify after `prompt`, whose rows
+/// are the serial continuation `truth` (an untimed pass with the router's choices copied out).
+fn distinct_experts(
+    target: &mut CudaBackend,
+    prompt: &[u32],
+    truth: &[u32],
+    k: usize,
+) -> Result<f64> {
+    let c = target.config().clone();
+    if c.num_experts == 0 {
+        return Ok(0.0);
+    }
+    target.reset();
+    let positions: Vec<usize> = (0..prompt.len()).collect();
+    target.forward_greedy(prompt, &positions, &[], true)?;
+    let rows: Vec<u32> = truth.iter().copied().take(k).collect();
+    let o = target.kv_len();
+    let p: Vec<usize> = (o..o + rows.len()).collect();
+    target.session().expert_trace = Some(vec![]);
+    let r = target.forward_greedy(&rows, &p, &[], false);
+    let trace = target.session().expert_trace.take().expect("set above");
+    r?;
+    target.truncate(o);
+    if trace.is_empty() {
+        return Ok(0.0);
+    }
+    let total: usize = trace
+        .iter()
+        .map(|ids| ids.iter().collect::<std::collections::BTreeSet<_>>().len())
+        .sum();
+    Ok(total as f64 / trace.len() as f64)
+}
+
+/// DFlash at each block size of `ks` with the oracle source on `prompt`, timed in this process
+/// against serial decoding of the same prompt (`serial_tokens`, `serial_ms` per token, `step_ms`
+/// per one-row step), each run checked token for token against serial.
+#[allow(clippy::too_many_arguments)]
+fn dflash_table(
+    target: &mut CudaBackend,
+    prompt: &[u32],
+    serial_tokens: &[u32],
+    serial_ms: f64,
+    step_ms: f64,
+    ks: &[usize],
+    draft: DraftSpec,
+    seed: u64,
+    repeats: usize,
+) -> Result<Vec<serde_json::Value>> {
+    let vocab = target.config().vocab_size;
+    let n = serial_tokens.len();
+    let mut out = vec![];
+    for &k in ks {
+        let plan = DraftPlan {
+            block_size: k,
+            source: draft,
+            seed,
+        };
+        let mut runs = vec![];
+        for _ in 0..repeats {
+            let mut src = session::oracle_source(vocab, prompt, plan, Some(serial_tokens))?;
+            let g = session::run(target, Some(src.as_mut()), prompt, n, k, &[])?;
+            runs.push(g);
+        }
+        let identical = runs.iter().all(|g| g.tokens == serial_tokens);
+        let g = &runs[0];
+        let mut ms: Vec<f64> = runs
+            .iter()
+            .map(|g| g.decode_seconds * 1e3 / (g.tokens.len() - 1) as f64)
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        let dm = ms[ms.len() / 2];
+        let rounds = g.rounds.max(1) as f64;
+        let verify_ms = runs
+            .iter()
+            .map(|g| g.verify_seconds * 1e3 / g.rounds.max(1) as f64)
+            .fold(f64::INFINITY, f64::min);
+        let draft_ms = runs
+            .iter()
+            .map(|g| g.draft_seconds * 1e3 / g.rounds.max(1) as f64)
+            .fold(f64::INFINITY, f64::min);
+        let experts = distinct_experts(target, prompt, serial_tokens, k)?;
+        out.push(json!({
+            "block_size": k,
+            "draft": draft.to_string(),
+            "decode_ms_per_token": {"median": dm, "min": ms[0], "max": ms[ms.len() - 1]},
+            "tokens_per_round": (g.rounds + g.accepted_drafts) as f64 / rounds,
+            "rounds": g.rounds,
+            "verify_ms_per_round": verify_ms,
+            "draft_ms_per_round": draft_ms,
+            "verify_over_serial_step": verify_ms / step_ms,
+            "distinct_routed_experts_per_sparse_layer": experts,
+            "speedup_over_serial": serial_ms / dm,
+            "identical_to_serial": identical,
+        }));
+        if !identical {
+            bail!("DFlash at block size {k} ({draft}) did not reproduce serial decoding");
+        }
+    }
+    Ok(out)
 }
 
 /// A timeline of two decode steps after the prompt, as CSV (`fastdecode_cuda::timeline`), and
@@ -173,7 +298,8 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         .map(|_| rng.random_range(0..c.vocab_size as u32))
         .collect();
     let ctx = a.prompt_tokens + a.decode_tokens;
-    let mut target = CudaBackend::new(model.clone(), 1, ctx + 16)?;
+    let max_block = a.block_sizes.iter().copied().max().unwrap_or(1);
+    let mut target = CudaBackend::new(model.clone(), max_block, ctx + 16)?;
     // Warm-up: compiles and loads every kernel module.
     session::run(
         &mut target,
@@ -212,6 +338,31 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
     } else {
         (vec![], vec![])
     };
+    let mut dflash = vec![];
+    let mut verify_breakdowns = vec![];
+    if !a.block_sizes.is_empty() {
+        let serial = session::run(&mut target, None, &prompt, a.decode_tokens, 1, &[])?;
+        let step_ms = serial.verify_seconds * 1e3 / serial.rounds.max(1) as f64;
+        // The serial tokens (the oracle's truth) must be those of the timed serial repeats.
+        if Some(&serial.tokens) != tokens0.as_ref() {
+            bail!("cuda decoding is not deterministic across runs");
+        }
+        dflash = dflash_table(
+            &mut target,
+            &prompt,
+            &serial.tokens,
+            dm,
+            step_ms,
+            &a.block_sizes,
+            a.draft,
+            a.seed,
+            a.repeats.min(3),
+        )?;
+        if a.profile {
+            let (_, per) = profile_rows(&mut target, &prompt, 16, &a.block_sizes)?;
+            verify_breakdowns = a.block_sizes.iter().copied().zip(per).collect();
+        }
+    }
     let bpt = bytes_per_token(&c, a.prompt_tokens + a.decode_tokens / 2, 4);
     let floor_ms = bpt as f64 / bw * 1e3;
     let out = json!({
@@ -233,6 +384,8 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         "fraction_of_roofline": floor_ms / dm,
         "decode_breakdown_ms_per_token": breakdown.iter().map(|(k, ms, n)| json!({"op": k, "ms": ms, "launches": n})).collect::<Vec<_>>(),
         "prefill_breakdown_ms": prefill_breakdown.iter().map(|(k, ms, n)| json!({"op": k, "ms": ms, "launches": n})).collect::<Vec<_>>(),
+        "dflash": dflash,
+        "verify_breakdown_ms_per_forward": verify_breakdowns.iter().map(|(k, b)| json!({"rows": k, "ops": b.iter().map(|(op, ms, n)| json!({"op": op, "ms": ms, "launches": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
     });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -254,6 +407,22 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         }
         for (k, ms, n) in &prefill_breakdown {
             println!("  {k:<40} {ms:>8.3} ms/prefill {n:>5.0} launches");
+        }
+        for r in &dflash {
+            println!(
+                "dflash K={:<2} {}: {:.3} ms/token, {:.2} tokens/round, verify {:.3} ms ({:.2} steps), draft {:.3} ms, {:.1} experts/layer, {:.2}x serial, identical {}",
+                r["block_size"], r["draft"].as_str().unwrap_or(""), r["decode_ms_per_token"]["median"].as_f64().unwrap_or(0.0),
+                r["tokens_per_round"].as_f64().unwrap_or(0.0), r["verify_ms_per_round"].as_f64().unwrap_or(0.0),
+                r["verify_over_serial_step"].as_f64().unwrap_or(0.0), r["draft_ms_per_round"].as_f64().unwrap_or(0.0),
+                r["distinct_routed_experts_per_sparse_layer"].as_f64().unwrap_or(0.0), r["speedup_over_serial"].as_f64().unwrap_or(0.0),
+                r["identical_to_serial"]
+            );
+        }
+        for (k, b) in &verify_breakdowns {
+            println!("verify of {k} rows:");
+            for (op, ms, n) in b {
+                println!("  {op:<40} {ms:>8.3} ms/forward {n:>5.0} launches");
+            }
         }
     }
     Ok(())

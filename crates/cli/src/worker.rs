@@ -9,13 +9,23 @@ use clap::Args;
 
 use fastdecode_cpu::flags::Flags;
 use fastdecode_engine::model_dir::default_model_dir;
-use fastdecode_worker::{Backend, Build, WorkerOptions};
+use fastdecode_worker::{Backend, Build, ModelSource, WorkerOptions};
 
 #[derive(Args)]
 pub struct WorkerArgs {
     /// Model directory (verified against its MANIFEST before `ready`); the bundled default when omitted.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "synthetic")]
     model: Option<PathBuf>,
+    /// CUDA only: generate a preset's synthetic weights in GPU memory instead (e.g. xs2.1).
+    #[arg(long)]
+    synthetic: Option<String>,
+    /// Seed of the --synthetic weights.
+    #[arg(long, default_value_t = 0, requires = "synthetic")]
+    seed: u64,
+    /// CUDA only: the longest context a window may reach (the GPU KV cache is sized for it at
+    /// start-up); default: 8192, or the model's max_position_embeddings when smaller.
+    #[arg(long)]
+    max_context: Option<usize>,
     /// Compute backend.
     #[arg(long, default_value = "cpu")]
     backend: Backend,
@@ -32,14 +42,33 @@ impl WorkerArgs {
         }
         .map_err(anyhow::Error::msg)
         .context("--flags")?;
-        let model = match &self.model {
-            Some(m) => m.clone(),
-            None => default_model_dir()?,
+        let model = match (&self.model, &self.synthetic) {
+            (_, Some(preset)) => ModelSource::Synthetic {
+                preset: preset.clone(),
+                seed: self.seed,
+            },
+            (Some(m), None) => ModelSource::Dir(m.clone()),
+            (None, None) => ModelSource::Dir(default_model_dir()?),
+        };
+        let max_context = match self.max_context {
+            Some(n) => n,
+            None => {
+                let cfg = match &model {
+                    ModelSource::Dir(d) => {
+                        fastdecode_model::LagunaConfig::from_file(&d.join("config.json"))?
+                    }
+                    ModelSource::Synthetic { preset, .. } => {
+                        fastdecode_model::synth::preset(preset)?.target
+                    }
+                };
+                cfg.max_position_embeddings.min(8192)
+            }
         };
         Ok(WorkerOptions {
             model,
             backend: self.backend,
             flags,
+            max_context,
         })
     }
 }

@@ -105,6 +105,10 @@ pub struct CudaTarget {
     /// When set, every op is bracketed by CUDA events (`fastdecode bench --profile`); steps are
     /// then launched one by one, so each op's figure includes its launch gap.
     pub profiler: Option<crate::profile::Profiler>,
+    /// When set, every step is launched eagerly and each sparse layer's routed expert ids
+    /// (rows × top-k) are copied out after its router, one entry per layer and step: how many
+    /// distinct experts a verify block reads (`fastdecode bench`). Never set in timed runs.
+    pub expert_trace: Option<Vec<Vec<i32>>>,
 }
 
 /// Rows of one step (a decode step or a verify block): the GEMV kernels' row limit.
@@ -179,6 +183,7 @@ impl CudaTarget {
             graphs: HashMap::new(),
             use_graphs: true,
             profiler: None,
+            expert_trace: None,
         })
     }
 
@@ -334,7 +339,10 @@ impl CudaTarget {
         }
         st.memcpy_htod(&self.s.host_tok, &mut self.s.rows.tok)?;
         st.memcpy_htod(&self.s.host_pos, &mut self.s.rows.pos)?;
-        let graphable = self.use_graphs && taps.is_empty() && self.profiler.is_none();
+        let graphable = self.use_graphs
+            && taps.is_empty()
+            && self.profiler.is_none()
+            && self.expert_trace.is_none();
         if !graphable {
             self.launch(n, p0, taps, mode)?;
         } else if let Some(g) = self.graphs.get(&(n, mode)) {
@@ -385,7 +393,7 @@ impl CudaTarget {
         mark(&mut prof, "embed_rows", st)?;
         // The first kernel follows host copies (token ids, positions), which a programmatic
         // launch would not wait for; the rest follow kernels (unless taps add copies between).
-        g.set_pdl(taps.is_empty());
+        g.set_pdl(taps.is_empty() && self.expert_trace.is_none());
         for (li, l) in m.layers.iter().enumerate() {
             let shape = attn_shape(c, l);
             let width = shape.width();
@@ -483,6 +491,9 @@ impl CudaTarget {
                         &mut s.router_counter,
                     )?;
                     mark(&mut prof, "router (norm, logits, top-k)", st)?;
+                    if let Some(trace) = self.expert_trace.as_mut() {
+                        trace.push(st.clone_dtoh(&s.rows.ids.slice(0..n * ms.top_k))?);
+                    }
                     g.moe_gate_up(
                         &s.rows.xn.as_view(),
                         &s.rows.ids.as_view(),

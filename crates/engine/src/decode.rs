@@ -25,6 +25,10 @@ pub struct Generation {
     pub accepted_drafts: usize,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+    /// Of `decode_seconds`: time in the draft source's `propose` and in the target's verify
+    /// forwards (host clock around each call; both return synchronised results).
+    pub draft_seconds: f64,
+    pub verify_seconds: f64,
     /// Whether generation ended on a stop token.
     pub stopped: bool,
 }
@@ -116,7 +120,9 @@ pub fn generate_observed(
         let mut rows = vec![bonus];
         if k > 1 {
             let s = source.as_mut().expect("checked above");
+            let td = Instant::now();
             let drafts = s.propose(bonus, o, k)?;
+            g.draft_seconds += td.elapsed().as_secs_f64();
             if drafts.len() != k - 1 || drafts.iter().any(|&d| d as usize >= vocab) {
                 return Err(Error::Input(format!(
                     "draft source returned {} tokens for a block of {k}, or a token outside the vocabulary",
@@ -126,7 +132,9 @@ pub fn generate_observed(
             rows.extend(drafts);
         }
         let positions: Vec<usize> = (o..o + k).collect();
+        let tv = Instant::now();
         let out = target.forward_greedy(&rows, &positions, &taps, false)?;
+        g.verify_seconds += tv.elapsed().as_secs_f64();
         let choices = out.tokens;
         let mut a = 0;
         while a + 1 < k && rows[a + 1] == choices[a] {

@@ -28,8 +28,9 @@ pub struct Preset {
 
 pub const PRESETS: [&str; 2] = ["tiny", "xs2.1"];
 
-pub fn preset(name: &str) -> Result<Preset> {
-    let (n, t, d) = match name {
+/// The preset's name and its two config texts.
+fn preset_texts(name: &str) -> Result<(&'static str, &'static str, &'static str)> {
+    Ok(match name {
         "tiny" => (
             "tiny",
             include_str!("../presets/tiny/config.json"),
@@ -46,7 +47,11 @@ pub fn preset(name: &str) -> Result<Preset> {
                 PRESETS.join(", ")
             )))
         }
-    };
+    })
+}
+
+pub fn preset(name: &str) -> Result<Preset> {
+    let (n, t, d) = preset_texts(name)?;
     let target = LagunaConfig::from_json_str(t)?;
     let drafter = DrafterConfig::from_json_str(d)?;
     drafter.check_target(&target)?;
@@ -55,6 +60,20 @@ pub fn preset(name: &str) -> Result<Preset> {
         target,
         drafter,
     })
+}
+
+/// The identity of the synthetic checkpoint of preset `name` at `seed`, in place of a MANIFEST
+/// digest: its weights are a pure function of the seed and the preset's shapes, so the digest is
+/// the SHA-256 of both. A worker that generates them in GPU memory reports this, and a parent
+/// computes the same to check it.
+pub fn synthetic_digest(name: &str, seed: u64) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let (n, t, d) = preset_texts(name)?;
+    let mut h = Sha256::new();
+    h.update(format!("fastdecode synthetic checkpoint\npreset {n}\nseed {seed}\n").as_bytes());
+    h.update(t.as_bytes());
+    h.update(d.as_bytes());
+    Ok(hex::encode(h.finalize()))
 }
 
 pub fn splitmix64(mut z: u64) -> u64 {

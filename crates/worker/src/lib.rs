@@ -6,6 +6,6 @@ pub mod client;
 pub mod protocol;
 pub mod serve;
 
-pub use client::{Fault, ModelId, NoTick, Spec, Tick, TimedWindow, Worker};
+pub use client::{Fault, ModelId, ModelSource, NoTick, Spec, Tick, TimedWindow, Worker};
 pub use protocol::{Build, Ready, Reply, Request, Scored, Step, PROTOCOL, VERSION};
 pub use serve::{Backend, WorkerOptions};

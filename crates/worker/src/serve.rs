@@ -2,18 +2,26 @@
 //! `shutdown` or end of input. Nothing here reads a clock: the parent times the windows.
 
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
 use std::str::FromStr;
 
 use anyhow::{bail, Context, Result};
 
+use std::sync::Arc;
+
 use fastdecode_cpu::flags::{self, Flags};
 use fastdecode_cpu::ops::top2;
-use fastdecode_engine::session::{draft_source, max_block};
+use fastdecode_cuda::{CudaModel, Gpu};
+use fastdecode_engine::cuda_backend::CudaBackend;
+use fastdecode_engine::session::{draft_source, max_block, oracle_source};
 use fastdecode_engine::{
-    generate_observed, CpuTarget, DecodeOptions, DraftPlan, DraftSpec, LoadedModel, TargetBackend,
+    generate_observed, CpuTarget, DecodeOptions, DraftPlan, DraftSource, DraftSpec, LoadedModel,
+    TargetBackend,
 };
-use fastdecode_model::manifest;
+use fastdecode_model::checkpoint::TensorStore;
+use fastdecode_model::config::MAX_BLOCK_SIZE;
+use fastdecode_model::{manifest, LagunaConfig};
+
+use crate::client::ModelSource;
 
 use crate::protocol::{
     Build, Ready, ReplayRequest, Reply, Request, Scored, Step, WindowRequest, PROTOCOL, VERSION,
@@ -24,6 +32,9 @@ use crate::protocol::{
 pub enum Backend {
     /// The f32 reference engine.
     Cpu,
+    /// The CUDA engine: the target on the GPU, uploaded from a runtime checkpoint or generated
+    /// there (`--synthetic`); drafts from the oracle.
+    Cuda,
 }
 
 impl FromStr for Backend {
@@ -31,7 +42,8 @@ impl FromStr for Backend {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "cpu" => Ok(Backend::Cpu),
-            other => Err(format!("unknown backend {other:?} (known: cpu)")),
+            "cuda" => Ok(Backend::Cuda),
+            other => Err(format!("unknown backend {other:?} (known: cpu, cuda)")),
         }
     }
 }
@@ -40,22 +52,18 @@ impl std::fmt::Display for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Backend::Cpu => write!(f, "cpu"),
-        }
-    }
-}
-
-impl Backend {
-    fn target(self, model: &LoadedModel, max_block: usize) -> Box<dyn TargetBackend> {
-        match self {
-            Backend::Cpu => Box::new(CpuTarget::new(model.target.clone(), max_block)),
+            Backend::Cuda => write!(f, "cuda"),
         }
     }
 }
 
 pub struct WorkerOptions {
-    pub model: PathBuf,
+    pub model: ModelSource,
     pub backend: Backend,
     pub flags: Flags,
+    /// CUDA: the longest context (prompt + decode tokens + one block) a window may reach; the
+    /// KV cache is sized for it once, at start-up.
+    pub max_context: usize,
 }
 
 /// Rows per forward in a replay: bounds the logits held at once (rows × vocab) on large models.
@@ -68,6 +76,76 @@ fn write_line(out: &mut impl Write, reply: &Reply) -> std::io::Result<()> {
     out.flush()
 }
 
+/// The loaded engine: the CPU reference (a fresh target per request) or one GPU session kept
+/// for the worker's life (its KV cache and captured step graphs are reused by every request).
+enum Engine {
+    Cpu {
+        model: Box<LoadedModel>,
+        target: Option<CpuTarget>,
+    },
+    Cuda {
+        target: Box<CudaBackend>,
+        max_context: usize,
+    },
+}
+
+/// A DFlash request's draft plan with the prompt and (for the oracle) the serial truth.
+struct DraftRequest<'a> {
+    plan: DraftPlan,
+    prompt: &'a [u32],
+    truth: Option<&'a [u32]>,
+}
+
+/// A request's target and draft source (none when serial).
+type Decoding<'a> = (&'a mut dyn TargetBackend, Option<Box<dyn DraftSource>>);
+
+/// Verifies and loads the model; returns the engine and the digest the worker reports.
+fn load(opts: &WorkerOptions) -> Result<(Engine, String)> {
+    match (&opts.model, opts.backend) {
+        (ModelSource::Dir(dir), backend) => {
+            let verified = manifest::verify(dir, &indicatif::ProgressBar::hidden())
+                .with_context(|| format!("{}: model verification", dir.display()))?;
+            let engine = match backend {
+                Backend::Cpu => Engine::Cpu {
+                    model: Box::new(LoadedModel::load(dir)?),
+                    target: None,
+                },
+                Backend::Cuda => {
+                    let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
+                    let store = TensorStore::open_dir(dir)?;
+                    let gpu = Arc::new(Gpu::open(0)?);
+                    let model = CudaModel::upload(gpu, cfg, &store)
+                        .with_context(|| format!("{}: uploading to the GPU", dir.display()))?;
+                    cuda_engine(model, opts.max_context)?
+                }
+            };
+            Ok((engine, verified.digest))
+        }
+        (ModelSource::Synthetic { preset, seed }, Backend::Cuda) => {
+            let p = fastdecode_model::synth::preset(preset)?;
+            let gpu = Arc::new(Gpu::open(0)?);
+            let model = CudaModel::synthetic(gpu, p.target, *seed)?;
+            let digest = fastdecode_model::synth::synthetic_digest(preset, *seed)?;
+            Ok((cuda_engine(model, opts.max_context)?, digest))
+        }
+        (ModelSource::Synthetic { .. }, Backend::Cpu) => {
+            bail!("--synthetic generates weights in GPU memory: it needs --backend cuda")
+        }
+    }
+}
+
+fn cuda_engine(model: CudaModel, max_context: usize) -> Result<Engine> {
+    let limit = model.cfg.max_position_embeddings;
+    if max_context == 0 || max_context > limit {
+        bail!("--max-context {max_context} is outside 1..={limit} (the model's max_position_embeddings)");
+    }
+    let target = CudaBackend::new(Arc::new(model), MAX_BLOCK_SIZE, max_context)?;
+    Ok(Engine::Cuda {
+        target: Box::new(target),
+        max_context,
+    })
+}
+
 /// Runs a worker: everything before the `ready` line (load, MANIFEST verification, warm-up) is
 /// never timed by a parent.
 pub fn run(
@@ -77,13 +155,8 @@ pub fn run(
     mut output: impl Write,
 ) -> Result<()> {
     flags::set_active(opts.flags);
-    let verified = manifest::verify(&opts.model, &indicatif::ProgressBar::hidden())
-        .with_context(|| format!("{}: model verification", opts.model.display()))?;
-    let model = LoadedModel::load(&opts.model)?;
-    let server = Server {
-        model: &model,
-        backend: opts.backend,
-    };
+    let (engine, digest) = load(opts)?;
+    let mut server = Server { engine };
     server.warm()?;
     let ready = Ready {
         protocol: PROTOCOL.into(),
@@ -92,9 +165,9 @@ pub fn run(
         backend: opts.backend.to_string(),
         flags: opts.flags.names().iter().map(|s| s.to_string()).collect(),
         known_flags: flags::ALL.iter().map(|f| f.name.to_string()).collect(),
-        model_digest: verified.digest,
-        vocab_size: model.target.cfg.vocab_size,
-        max_block: max_block(&model, DraftSpec::Oracle(0.0)),
+        model_digest: digest,
+        vocab_size: server.config().vocab_size,
+        max_block: server.max_block(),
     };
     write_line(&mut output, &Reply::Ready(ready))?;
     for line in input.lines() {
@@ -129,16 +202,65 @@ pub fn run(
     Ok(())
 }
 
-struct Server<'a> {
-    model: &'a LoadedModel,
-    backend: Backend,
+struct Server {
+    engine: Engine,
 }
 
-impl Server<'_> {
+impl Server {
+    fn config(&self) -> &LagunaConfig {
+        match &self.engine {
+            Engine::Cpu { model, .. } => &model.target.cfg,
+            Engine::Cuda { target, .. } => target.config(),
+        }
+    }
+
+    fn max_block(&self) -> usize {
+        match &self.engine {
+            Engine::Cpu { model, .. } => max_block(model, DraftSpec::Oracle(0.0)),
+            Engine::Cuda { .. } => MAX_BLOCK_SIZE,
+        }
+    }
+
+    /// The target for a request of blocks up to `block_size` rows, and the draft source `plan`
+    /// names (none for serial requests).
+    fn target_and_source(
+        &mut self,
+        draft: Option<DraftRequest>,
+        block_size: usize,
+    ) -> Result<Decoding<'_>> {
+        match &mut self.engine {
+            Engine::Cpu { model, target } => {
+                let source = match draft {
+                    Some(d) => Some(draft_source(model, d.prompt, d.plan, d.truth)?),
+                    None => None,
+                };
+                let t = target.insert(CpuTarget::new(model.target.clone(), block_size));
+                Ok((t, source))
+            }
+            Engine::Cuda { target, .. } => {
+                let source = match draft {
+                    Some(d) => match d.plan.source {
+                        DraftSpec::Oracle(_) => Some(oracle_source(
+                            target.config().vocab_size,
+                            d.prompt,
+                            d.plan,
+                            d.truth,
+                        )?),
+                        DraftSpec::Drafter => {
+                            bail!("the drafter source is not served by the cuda worker (use oracle:P)")
+                        }
+                    },
+                    None => None,
+                };
+                Ok((target.as_mut(), source))
+            }
+        }
+    }
+
     /// Runs each kind of request once on a short prompt so first-touch costs (page faults,
-    /// allocator growth) fall before `ready`.
-    fn warm(&self) -> Result<()> {
-        let vocab = self.model.target.cfg.vocab_size as u32;
+    /// allocator growth, kernel compilation, the GPU's step graphs) fall before `ready`.
+    fn warm(&mut self) -> Result<()> {
+        let vocab = self.config().vocab_size as u32;
         let prompt: Vec<u32> = (0..16u32).map(|i| (i * 7 + 1) % vocab).collect();
         let mut sink = std::io::sink();
         let mut w = WindowRequest {
@@ -159,19 +281,46 @@ impl Server<'_> {
         self.window(&w, &mut sink)?;
         self.replay(&ReplayRequest {
             id: 0,
-            prompt,
+            prompt: prompt.clone(),
             chain: tokens,
             probe: true,
         })?;
+        if let Engine::Cuda { target, .. } = &mut self.engine {
+            // Every step shape a window can use: one graph per row count (a verify block, or the
+            // last short round of a window), and a prefill chunk past the step limit.
+            let long: Vec<u32> = (0..2 * MAX_BLOCK_SIZE as u32)
+                .map(|i| (i * 13 + 5) % vocab)
+                .collect();
+            let positions: Vec<usize> = (0..long.len()).collect();
+            target.reset();
+            target.forward_greedy(&long, &positions, &[], true)?;
+            let o = target.kv_len();
+            for n in 1..=MAX_BLOCK_SIZE {
+                let p: Vec<usize> = (o..o + n).collect();
+                target.forward_greedy(&long[..n], &p, &[], false)?;
+                target.truncate(o);
+            }
+        }
         Ok(())
     }
 
     /// Serves a window; writes the `seeded` line itself, mid-window, and returns the final reply.
-    fn window(&self, w: &WindowRequest, out: &mut impl Write) -> Result<Reply> {
+    fn window(&mut self, w: &WindowRequest, out: &mut impl Write) -> Result<Reply> {
         if w.block_size == 0 {
             bail!("block_size must be at least 1");
         }
-        let mut source = if w.block_size > 1 {
+        if let Engine::Cuda { max_context, .. } = &self.engine {
+            let need = w.prompt.len() as u128 + w.decode_tokens as u128 + w.block_size as u128;
+            if need > *max_context as u128 {
+                bail!(
+                    "a window of {} prompt + {} decode tokens (block {}) exceeds this worker's --max-context {max_context}",
+                    w.prompt.len(),
+                    w.decode_tokens,
+                    w.block_size
+                );
+            }
+        }
+        let plan = if w.block_size > 1 {
             let spec: DraftSpec = w
                 .draft
                 .as_deref()
@@ -183,16 +332,15 @@ impl Server<'_> {
                 source: spec,
                 seed: w.seed,
             };
-            Some(draft_source(
-                self.model,
-                &w.prompt,
+            Some(DraftRequest {
                 plan,
-                w.truth.as_deref(),
-            )?)
+                prompt: &w.prompt,
+                truth: w.truth.as_deref(),
+            })
         } else {
             None
         };
-        let mut target = self.backend.target(self.model, w.block_size);
+        let (target, mut source) = self.target_and_source(plan, w.block_size)?;
         let opts = DecodeOptions {
             max_new_tokens: w.decode_tokens + 1,
             block_size: w.block_size,
@@ -200,7 +348,7 @@ impl Server<'_> {
         };
         let mut seeded_err = None;
         let g = generate_observed(
-            target.as_mut(),
+            target,
             match &mut source {
                 Some(s) => Some(s.as_mut()),
                 None => None,
@@ -230,12 +378,21 @@ impl Server<'_> {
         })
     }
 
-    fn replay(&self, r: &ReplayRequest) -> Result<Vec<Step>> {
+    fn replay(&mut self, r: &ReplayRequest) -> Result<Vec<Step>> {
         if r.prompt.is_empty() {
             bail!("replay: the prompt must have at least one token");
         }
+        if let Engine::Cuda { max_context, .. } = &self.engine {
+            if r.prompt.len() + r.chain.len() > *max_context {
+                bail!(
+                    "a replay of {} prompt + {} chain tokens exceeds this worker's --max-context {max_context}",
+                    r.prompt.len(),
+                    r.chain.len()
+                );
+            }
+        }
         let n = r.chain.len();
-        let mut target = self.backend.target(self.model, 1);
+        let (target, _) = self.target_and_source(None, 1)?;
         target.reset();
         let vocab = target.config().vocab_size;
         // Step i is the distribution at row prompt.len() - 1 + i of prompt ++ chain[..n-1].
