@@ -112,7 +112,8 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_store(
     const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos, const float* __restrict__ inv_freq,
     int rot_dim, float rope_scaling, float eps, int heads, int kv_heads, int d, int ring, float* __restrict__ q_out,
     float* __restrict__ ck, float* __restrict__ cv) {
-    __shared__ float tmp[8][128], cs[64], sn[64];
+    __shared__ __align__(16) float tmp[8][128];
+    __shared__ float cs[64], sn[64];
     const RopeArgs rope = {inv_freq, rot_dim, rope_scaling};
     const int warp = threadIdx.x / WARP;
     const int h = blockIdx.x * 8 + warp, r = blockIdx.y, p = pos[r];

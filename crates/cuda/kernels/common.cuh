@@ -349,3 +349,135 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
         seg = s1;
     }
 }
+
+// The multi-row GEMV (2 <= R <= 16 rows of x, a verify block): a warp streams G consecutive
+// weight rows at once, so each 16-byte chunk of every row of x' is read once per G weight rows.
+// With one weight row per warp (gemv_persistent), R rows read 32R bytes of x through L1 for
+// every 16 bytes of weights, and L1 (128 B/clock/SM) capped the GEMV far below HBM's rate: the
+// q|k|v|g GEMV of an 8-row verify took 2.96 ms per forward against 0.65 for one row (H200,
+// bench --profile). Per (weight row, x row) the arithmetic is gemv_persistent's exactly: the
+// lane's chunks c ≡ lane (mod 32) in ascending order, each chunk's eight products one fma chain
+// onto the accumulator, the same butterfly, then the old y added (accumulate); so every row gives
+// the same bits as a one-row launch. Units are (group of G weight rows, block of U·32 chunks),
+// double-buffered like gemv_persistent's. The accumulate mode's old values are loaded when a
+// group starts, spread over the lanes (lane l holds pairs l and l + 32 of the group's G·R).
+template <int R, int G, int U, typename Prologue>
+__device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __restrict__ W,
+                                                        const float* __restrict__ x,
+                                                        const __nv_bfloat16* __restrict__ norm, const float* inv,
+                                                        float* __restrict__ y, int out, int in, int rows,
+                                                        int accumulate, Prologue ready) {
+    static_assert(G * R <= 2 * WARP, "old values: two per lane");
+    const int lane = threadIdx.x % WARP;
+    const int nw = gridDim.x * (blockDim.x / WARP);
+    const int nc = in / 8, nblk = (nc + U * WARP - 1) / (U * WARP);
+    const int groups = (out + G - 1) / G;
+    const uint4* Wv = reinterpret_cast<const uint4*>(W);
+    auto load = [&](uint4 (&buf)[G][U], int grp, int blk) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int o = grp * G + g;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = blk * U * WARP + lane + u * WARP;
+                buf[g][u] = o < out && c < nc ? load_stream(Wv + (size_t)o * nc + c) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    int grp = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, blk = 0;
+    float acc[G][R];
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[g][r] = 0.f;
+    auto advance = [&](int& gg, int& bb) {
+        if (++bb == nblk) {
+            bb = 0;
+            gg += nw;
+        }
+    };
+    float old[2] = {0.f, 0.f};
+    auto consume = [&](const uint4 (&buf)[G][U], int gg, int bb) {
+        if (accumulate && bb == 0) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int i = lane + h * WARP, g = i / R, r = i % R, o = gg * G + g;
+                if (i < G * R && r < rows && o < out) old[h] = y[(size_t)r * out + o];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = bb * U * WARP + lane + u * WARP;
+            if (c < nc) {
+                float w[G][8], nwv[8];
+#pragma unroll
+                for (int g = 0; g < G; g++) unpack_bf16x8(buf[g][u], w[g]);
+                if (norm) unpack_bf16x8(*reinterpret_cast<const uint4*>(norm + 8 * c), nwv);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int rr = r < rows ? r : rows - 1;
+                    const float4 a = *reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c);
+                    const float4 b = *reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c + 4);
+                    float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                    if (norm) {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) xv[j] = nwv[j] * (xv[j] * inv[rr]);
+                    }
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        float s = acc[g][r];
+#pragma unroll
+                        for (int j = 0; j < 8; j++) s += w[g][j] * xv[j];
+                        acc[g][r] = s;
+                    }
+                }
+            }
+        }
+        if (bb == nblk - 1) {
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float s = warp_sum(acc[g][r]);
+                    const int i = g * R + r, o = gg * G + g;
+                    if (lane == i % WARP && r < rows && o < out)
+                        y[(size_t)r * out + o] = accumulate ? old[i / WARP] + s : s;
+                    acc[g][r] = 0.f;
+                }
+            }
+        }
+    };
+    uint4 a[G][U], b[G][U];
+    if (grp < groups) load(a, grp, 0);
+    pdl_wait();
+    ready();
+    while (grp < groups) {
+        int g1 = grp, b1 = blk;
+        advance(g1, b1);
+        if (g1 < groups) load(b, g1, b1);
+        consume(a, grp, blk);
+        grp = g1;
+        blk = b1;
+        if (grp >= groups) break;
+        advance(g1, b1);
+        if (g1 < groups) load(a, g1, b1);
+        consume(b, grp, blk);
+        grp = g1;
+        blk = b1;
+    }
+}
+
+// The GEMV entry for R rows of x: one weight row per warp for a single row (its x is usually
+// staged in shared memory by the caller), weight rows in groups of four for more.
+template <int R, typename Prologue>
+__device__ __forceinline__ void gemv_rows(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
+                                          const __nv_bfloat16* __restrict__ norm, const float* inv,
+                                          float* __restrict__ y, int out, int in, int rows, int accumulate,
+                                          Prologue ready) {
+    if constexpr (R == 1) {
+        gemv_persistent<1>(W, x, norm, inv, y, out, in, rows, accumulate, ready);
+    } else {
+        gemv_persistent_grouped<R, 4, 2>(W, x, norm, inv, y, out, in, rows, accumulate, ready);
+    }
+}
+

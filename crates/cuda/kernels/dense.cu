@@ -22,7 +22,7 @@ __device__ __forceinline__ void gemv_bf16_body(const __nv_bfloat16* __restrict__
                                                const __nv_bfloat16* __restrict__ norm, float eps,
                                                float* __restrict__ y, int out, int in, int rows, int accumulate) {
     __shared__ float inv[16], red[8 * 16];
-    gemv_persistent<R>(W, x, norm, inv, y, out, in, rows, accumulate, [&] {
+    gemv_rows<R>(W, x, norm, inv, y, out, in, rows, accumulate, [&] {
         if (norm) block_inv_rms(x, in, rows, eps, inv, red);
     });
 }
@@ -123,4 +123,34 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __re
         }
         if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
     }
+}
+
+// taps[(r·T + t)·H + i] = x[r·H + i] for r < rows: a layer's output rows into tap slot t of the
+// tapped hidden states (rows × T × H), which the DFlash drafter reads. A kernel rather than a
+// copy per row, so a step with taps stays one graph of kernels with programmatic launches.
+// H % 4 == 0. grid: rows, block: 256.
+extern "C" __global__ void copy_taps(const float* __restrict__ x, float* __restrict__ taps, int H, int T, int t) {
+    FD_TRACE_KERNEL(10, 0);
+    pdl_wait();
+    const int r = blockIdx.x;
+    const float4* src = reinterpret_cast<const float4*>(x + (size_t)r * H);
+    float4* dst = reinterpret_cast<float4*>(taps + ((size_t)r * T + t) * H);
+    for (int i = threadIdx.x; i < H / 4; i += blockDim.x) dst[i] = src[i];
+}
+
+// y[q, :] = w[q mod W, :] ⊙ x[q, :] · inv_rms(x[q, :]) for q < rows rows of n: RMSNorm of each row
+// with the W weight vectors in turn (the drafter's aux norms, row q being tap q mod T of a
+// context row; W = 1 for one norm). The value per element is fastdecode_cpu::ops::rms_norm's,
+// w · (x · inv); the sum of squares is a block reduction. n % 4 == 0. grid: rows, block: 256.
+extern "C" __global__ void __launch_bounds__(256) rms_norm_rows(const float* __restrict__ x,
+                                                                const __nv_bfloat16* __restrict__ w,
+                                                                float* __restrict__ y, int n, int W, float eps) {
+    FD_TRACE_KERNEL(11, 0);
+    __shared__ float inv[16], red[8 * 16];
+    pdl_wait();
+    const int q = blockIdx.x;
+    const float* xr = x + (size_t)q * n;
+    block_inv_rms(xr, n, 1, eps, inv, red);
+    const __nv_bfloat16* wr = w + (size_t)(q % W) * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[(size_t)q * n + i] = __bfloat162float(wr[i]) * (xr[i] * inv[0]);
 }

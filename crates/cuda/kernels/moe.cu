@@ -226,7 +226,10 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
         // One row of up to 4096: the normed row is staged in shared memory once per block (as
         // gemv_bf16_1s does, NormWords), so the GEMV's chunks read neither x nor the norm weight
         // through L1 after the wait. Same values, same sums, same bits as the generic path.
-        __shared__ float xs[8 * 256 * 2];
+        // Read as float4s by the GEMV: a plain float array is only 4-byte aligned, and when
+        // the layout of this kernel's shared variables moved it put xs at an odd word (a
+        // misaligned-address fault, found by compute-sanitizer).
+        __shared__ __align__(16) float xs[8 * 256 * 2];
         if (H <= 8 * 256 * 2) {
             const NormWords<2> nw = norm_words_load<2>(norm, H);
             gemv_persistent<1>(W, xs, nullptr, inv, logits, E, H, 1, 0, [&] {
@@ -240,13 +243,17 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
         }
     }
     if (!staged) {
-        gemv_persistent<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); });
+        gemv_rows<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); });
         FD_MARK(6);
         // Every block writes a slice of xn (all blocks hold the same inverse rms), so no block's
         // serial loop delays the selection.
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += gridDim.x * blockDim.x)
             xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
     }
+    // Several rows: router_topk selects them, a block per row in parallel (ops.rs launches it
+    // next); here the last block's row-by-row selection cost ~2 us a row (1.30 ms of an 8-row
+    // verify against 0.39 for one row, H200 bench --profile).
+    if constexpr (R > 1) return;
     if (!block_arrives_last(counter, gridDim.x)) return;
     FD_MARK(7);
     // The last block selects, row by row.
@@ -274,15 +281,18 @@ ROUTER_ENTRY(4)
 ROUTER_ENTRY(8)
 ROUTER_ENTRY(16)
 
-// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts [rows, k], a block per
-// row with the decode router's bounded block selection (a warp per row running k arg-max rounds
-// took ~5 us a row; the block ~2 us). grid: rows, block: 256. E <= 1024, k < 32.
+// Router of prefill chunks and of multi-row steps: logits [rows, E] (from a GEMM, or router_R)
+// -> ids, wts [rows, k], a block per row with the decode router's bounded block selection (a warp
+// per row running k arg-max rounds took ~5 us a row; the block ~2 us): the same code as the
+// one-row router's, so the same bits. grid: rows, block: 256. E <= 1024, k < 32.
 extern "C" __global__ void __launch_bounds__(256) router_topk(const float* __restrict__ logits,
                                                              const float* __restrict__ bias, int* __restrict__ ids,
                                                              float* __restrict__ wts, int E, int k, int norm_topk,
                                                              float softcap, int rows) {
     __shared__ BlockSelect sel;
     __shared__ int picks[32];
+    FD_TRACE_KERNEL(9, 0);
+    pdl_wait();  // in a step, the logits are router_R's
     const int r = blockIdx.x;
     if (r >= rows) return;
     block_select_row(logits + (size_t)r * E, bias, E, k, norm_topk, softcap, sel, picks, ids + (size_t)r * k,

@@ -147,4 +147,78 @@ impl Gpu {
         unsafe { self.launch(&f).arg(logits).arg(&v).arg(out).launch(cfg) }?;
         Ok(())
     }
+
+    /// Tap slot `t` of `taps` (`rows × t_count × hidden`) = `x` (`rows × hidden`).
+    pub fn copy_taps(
+        &self,
+        x: &CudaView<f32>,
+        taps: &mut CudaViewMut<f32>,
+        rows: usize,
+        hidden: usize,
+        t_count: usize,
+        t: usize,
+    ) -> Result<()> {
+        check(
+            hidden.is_multiple_of(4)
+                && t < t_count
+                && x.len() >= rows * hidden
+                && taps.len() >= rows * t_count * hidden,
+            || format!("copy_taps: {rows} rows of {hidden} into slot {t} of {t_count}: bad shapes"),
+        )?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function("dense", "copy_taps")?;
+        let (h, tc, ti) = (hidden as i32, t_count as i32, t as i32);
+        // SAFETY: argument types match the kernel; shapes checked above.
+        unsafe {
+            self.launch(&f)
+                .arg(x)
+                .arg(taps)
+                .arg(&h)
+                .arg(&tc)
+                .arg(&ti)
+                .launch(launch_cfg((rows as u32, 1), 256, 0))
+        }?;
+        Ok(())
+    }
+
+    /// `y[q] = RMSNorm(x[q]; w[q mod w_rows])` for `rows` rows of `n` (`w`: `w_rows × n`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm_rows(
+        &self,
+        x: &CudaView<f32>,
+        w: &CudaView<bf16>,
+        y: &mut CudaViewMut<f32>,
+        n: usize,
+        rows: usize,
+        w_rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        check(
+            n.is_multiple_of(4)
+                && w_rows >= 1
+                && w.len() == w_rows * n
+                && x.len() >= rows * n
+                && y.len() >= rows * n,
+            || format!("rms_norm_rows: {rows} rows of {n} with {w_rows} weight rows: bad shapes"),
+        )?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function("dense", "rms_norm_rows")?;
+        let (nn, wr) = (n as i32, w_rows as i32);
+        // SAFETY: as above.
+        unsafe {
+            self.launch(&f)
+                .arg(x)
+                .arg(w)
+                .arg(y)
+                .arg(&nn)
+                .arg(&wr)
+                .arg(&eps)
+                .launch(launch_cfg((rows as u32, 1), 256, 0))
+        }?;
+        Ok(())
+    }
 }

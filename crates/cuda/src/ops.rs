@@ -330,10 +330,10 @@ impl Gpu {
                 .arg(&eps)
                 .arg(w)
                 .arg(bias)
-                .arg(xn)
-                .arg(logits)
-                .arg(ids)
-                .arg(wts)
+                .arg(&mut *xn)
+                .arg(&mut *logits)
+                .arg(&mut *ids)
+                .arg(&mut *wts)
                 .arg(counter)
                 .arg(&ints[0])
                 .arg(&ints[1])
@@ -343,6 +343,19 @@ impl Gpu {
                 .arg(&ints[4])
                 .launch(launch_cfg((grid, 1), 256, 0))
         }?;
+        if rows > 1 {
+            // router_R leaves several rows' selection to one block per row.
+            self.router_topk(
+                &logits.as_view(),
+                bias,
+                ids,
+                wts,
+                shape,
+                norm_topk,
+                softcap,
+                rows,
+            )?;
+        }
         Ok(())
     }
 

@@ -41,11 +41,14 @@ pub fn kind_name(kind: u32) -> String {
         6 => "moe_down",
         7 => "argmax_rows",
         8 => "silu_mul",
+        9 => "router_topk",
+        10 => "copy_taps",
+        11 => "rms_norm_rows",
         _ => "kernel",
     };
     match (kind >> 20, kind & 0xfffff) {
-        (1..=8, 0) => name.to_string(),
-        (1..=8, tag) => format!("{name} ({tag})"),
+        (1..=11, 0) => name.to_string(),
+        (1..=11, tag) => format!("{name} ({tag})"),
         (id, _) => format!("{name} {id}"),
     }
 }
