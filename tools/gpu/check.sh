@@ -15,6 +15,8 @@ status=0
 t="timeout ${STEP_TIMEOUT:-300}"
 echo "== kernel tests"; $t ./.gpu/kernels-test --ignored --test-threads 1 || status=1
 echo "== prefill tests"; $t ./.gpu/prefill-test --ignored --test-threads 1 --skip timing || status=1
+echo "== drafter tests"; $t ./.gpu/drafter-test --ignored --test-threads 1 || status=1
+echo "== DFlash on the GPU"; $t ./.gpu/cuda_dflash-test --ignored --test-threads 1 --nocapture || status=1
 echo "== check: bundled model"; $t ./.gpu/fastdecode check --backend cuda --model assets/laguna-tiny || status=1
 echo "== check: tiny synthetic"; $t ./.gpu/fastdecode check --backend cuda --model .gpu/tiny || status=1
 echo "== bench: XS 2.1"

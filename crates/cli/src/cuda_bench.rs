@@ -1,18 +1,16 @@
 //! `fastdecode bench --backend cuda`: prefill and serial decode on the GPU, against the copy
 //! bandwidth measured in the same process (the roofline of a bandwidth-bound decoder).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use fastdecode_cuda::{CudaModel, Gpu};
+use fastdecode_cuda::Gpu;
 use fastdecode_engine::cuda_backend::CudaBackend;
 use fastdecode_engine::session::{self, DraftPlan};
 use fastdecode_engine::{DraftSpec, TargetBackend};
-use fastdecode_model::checkpoint::TensorStore;
 use fastdecode_model::config::LagunaConfig;
 use fastdecode_model::inventory::{target_inventory, Layout, TensorSpec};
 
@@ -192,9 +190,20 @@ fn dflash_table(
         };
         let mut runs = vec![];
         for _ in 0..repeats {
-            let mut src = session::oracle_source(vocab, prompt, plan, Some(serial_tokens))?;
-            let g = session::run(target, Some(src.as_mut()), prompt, n, k, &[])?;
-            runs.push(g);
+            // `drafter` is the GPU target's resident drafter: no source is passed.
+            let mut src = match draft {
+                DraftSpec::Oracle(_) => Some(session::oracle_source(
+                    vocab,
+                    prompt,
+                    plan,
+                    Some(serial_tokens),
+                )?),
+                DraftSpec::Drafter => None,
+            };
+            let s = src
+                .as_mut()
+                .map(|s| s.as_mut() as &mut dyn fastdecode_engine::DraftSource);
+            runs.push(session::run(target, s, prompt, n, k, &[])?);
         }
         let identical = runs.iter().all(|g| g.tokens == serial_tokens);
         let g = &runs[0];
@@ -268,38 +277,36 @@ fn trace(
 }
 
 pub fn run(a: CudaBenchArgs) -> Result<()> {
-    let gpu = Arc::new(Gpu::open(0)?);
     let t_load = Instant::now();
-    let (model, label) = match (a.synthetic, a.model) {
+    let ctx = a.prompt_tokens + a.decode_tokens;
+    let max_block = a.block_sizes.iter().copied().max().unwrap_or(1);
+    let drafter = !a.block_sizes.is_empty() && a.draft == DraftSpec::Drafter;
+    let (mut target, label) = match (a.synthetic, a.model) {
         (Some(p), _) => {
             let preset = fastdecode_model::synth::preset(p)?;
             (
-                CudaModel::synthetic(gpu.clone(), preset.target, a.seed)?,
+                CudaBackend::synthetic(&preset, a.seed, max_block, ctx + 16, drafter)?,
                 format!("synthetic {p} seed {}", a.seed),
             )
         }
-        (None, Some(dir)) => {
-            let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
-            let store = TensorStore::open_dir(dir)?;
-            (
-                CudaModel::upload(gpu.clone(), cfg, &store)?,
-                dir.display().to_string(),
-            )
-        }
+        (None, Some(dir)) => (
+            CudaBackend::open_dir(dir, max_block, ctx + 16, drafter)?,
+            dir.display().to_string(),
+        ),
         (None, None) => bail!("--backend cuda needs --model DIR or --synthetic PRESET"),
     };
+    if drafter && !target.has_drafter() {
+        bail!("--draft drafter: {label} has no drafter/ (use --draft oracle:P)");
+    }
+    let gpu = target.session().model.gpu.clone();
     gpu.stream.synchronize()?;
     let load_s = t_load.elapsed().as_secs_f64();
-    let model = Arc::new(model);
-    let c = model.cfg.clone();
+    let c = target.config().clone();
     let bw = copy_bandwidth(&gpu).context("measuring copy bandwidth")?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
     let prompt: Vec<u32> = (0..a.prompt_tokens)
         .map(|_| rng.random_range(0..c.vocab_size as u32))
         .collect();
-    let ctx = a.prompt_tokens + a.decode_tokens;
-    let max_block = a.block_sizes.iter().copied().max().unwrap_or(1);
-    let mut target = CudaBackend::new(model.clone(), max_block, ctx + 16)?;
     // Warm-up: compiles and loads every kernel module.
     session::run(
         &mut target,

@@ -93,35 +93,6 @@ fn gen_json(g: &Generation) -> serde_json::Value {
     })
 }
 
-/// The GPU target for `generate --backend cuda`. The drafter runs on the CPU, fed the GPU
-/// target's tapped hidden states, so only `--draft drafter` also loads the CPU model (which
-/// holds the drafter's shared weights); serial and oracle runs need nothing but the GPU.
-struct GpuTarget {
-    model: std::sync::Arc<fastdecode_cuda::CudaModel>,
-    max_positions: usize,
-}
-
-impl GpuTarget {
-    fn open(dir: &std::path::Path, max_positions: usize) -> Result<Self> {
-        let gpu = std::sync::Arc::new(fastdecode_cuda::Gpu::open(0)?);
-        let cfg = fastdecode_model::LagunaConfig::from_file(&dir.join("config.json"))?;
-        let store = fastdecode_model::checkpoint::TensorStore::open_dir(dir)?;
-        let model = fastdecode_cuda::CudaModel::upload(gpu, cfg, &store)?;
-        Ok(GpuTarget {
-            model: std::sync::Arc::new(model),
-            max_positions,
-        })
-    }
-
-    fn session(&self, block_size: usize) -> Result<fastdecode_engine::cuda_backend::CudaBackend> {
-        Ok(fastdecode_engine::cuda_backend::CudaBackend::new(
-            self.model.clone(),
-            block_size,
-            self.max_positions,
-        )?)
-    }
-}
-
 pub fn run(a: GenerateArgs) -> Result<()> {
     let dir = match a.model {
         Some(d) => d,
@@ -133,7 +104,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("{}: not a model directory (no config.json)", dir.display());
     }
     let uses_drafter = a.block_size > 1 && matches!(a.draft, DraftSpec::Drafter);
-    let model = if a.backend == Backend::Cpu || uses_drafter {
+    // The CPU model is only the CPU backend's: on the GPU the drafter runs there too, beside the
+    // target, fed its tapped hidden states on the device.
+    let model = if a.backend == Backend::Cpu {
         Some(LoadedModel::load(&dir)?)
     } else {
         None
@@ -167,12 +140,26 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         cfg.eos_token_ids.clone()
     };
-    let gpu = match a.backend {
-        Backend::Cuda => Some(GpuTarget::open(&dir, prompt.len() + a.max_new_tokens + 16)?),
+    let mut gpu = match a.backend {
+        Backend::Cuda => {
+            let g = fastdecode_engine::cuda_backend::CudaBackend::open_dir(
+                &dir,
+                a.block_size,
+                prompt.len() + a.max_new_tokens + 16,
+                uses_drafter,
+            )?;
+            if uses_drafter && !g.has_drafter() {
+                bail!(
+                    "{}: this model has no drafter/ (use --draft oracle:P)",
+                    dir.display()
+                );
+            }
+            Some(g)
+        }
         Backend::Cpu => None,
     };
     let need_serial = a.block_size == 1 || a.compare || matches!(a.draft, DraftSpec::Oracle(_));
-    let serial_run = match (need_serial, &gpu) {
+    let serial_run = match (need_serial, &mut gpu) {
         (false, _) => None,
         (true, None) => Some(serial(
             model.as_ref().expect("loaded for the CPU backend"),
@@ -181,7 +168,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             &stop,
         )?),
         (true, Some(g)) => Some(fastdecode_engine::session::run(
-            &mut g.session(1)?,
+            g,
             None,
             &prompt,
             a.max_new_tokens,
@@ -196,7 +183,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             seed: a.seed,
         };
         let truth = serial_run.as_ref().map(|g| g.tokens.as_slice());
-        let g = match &gpu {
+        let g = match &mut gpu {
             None => dflash(
                 model.as_ref().expect("loaded for the CPU backend"),
                 &prompt,
@@ -206,24 +193,29 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 truth,
             )?,
             Some(g) => {
-                let mut source: Box<dyn fastdecode_engine::DraftSource> =
-                    match (&model, plan.source) {
-                        (Some(m), _) => {
-                            fastdecode_engine::session::draft_source(m, &prompt, plan, truth)?
-                        }
-                        (None, DraftSpec::Oracle(_)) => fastdecode_engine::session::oracle_source(
-                            cfg.vocab_size,
-                            &prompt,
-                            plan,
-                            truth,
-                        )?,
-                        (None, DraftSpec::Drafter) => {
-                            unreachable!("the drafter loads the CPU model")
-                        }
-                    };
+                // The drafter source is the GPU target's resident drafter (no source passed).
+                let mut oracle = match plan.source {
+                    DraftSpec::Oracle(_) => Some(fastdecode_engine::session::oracle_source(
+                        cfg.vocab_size,
+                        &prompt,
+                        plan,
+                        truth,
+                    )?),
+                    DraftSpec::Drafter => None,
+                };
+                if let (DraftSpec::Drafter, Some(max)) = (plan.source, g.drafter_block_size()) {
+                    if a.block_size > max {
+                        bail!(
+                            "--block-size {} is above the drafter's maximum {max}",
+                            a.block_size
+                        );
+                    }
+                }
                 fastdecode_engine::session::run(
-                    &mut g.session(a.block_size)?,
-                    Some(source.as_mut()),
+                    g,
+                    oracle
+                        .as_mut()
+                        .map(|s| s.as_mut() as &mut dyn fastdecode_engine::DraftSource),
                     &prompt,
                     a.max_new_tokens,
                     a.block_size,

@@ -155,6 +155,21 @@ impl DrafterModel {
         bonus: u32,
         k: usize,
     ) -> Vec<u32> {
+        self.block_logits(target, ctx, bonus, k)
+            .iter()
+            .map(|l| argmax(l) as u32)
+            .collect()
+    }
+
+    /// The logits (through the target's lm_head) of block rows 1..k, whose argmaxes are the
+    /// drafts.
+    pub fn block_logits(
+        &self,
+        target: &TargetModel,
+        ctx: &DrafterContext,
+        bonus: u32,
+        k: usize,
+    ) -> Vec<Vec<f32>> {
         let o = ctx.len;
         let mask = self.cfg.mask_token_id;
         let mut x: Vec<Vec<f32>> = (0..k)
@@ -172,7 +187,7 @@ impl DrafterModel {
         }
         x[1..]
             .iter()
-            .map(|row| argmax(&target.logits(row, &self.norm)) as u32)
+            .map(|row| target.logits(row, &self.norm))
             .collect()
     }
 }

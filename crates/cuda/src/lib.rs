@@ -8,6 +8,8 @@
 //!   launches) and the prefill path (tensor cores) for longer runs of rows.
 //! - `model.rs` — the weights on the device (uploaded or generated there), stacked where one
 //!   kernel reads several projections.
+//! - `drafter.rs` — `CudaDrafter`: the DFlash drafter, its layers run by the target's step path
+//!   over the target's embedding and lm_head, its context rows from the target's taps.
 //! - `dense.rs`, `ops.rs`, `prefill.rs` — launch wrappers that check shapes, next to
 //!   `kernels/dense.cu` (embedding, RMSNorm, bf16 GEMV, argmax), `kernels/attention.cu` (q/k norm
 //!   with RoPE, split-KV attention), `kernels/moe.cu` (router, NVFP4 expert GEMVs) and
@@ -18,6 +20,7 @@
 
 pub mod dense;
 pub mod device;
+pub mod drafter;
 pub mod error;
 pub mod model;
 pub mod ops;
@@ -28,6 +31,7 @@ pub mod timeline;
 pub mod weights;
 
 pub use device::Gpu;
+pub use drafter::CudaDrafter;
 pub use error::{CudaError, Result};
 pub use model::CudaModel;
 pub use target::CudaTarget;

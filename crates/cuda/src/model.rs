@@ -52,11 +52,14 @@ pub struct DevLayer {
     pub ffn: DevFfn,
 }
 
+/// A stack of Laguna decoder layers with its embedding, final norm and lm_head: the target, or
+/// the DFlash drafter (`drafter.rs`), whose layers are Laguna layers too and which shares the
+/// target's embedding and lm_head (hence the `Arc`s).
 pub struct CudaModel {
     pub gpu: Arc<Gpu>,
     pub cfg: LagunaConfig,
-    pub embed: CudaSlice<bf16>,
-    pub lm_head: CudaSlice<bf16>,
+    pub embed: Arc<CudaSlice<bf16>>,
+    pub lm_head: Arc<CudaSlice<bf16>>,
     pub norm: CudaSlice<bf16>,
     pub layers: Vec<DevLayer>,
 }
@@ -116,75 +119,107 @@ impl CudaModel {
     fn build(gpu: Arc<Gpu>, cfg: LagunaConfig, store: &WeightSource) -> Result<CudaModel> {
         check_shapes(&cfg)?;
         let g = gpu.as_ref();
-        let mut layers = vec![];
-        for i in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let m = format!("{p}.mlp");
-            let rope = Rope::new(cfg.rope(i), cfg.head_dim);
-            let ffn = if cfg.is_sparse(i) {
-                DevFfn::Moe(Box::new(DevMoe {
-                    router: bf16s(store, &format!("{m}.gate.weight"), g)?,
-                    bias: store.f32(g, &format!("{m}.gate.e_score_correction_bias"))?,
-                    gate: nvfp4(store, &format!("{m}.switch_mlp.gate_proj"), g)?,
-                    up: nvfp4(store, &format!("{m}.switch_mlp.up_proj"), g)?,
-                    down: nvfp4(store, &format!("{m}.switch_mlp.down_proj"), g)?,
-                    shared_gate: nvfp4(store, &format!("{m}.shared_expert.gate_proj"), g)?,
-                    shared_up: nvfp4(store, &format!("{m}.shared_expert.up_proj"), g)?,
-                    shared_down: nvfp4(store, &format!("{m}.shared_expert.down_proj"), g)?,
-                }))
-            } else {
-                DevFfn::Dense {
-                    gate_up: stacked(
-                        store,
-                        &[
-                            format!("{m}.gate_proj.weight"),
-                            format!("{m}.up_proj.weight"),
-                        ],
-                        g,
-                    )?,
-                    down: bf16s(store, &format!("{m}.down_proj.weight"), g)?,
-                }
-            };
-            layers.push(DevLayer {
-                input_norm: bf16s(store, &format!("{p}.input_layernorm.weight"), g)?,
-                post_norm: bf16s(store, &format!("{p}.post_attention_layernorm.weight"), g)?,
-                qkvg: stacked(
-                    store,
-                    &["q_proj", "k_proj", "v_proj", "g_proj"].map(|n| format!("{a}.{n}.weight")),
-                    g,
-                )?,
-                o: bf16s(store, &format!("{a}.o_proj.weight"), g)?,
-                q_norm: bf16s(store, &format!("{a}.q_norm.weight"), g)?,
-                k_norm: bf16s(store, &format!("{a}.k_norm.weight"), g)?,
-                rope: DevRope {
-                    inv_freq: g.stream.clone_htod(&rope.inv_freq)?,
-                    rot_dim: rope.rotary_dim,
-                    scaling: rope.attention_scaling,
-                },
-                heads: cfg.heads(i),
-                window: if cfg.layer_types[i] == LayerType::Sliding {
-                    cfg.sliding_window
-                } else {
-                    0
-                },
-                ffn,
-            });
-        }
+        let layers = build_layers(&cfg, "model.layers", store, g)?;
         let lm = if cfg.tie_word_embeddings {
             "model.embed_tokens.weight"
         } else {
             "lm_head.weight"
         };
         Ok(CudaModel {
-            embed: bf16s(store, "model.embed_tokens.weight", g)?,
-            lm_head: bf16s(store, lm, g)?,
+            embed: Arc::new(bf16s(store, "model.embed_tokens.weight", g)?),
+            lm_head: Arc::new(bf16s(store, lm, g)?),
             norm: bf16s(store, "model.norm.weight", g)?,
             layers,
             cfg,
             gpu,
         })
     }
+
+    /// A stack of `cfg`'s layers named `{prefix}.{i}.…` (the drafter's: `layers.{i}.…`) over
+    /// this model's embedding and lm_head, with `norm` as its final norm.
+    pub(crate) fn sibling(
+        &self,
+        cfg: LagunaConfig,
+        prefix: &str,
+        norm: &str,
+        store: &WeightSource,
+    ) -> Result<CudaModel> {
+        check_shapes(&cfg)?;
+        let g = self.gpu.as_ref();
+        Ok(CudaModel {
+            embed: self.embed.clone(),
+            lm_head: self.lm_head.clone(),
+            norm: bf16s(store, norm, g)?,
+            layers: build_layers(&cfg, prefix, store, g)?,
+            cfg,
+            gpu: self.gpu.clone(),
+        })
+    }
+}
+
+/// The decoder layers of `cfg`, their tensors named `{prefix}.{i}.…` in `store`.
+fn build_layers(
+    cfg: &LagunaConfig,
+    prefix: &str,
+    store: &WeightSource,
+    g: &Gpu,
+) -> Result<Vec<DevLayer>> {
+    let mut layers = vec![];
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("{prefix}.{i}");
+        let a = format!("{p}.self_attn");
+        let m = format!("{p}.mlp");
+        let rope = Rope::new(cfg.rope(i), cfg.head_dim);
+        let ffn = if cfg.is_sparse(i) {
+            DevFfn::Moe(Box::new(DevMoe {
+                router: bf16s(store, &format!("{m}.gate.weight"), g)?,
+                bias: store.f32(g, &format!("{m}.gate.e_score_correction_bias"))?,
+                gate: nvfp4(store, &format!("{m}.switch_mlp.gate_proj"), g)?,
+                up: nvfp4(store, &format!("{m}.switch_mlp.up_proj"), g)?,
+                down: nvfp4(store, &format!("{m}.switch_mlp.down_proj"), g)?,
+                shared_gate: nvfp4(store, &format!("{m}.shared_expert.gate_proj"), g)?,
+                shared_up: nvfp4(store, &format!("{m}.shared_expert.up_proj"), g)?,
+                shared_down: nvfp4(store, &format!("{m}.shared_expert.down_proj"), g)?,
+            }))
+        } else {
+            DevFfn::Dense {
+                gate_up: stacked(
+                    store,
+                    &[
+                        format!("{m}.gate_proj.weight"),
+                        format!("{m}.up_proj.weight"),
+                    ],
+                    g,
+                )?,
+                down: bf16s(store, &format!("{m}.down_proj.weight"), g)?,
+            }
+        };
+        layers.push(DevLayer {
+            input_norm: bf16s(store, &format!("{p}.input_layernorm.weight"), g)?,
+            post_norm: bf16s(store, &format!("{p}.post_attention_layernorm.weight"), g)?,
+            qkvg: stacked(
+                store,
+                &["q_proj", "k_proj", "v_proj", "g_proj"].map(|n| format!("{a}.{n}.weight")),
+                g,
+            )?,
+            o: bf16s(store, &format!("{a}.o_proj.weight"), g)?,
+            q_norm: bf16s(store, &format!("{a}.q_norm.weight"), g)?,
+            k_norm: bf16s(store, &format!("{a}.k_norm.weight"), g)?,
+            rope: DevRope {
+                inv_freq: g.stream.clone_htod(&rope.inv_freq)?,
+                rot_dim: rope.rotary_dim,
+                scaling: rope.attention_scaling,
+            },
+            heads: cfg.heads(i),
+            window: if cfg.layer_types[i] == LayerType::Sliding {
+                cfg.sliding_window
+            } else {
+                0
+            },
+            ffn,
+        });
+    }
+    Ok(layers)
 }
 
 /// The kernels' shape requirements, checked once at load.

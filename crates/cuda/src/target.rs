@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaView, PinnedHostSlice};
 
 use fastdecode_cpu::ForwardOut;
 
@@ -99,7 +99,8 @@ pub struct CudaTarget {
     max_positions: usize,
     s: Scratch,
     p: Option<PrefillScratch>,
-    graphs: HashMap<(usize, Logits), CudaGraph>,
+    /// Captured steps by row count, logits mode and tapped layers.
+    graphs: HashMap<(usize, Logits, Vec<usize>), CudaGraph>,
     /// Replay steps as CUDA graphs (default); off, every kernel is launched one by one.
     pub use_graphs: bool,
     /// When set, every op is bracketed by CUDA events (`fastdecode bench --profile`); steps are
@@ -128,6 +129,15 @@ struct PrefillScratch {
     /// Normed and rotated queries.
     q: CudaSlice<f32>,
     logits: Option<CudaSlice<f32>>,
+    /// The tapped hidden states of a chunk (`rows × taps × hidden`), sized on first use.
+    taps: Option<CudaSlice<f32>>,
+}
+
+/// Where a forward's tapped hidden states go: copied to the host (returned), or left on the
+/// device in the caller's buffer (`rows × taps × hidden` from row 0) for a drafter there.
+pub enum TapsTo<'a> {
+    Host,
+    Device(&'a mut CudaSlice<f32>),
 }
 
 impl CudaTarget {
@@ -255,11 +265,11 @@ impl CudaTarget {
         };
         let mut start = 0;
         while start < tokens.len() {
-            let n = chunk_rows(tokens.len() - start, taps);
+            let n = chunk_rows(tokens.len() - start);
             let rows = &tokens[start..start + n];
             let st = self.model.gpu.stream.clone();
             if n > CHUNK {
-                self.prefill(rows, self.len, Logits::All)?;
+                self.prefill(rows, self.len, taps, Logits::All)?;
                 let p = self.p.as_ref().expect("allocated by prefill");
                 let logits = p.logits.as_ref().expect("allocated for all-row logits");
                 out.logits
@@ -268,8 +278,10 @@ impl CudaTarget {
                 self.step(rows, self.len, taps, Logits::All)?;
                 out.logits
                     .extend(st.clone_dtoh(&self.s.logits.slice(0..n * vocab))?);
+            }
+            if !taps.is_empty() {
                 out.taps
-                    .extend(st.clone_dtoh(&self.s.taps.slice(0..n * taps.len() * h))?);
+                    .extend(st.clone_dtoh(&self.taps_of(n > CHUNK).slice(0..n * taps.len() * h))?);
             }
             start += n;
         }
@@ -278,20 +290,32 @@ impl CudaTarget {
 
     /// `forward` keeping only the greedy choice (argmax, ties to the lower id) of every row, or
     /// of the last row only when `last_only`, computed on the device; plus the taps.
+    /// With `TapsTo::Device` the taps stay on the device and the returned taps are empty.
     pub fn forward_greedy(
         &mut self,
         tokens: &[u32],
         positions: &[usize],
         taps: &[usize],
         last_only: bool,
+        mut taps_to: TapsTo,
     ) -> Result<(Vec<u32>, Vec<f32>)> {
         self.validate(tokens, positions, taps)?;
         let h = self.model.cfg.hidden_size;
+        if let TapsTo::Device(buf) = &taps_to {
+            if buf.len() < tokens.len() * taps.len() * h {
+                return Err(CudaError::Shape(format!(
+                    "forward: the device taps buffer holds {} floats, {} rows × {} taps × {h} needed",
+                    buf.len(),
+                    tokens.len(),
+                    taps.len()
+                )));
+            }
+        }
         let mut chosen = vec![];
         let mut tap_rows = Vec::with_capacity(tokens.len() * taps.len() * h);
         let mut start = 0;
         while start < tokens.len() {
-            let n = chunk_rows(tokens.len() - start, taps);
+            let n = chunk_rows(tokens.len() - start);
             let end = start + n;
             let mode = match (last_only, end == tokens.len()) {
                 (false, _) => Logits::All,
@@ -305,7 +329,7 @@ impl CudaTarget {
             };
             let st = self.model.gpu.stream.clone();
             if n > CHUNK {
-                self.prefill(&tokens[start..end], self.len, mode)?;
+                self.prefill(&tokens[start..end], self.len, taps, mode)?;
                 if m > 0 {
                     let next = &self.p.as_ref().expect("allocated by prefill").rows.next;
                     let ids = st.clone_dtoh(&next.slice(0..m))?;
@@ -317,13 +341,94 @@ impl CudaTarget {
                     let ids = st.clone_dtoh(&self.s.rows.next.slice(0..m))?;
                     chosen.extend(ids.into_iter().map(|t| t as u32));
                 }
-                if !taps.is_empty() {
-                    tap_rows.extend(st.clone_dtoh(&self.s.taps.slice(0..n * taps.len() * h))?);
+            }
+            if !taps.is_empty() {
+                let per = taps.len() * h;
+                let src = self.taps_of(n > CHUNK).slice(0..n * per);
+                match &mut taps_to {
+                    TapsTo::Host => tap_rows.extend(st.clone_dtoh(&src)?),
+                    TapsTo::Device(buf) => {
+                        st.memcpy_dtod(&src, &mut buf.slice_mut(start * per..end * per))?
+                    }
                 }
             }
             start = end;
         }
         Ok((chosen, tap_rows))
+    }
+
+    /// The buffer the last step (or prefill chunk) wrote its taps to.
+    fn taps_of(&self, prefill: bool) -> &CudaSlice<f32> {
+        if prefill {
+            self.p
+                .as_ref()
+                .and_then(|p| p.taps.as_ref())
+                .expect("a prefill with taps allocated them")
+        } else {
+            &self.s.taps
+        }
+    }
+
+    /// Appends `n <= MAX_ROWS` rows at positions `len..len + n` whose every layer's input is the
+    /// same row of `x` (`n × hidden`, on the device): each layer's K and V of `RMSNorm(x;
+    /// input_layernorm)`, normed and rotated as a forward would, are written to its cache; no
+    /// attention, no output. The DFlash drafter's context rows (`dflash.md`, round step 1).
+    pub fn append_kv_rows(&mut self, x: &CudaView<f32>, n: usize) -> Result<()> {
+        let m = self.model.clone();
+        let c = &m.cfg;
+        let (h, d) = (c.hidden_size, c.head_dim);
+        if n == 0 || n > CHUNK || x.len() < n * h {
+            return Err(CudaError::Shape(format!(
+                "append_kv_rows: {n} rows (1..={CHUNK}) of {h} from a buffer of {}",
+                x.len()
+            )));
+        }
+        if self.len + n > self.max_positions {
+            return Err(CudaError::Shape(format!(
+                "append_kv_rows: context {} exceeds this session's {} positions",
+                self.len + n,
+                self.max_positions
+            )));
+        }
+        let g = m.gpu.as_ref();
+        let st = &g.stream;
+        let eps = c.rms_norm_eps as f32;
+        let p0 = self.len;
+        let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
+        st.memcpy_htod(&pos, &mut self.s.rows.pos.slice_mut(0..n))?;
+        g.set_pdl(false);
+        let s = &mut self.s;
+        for (li, l) in m.layers.iter().enumerate() {
+            let shape = attn_shape(c, l);
+            let width = shape.width();
+            g.gemv_bf16(
+                &l.qkvg.as_view(),
+                x,
+                Some((&l.input_norm.as_view(), eps)),
+                &mut s.rows.qkvg.as_view_mut(),
+                width,
+                h,
+                n,
+                false,
+            )?;
+            let (ck, cv) = &mut self.kv[li];
+            // The queries are computed and dropped (the attention scratch holds them).
+            g.qk_norm_rope_store(
+                &s.rows.qkvg.slice(0..n * width),
+                &l.q_norm,
+                &l.k_norm,
+                &s.rows.pos.slice(0..n),
+                &l.rope,
+                eps,
+                shape,
+                n,
+                &mut s.att.slice_mut(0..n * l.heads * d),
+                ck,
+                cv,
+            )?;
+        }
+        self.len = p0 + n;
+        Ok(())
     }
 
     /// One launch sequence of `tokens.len() <= MAX_ROWS` rows starting at position `p0`,
@@ -339,13 +444,11 @@ impl CudaTarget {
         }
         st.memcpy_htod(&self.s.host_tok, &mut self.s.rows.tok)?;
         st.memcpy_htod(&self.s.host_pos, &mut self.s.rows.pos)?;
-        let graphable = self.use_graphs
-            && taps.is_empty()
-            && self.profiler.is_none()
-            && self.expert_trace.is_none();
+        let graphable = self.use_graphs && self.profiler.is_none() && self.expert_trace.is_none();
+        let key = (n, mode, taps.to_vec());
         if !graphable {
             self.launch(n, p0, taps, mode)?;
-        } else if let Some(g) = self.graphs.get(&(n, mode)) {
+        } else if let Some(g) = self.graphs.get(&key) {
             g.launch()?;
         } else {
             // Compile and load every module before capturing (module loads are not stream work),
@@ -362,7 +465,7 @@ impl CudaTarget {
                 CudaError::Shape("CUDA graph capture of the step returned no graph".into())
             })?;
             graph.upload()?;
-            self.graphs.insert((n, mode), graph);
+            self.graphs.insert(key, graph);
         }
         self.len = p0 + n;
         Ok(())
@@ -392,8 +495,9 @@ impl CudaTarget {
         g.embed_rows(&m.embed, &s.rows.tok.slice(0..n), &mut s.rows.x, h)?;
         mark(&mut prof, "embed_rows", st)?;
         // The first kernel follows host copies (token ids, positions), which a programmatic
-        // launch would not wait for; the rest follow kernels (unless taps add copies between).
-        g.set_pdl(taps.is_empty() && self.expert_trace.is_none());
+        // launch would not wait for; the rest follow kernels (taps are copied by one too),
+        // unless the expert trace puts copies between.
+        g.set_pdl(self.expert_trace.is_none());
         for (li, l) in m.layers.iter().enumerate() {
             let shape = attn_shape(c, l);
             let width = shape.width();
@@ -521,13 +625,15 @@ impl CudaTarget {
                 }
             }
             for (t, _) in taps.iter().enumerate().filter(|(_, &tl)| tl == li) {
-                for r in 0..n {
-                    let at = (r * taps.len() + t) * h;
-                    st.memcpy_dtod(
-                        &s.rows.x.slice(r * h..(r + 1) * h),
-                        &mut s.taps.slice_mut(at..at + h),
-                    )?;
-                }
+                g.copy_taps(
+                    &s.rows.x.slice(0..n * h),
+                    &mut s.taps.as_view_mut(),
+                    n,
+                    h,
+                    taps.len(),
+                    t,
+                )?;
+                mark(&mut prof, "copy taps", st)?;
             }
         }
         let (first, rows) = match mode {
@@ -563,7 +669,7 @@ impl CudaTarget {
         Ok(())
     }
 
-    fn prefill_scratch(&mut self, want_logits: bool) -> Result<()> {
+    fn prefill_scratch(&mut self, want_logits: bool, taps: usize) -> Result<()> {
         let c = &self.model.cfg;
         let st = &self.model.gpu.stream;
         if self.p.is_none() {
@@ -573,18 +679,23 @@ impl CudaTarget {
                 rows: Rows::new(c, st, n)?,
                 q: st.alloc_zeros(n * hmax * c.head_dim)?,
                 logits: None,
+                taps: None,
             });
         }
         let p = self.p.as_mut().expect("allocated above");
         if want_logits && p.logits.is_none() {
             p.logits = Some(st.alloc_zeros(PREFILL_CHUNK * c.vocab_size)?);
         }
+        let tap_floats = PREFILL_CHUNK * taps * c.hidden_size;
+        if tap_floats > p.taps.as_ref().map_or(0, |t| t.len()) {
+            p.taps = Some(st.alloc_zeros(tap_floats)?);
+        }
         Ok(())
     }
 
     /// The prefill path for one chunk of `MAX_ROWS < n <= PREFILL_CHUNK` rows from position `p0`.
-    fn prefill(&mut self, tokens: &[u32], p0: usize, mode: Logits) -> Result<()> {
-        self.prefill_scratch(mode == Logits::All)?;
+    fn prefill(&mut self, tokens: &[u32], p0: usize, taps: &[usize], mode: Logits) -> Result<()> {
+        self.prefill_scratch(mode == Logits::All, taps.len())?;
         let m = self.model.clone();
         let c = &m.cfg;
         let g = m.gpu.as_ref();
@@ -791,6 +902,18 @@ impl CudaTarget {
                     }
                 }
             }
+            for (t, _) in taps.iter().enumerate().filter(|(_, &tl)| tl == li) {
+                let buf = p.taps.as_mut().expect("sized by prefill_scratch");
+                g.copy_taps(
+                    &p.rows.x.slice(0..n * h),
+                    &mut buf.as_view_mut(),
+                    n,
+                    h,
+                    taps.len(),
+                    t,
+                )?;
+                mark(&mut prof, "prefill copy taps", st)?;
+            }
         }
         match mode {
             Logits::Skip => {}
@@ -881,9 +1004,9 @@ fn qkvg_width(c: &fastdecode_model::LagunaConfig) -> usize {
 }
 
 /// Rows of the next launch sequence out of `left`: a prefill chunk when more than a step's
-/// worth remain (and no taps are wanted: the prefill path does not copy them out), else a step.
-fn chunk_rows(left: usize, taps: &[usize]) -> usize {
-    if left > CHUNK && taps.is_empty() {
+/// worth remain, else a step.
+fn chunk_rows(left: usize) -> usize {
+    if left > CHUNK {
         left.min(PREFILL_CHUNK)
     } else {
         left.min(CHUNK)
@@ -897,12 +1020,10 @@ mod tests {
     #[test]
     fn long_runs_of_rows_take_the_prefill_path_in_chunks_and_the_rest_take_steps() {
         // A 1200-token prompt: two full prefill chunks, then the 176 rows left in one more.
-        assert_eq!(chunk_rows(1200, &[]), PREFILL_CHUNK);
-        assert_eq!(chunk_rows(1200 - 2 * PREFILL_CHUNK, &[]), 176);
+        assert_eq!(chunk_rows(1200), PREFILL_CHUNK);
+        assert_eq!(chunk_rows(1200 - 2 * PREFILL_CHUNK), 176);
         // Up to a step's worth of rows (decode steps, verify blocks) is a step.
-        assert_eq!(chunk_rows(CHUNK, &[]), CHUNK);
-        assert_eq!(chunk_rows(1, &[]), 1);
-        // Taps (the drafter's hidden states) only come out of the step path.
-        assert_eq!(chunk_rows(1200, &[1, 2]), CHUNK);
+        assert_eq!(chunk_rows(CHUNK), CHUNK);
+        assert_eq!(chunk_rows(1), 1);
     }
 }

@@ -149,6 +149,78 @@ fn embed_and_argmax_match_cpu() {
     }
 }
 
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn drafter_context_kernels_match_cpu() {
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    // RMSNorm of each row with the weight rows in turn (the drafter's aux norms: W taps), and
+    // with one weight (its hidden_norm), at awkward widths and row counts.
+    for (n, rows, w_rows) in [
+        (136usize, 1usize, 1usize),
+        (136, 5, 3),
+        (2048, 17, 5),
+        (4, 3, 2),
+    ] {
+        let x = rand_vec(&mut rng, rows * n, 3.0);
+        let w = to_bf16(&rand_vec(&mut rng, w_rows * n, 1.0));
+        let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        let (dx, dw) = (
+            g.stream.clone_htod(&x).unwrap(),
+            g.stream.clone_htod(&w).unwrap(),
+        );
+        let mut dy = g.stream.alloc_zeros::<f32>(rows * n).unwrap();
+        g.rms_norm_rows(
+            &dx.as_view(),
+            &dw.as_view(),
+            &mut dy.as_view_mut(),
+            n,
+            rows,
+            w_rows,
+            1e-6,
+        )
+        .unwrap();
+        let y = g.stream.clone_dtoh(&dy).unwrap();
+        let mut want = vec![0f32; rows * n];
+        for q in 0..rows {
+            let wq = &wf[(q % w_rows) * n..(q % w_rows + 1) * n];
+            ops::rms_norm(
+                &x[q * n..(q + 1) * n],
+                wq,
+                1e-6,
+                &mut want[q * n..(q + 1) * n],
+            );
+        }
+        let e = max_rel(&y, &want);
+        assert!(
+            e < 1e-5,
+            "rms_norm_rows n {n} rows {rows} W {w_rows}: max rel err {e}"
+        );
+    }
+    // Tap slots are exact copies, every other slot untouched.
+    let (rows, h, t_count) = (7usize, 72usize, 3usize);
+    let x = rand_vec(&mut rng, rows * h, 1.0);
+    let dx = g.stream.clone_htod(&x).unwrap();
+    let poison = vec![-7.5f32; rows * t_count * h];
+    let mut dt = g.stream.clone_htod(&poison).unwrap();
+    g.copy_taps(&dx.as_view(), &mut dt.as_view_mut(), rows, h, t_count, 1)
+        .unwrap();
+    let t = g.stream.clone_dtoh(&dt).unwrap();
+    for r in 0..rows {
+        for slot in 0..t_count {
+            let got = &t[(r * t_count + slot) * h..(r * t_count + slot + 1) * h];
+            if slot == 1 {
+                assert_eq!(got, &x[r * h..(r + 1) * h], "row {r}");
+            } else {
+                assert!(
+                    got.iter().all(|&v| v == -7.5),
+                    "row {r} slot {slot} was written"
+                );
+            }
+        }
+    }
+}
+
 use fastdecode_cpu::layers::{Attention, Linear, Mlp, Moe, Projected};
 use fastdecode_model::config::{RopeParams, RopeScaling, YarnParams};
 use fastdecode_model::rope::Rope;
@@ -543,6 +615,7 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn model_step_graph_equals_eager_and_is_deterministic() {
+    use fastdecode_cuda::target::TapsTo;
     use fastdecode_cuda::{CudaModel, CudaTarget};
     use std::sync::Arc;
     let g = Arc::new(gpu());
@@ -554,11 +627,15 @@ fn model_step_graph_equals_eager_and_is_deterministic() {
         let mut t = CudaTarget::new(model.clone(), 4, 200).unwrap();
         t.use_graphs = graphs;
         let pos: Vec<usize> = (0..prompt.len()).collect();
-        let (mut toks, _) = t.forward_greedy(&prompt, &pos, &[], true).unwrap();
+        let (mut toks, _) = t
+            .forward_greedy(&prompt, &pos, &[], true, TapsTo::Host)
+            .unwrap();
         for _ in 0..30 {
             let p = t.len();
             let last = *toks.last().unwrap();
-            let (next, _) = t.forward_greedy(&[last], &[p], &[], false).unwrap();
+            let (next, _) = t
+                .forward_greedy(&[last], &[p], &[], false, TapsTo::Host)
+                .unwrap();
             toks.extend(next);
         }
         let p = t.len();

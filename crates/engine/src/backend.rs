@@ -52,6 +52,12 @@ pub trait TargetBackend {
     fn truncate(&mut self, len: usize);
     /// Forget everything (a new prompt).
     fn reset(&mut self);
+    /// A draft source that lives beside this target on its device and reads the target's tapped
+    /// hidden states where they are (the GPU drafter), used when the caller brings none. Its
+    /// forwards then return no taps to the host: `commit` gets only the row count.
+    fn resident_drafter(&mut self) -> Option<&mut dyn DraftSource> {
+        None
+    }
 }
 
 /// Proposes draft tokens for a DFlash round.
@@ -60,8 +66,9 @@ pub trait DraftSource {
     fn tap_layers(&self) -> &[usize];
     /// Drafts `k - 1` tokens to follow `bonus`, which sits at position `position`.
     fn propose(&mut self, bonus: u32, position: usize, k: usize) -> Result<Vec<u32>>;
-    /// The target committed these rows (their tapped hidden states, `rows × taps × hidden`).
-    fn commit(&mut self, taps: &[f32]) -> Result<()>;
+    /// The target committed `rows` more rows; `taps` are their tapped hidden states
+    /// (`rows × taps × hidden`), or empty for a resident drafter, which holds them itself.
+    fn commit(&mut self, taps: &[f32], rows: usize) -> Result<()>;
     /// Forget all context (a new prompt).
     fn reset(&mut self);
 }
@@ -139,7 +146,14 @@ impl DraftSource for CpuDrafter {
         }
         Ok(self.drafter.draft(&self.target, &self.ctx, bonus, k))
     }
-    fn commit(&mut self, taps: &[f32]) -> Result<()> {
+    fn commit(&mut self, taps: &[f32], rows: usize) -> Result<()> {
+        let per_row = self.drafter.cfg.target_layer_ids.len() * self.drafter.cfg.hidden_size;
+        if taps.len() != rows * per_row {
+            return Err(fastdecode_model::Error::Input(format!(
+                "drafter: {} tapped floats for {rows} committed rows of {per_row}",
+                taps.len()
+            )));
+        }
         self.drafter.extend_context(&mut self.ctx, taps)
     }
     fn reset(&mut self) {

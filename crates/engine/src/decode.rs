@@ -51,6 +51,19 @@ pub struct DecodeOptions<'a> {
     pub stop_tokens: &'a [u32],
 }
 
+/// The caller's draft source, else (`resident`) the target's own, else none.
+fn pick_source<'a>(
+    source: &'a mut Option<&mut dyn DraftSource>,
+    target: &'a mut dyn TargetBackend,
+    resident: bool,
+) -> Option<&'a mut dyn DraftSource> {
+    match source {
+        Some(s) => Some(&mut **s),
+        None if resident => target.resident_drafter(),
+        None => None,
+    }
+}
+
 /// Prefill `prompt`, then decode greedily. `source` is required when `block_size > 1`.
 pub fn generate(
     target: &mut dyn TargetBackend,
@@ -85,16 +98,23 @@ pub fn generate_observed(
             fastdecode_model::config::MAX_BLOCK_SIZE
         )));
     }
-    if k_max > 1 && source.is_none() {
+    // Without a source of its own, DFlash uses the target's resident drafter (on its device).
+    let resident = k_max > 1 && source.is_none();
+    if resident && target.resident_drafter().is_none() {
         return Err(Error::Input("block size > 1 needs a draft source".into()));
     }
+    // The source of this run, borrowed anew for each call (a resident one lives in `target`).
+    macro_rules! source {
+        () => {
+            pick_source(&mut source, &mut *target, resident)
+        };
+    }
     let vocab = target.config().vocab_size;
-    let taps: Vec<usize> = source
-        .as_ref()
+    let taps: Vec<usize> = source!()
         .map(|s| s.tap_layers().to_vec())
         .unwrap_or_default();
     target.reset();
-    if let Some(s) = source.as_mut() {
+    if let Some(s) = source!() {
         s.reset();
     }
     let mut g = Generation::default();
@@ -105,8 +125,8 @@ pub fn generate_observed(
     let positions: Vec<usize> = (0..prompt.len()).collect();
     let out = target.forward_greedy(prompt, &positions, &taps, true)?;
     let mut bonus = out.tokens[0];
-    if let Some(s) = source.as_mut() {
-        s.commit(&out.taps)?;
+    if let Some(s) = source!() {
+        s.commit(&out.taps, prompt.len())?;
     }
     g.prefill_seconds = t0.elapsed().as_secs_f64();
     on_prefill(bonus, target.kv_len());
@@ -119,7 +139,7 @@ pub fn generate_observed(
         let k = k_max.min(opts.max_new_tokens - g.tokens.len());
         let mut rows = vec![bonus];
         if k > 1 {
-            let s = source.as_mut().expect("checked above");
+            let s = source!().expect("checked above");
             let td = Instant::now();
             let drafts = s.propose(bonus, o, k)?;
             g.draft_seconds += td.elapsed().as_secs_f64();
@@ -148,9 +168,11 @@ pub fn generate_observed(
         // Rows 0..emitted.len() are now committed; the rest leave the cache.
         let kept = emitted.len();
         target.truncate(o + kept);
-        if let Some(s) = source.as_mut() {
-            let per_row = taps.len() * target.config().hidden_size;
-            s.commit(&out.taps[..kept * per_row])?;
+        let per_row = taps.len() * target.config().hidden_size;
+        if let Some(s) = source!() {
+            // A resident drafter took the taps on the device: none came back.
+            let host = out.taps.get(..kept * per_row).unwrap_or(&[]);
+            s.commit(host, kept)?;
         }
         g.tokens.extend_from_slice(emitted);
         g.rounds += 1;

@@ -67,7 +67,7 @@ impl DraftSource for Oracle {
             })
             .collect())
     }
-    fn commit(&mut self, _taps: &[f32]) -> Result<()> {
+    fn commit(&mut self, _taps: &[f32], _rows: usize) -> Result<()> {
         Ok(())
     }
     fn reset(&mut self) {

@@ -871,6 +871,47 @@ impl DrafterConfig {
         Ok(())
     }
 
+    /// The drafter's decoder stack as a Laguna configuration: every layer sliding attention with
+    /// the per-head gate and a dense SwiGLU MLP, default RoPE over all of `head_dim` at
+    /// `rope_theta`, and the target's vocabulary (it borrows the target's embedding and
+    /// lm_head). A backend that runs Laguna layers runs the drafter's with it.
+    pub fn as_laguna(&self, target: &LagunaConfig) -> LagunaConfig {
+        let n = self.num_hidden_layers;
+        let rope = RopeParams {
+            theta: self.rope_theta,
+            partial_rotary_factor: 1.0,
+            scaling: RopeScaling::Default,
+        };
+        LagunaConfig {
+            hidden_size: self.hidden_size,
+            num_hidden_layers: n,
+            vocab_size: target.vocab_size,
+            head_dim: self.head_dim,
+            num_key_value_heads: self.num_key_value_heads,
+            num_attention_heads_per_layer: vec![self.num_attention_heads; n],
+            layer_types: vec![LayerType::Sliding; n],
+            mlp_layer_types: vec![MlpType::Dense; n],
+            sliding_window: self.sliding_window,
+            rope_full: rope.clone(),
+            rope_sliding: rope,
+            rms_norm_eps: self.rms_norm_eps,
+            intermediate_size: self.intermediate_size,
+            num_experts: 0,
+            num_experts_per_tok: 0,
+            moe_intermediate_size: 0,
+            shared_expert_intermediate_size: 0,
+            moe_routed_scaling_factor: 1.0,
+            norm_topk_prob: false,
+            moe_router_logit_softcapping: 0.0,
+            tie_word_embeddings: false,
+            max_position_embeddings: self.max_position_embeddings,
+            bos_token_id: target.bos_token_id,
+            eos_token_ids: target.eos_token_ids.clone(),
+            pad_token_id: target.pad_token_id,
+            quantization: None,
+        }
+    }
+
     pub fn to_hf_json(&self) -> Value {
         json!({
             "architectures": ["DFlashDraftModel"],

@@ -6,18 +6,14 @@ use std::str::FromStr;
 
 use anyhow::{bail, Context, Result};
 
-use std::sync::Arc;
-
 use fastdecode_cpu::flags::{self, Flags};
 use fastdecode_cpu::ops::top2;
-use fastdecode_cuda::{CudaModel, Gpu};
 use fastdecode_engine::cuda_backend::CudaBackend;
 use fastdecode_engine::session::{draft_source, max_block, oracle_source};
 use fastdecode_engine::{
     generate_observed, CpuTarget, DecodeOptions, DraftPlan, DraftSource, DraftSpec, LoadedModel,
     TargetBackend,
 };
-use fastdecode_model::checkpoint::TensorStore;
 use fastdecode_model::config::MAX_BLOCK_SIZE;
 use fastdecode_model::{manifest, LagunaConfig};
 
@@ -112,21 +108,27 @@ fn load(opts: &WorkerOptions) -> Result<(Engine, String)> {
                 },
                 Backend::Cuda => {
                     let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
-                    let store = TensorStore::open_dir(dir)?;
-                    let gpu = Arc::new(Gpu::open(0)?);
-                    let model = CudaModel::upload(gpu, cfg, &store)
+                    let max_context = check_context(&cfg, opts.max_context)?;
+                    let target = CudaBackend::open_dir(dir, MAX_BLOCK_SIZE, max_context, true)
                         .with_context(|| format!("{}: uploading to the GPU", dir.display()))?;
-                    cuda_engine(model, opts.max_context)?
+                    Engine::Cuda {
+                        target: Box::new(target),
+                        max_context,
+                    }
                 }
             };
             Ok((engine, verified.digest))
         }
         (ModelSource::Synthetic { preset, seed }, Backend::Cuda) => {
             let p = fastdecode_model::synth::preset(preset)?;
-            let gpu = Arc::new(Gpu::open(0)?);
-            let model = CudaModel::synthetic(gpu, p.target, *seed)?;
+            let max_context = check_context(&p.target, opts.max_context)?;
+            let target = CudaBackend::synthetic(&p, *seed, MAX_BLOCK_SIZE, max_context, true)?;
             let digest = fastdecode_model::synth::synthetic_digest(preset, *seed)?;
-            Ok((cuda_engine(model, opts.max_context)?, digest))
+            let engine = Engine::Cuda {
+                target: Box::new(target),
+                max_context,
+            };
+            Ok((engine, digest))
         }
         (ModelSource::Synthetic { .. }, Backend::Cpu) => {
             bail!("--synthetic generates weights in GPU memory: it needs --backend cuda")
@@ -134,16 +136,13 @@ fn load(opts: &WorkerOptions) -> Result<(Engine, String)> {
     }
 }
 
-fn cuda_engine(model: CudaModel, max_context: usize) -> Result<Engine> {
-    let limit = model.cfg.max_position_embeddings;
+/// `max_context`, checked against the model's limit.
+fn check_context(cfg: &LagunaConfig, max_context: usize) -> Result<usize> {
+    let limit = cfg.max_position_embeddings;
     if max_context == 0 || max_context > limit {
         bail!("--max-context {max_context} is outside 1..={limit} (the model's max_position_embeddings)");
     }
-    let target = CudaBackend::new(Arc::new(model), MAX_BLOCK_SIZE, max_context)?;
-    Ok(Engine::Cuda {
-        target: Box::new(target),
-        max_context,
-    })
+    Ok(max_context)
 }
 
 /// Runs a worker: everything before the `ready` line (load, MANIFEST verification, warm-up) is
@@ -246,9 +245,15 @@ impl Server {
                             d.plan,
                             d.truth,
                         )?),
-                        DraftSpec::Drafter => {
-                            bail!("the drafter source is not served by the cuda worker (use oracle:P)")
-                        }
+                        // The GPU drafter is the target's resident source: none is passed.
+                        DraftSpec::Drafter => match target.drafter_block_size() {
+                            Some(max) if d.plan.block_size <= max => None,
+                            Some(max) => bail!(
+                                "block size {} is above the drafter's maximum {max}",
+                                d.plan.block_size
+                            ),
+                            None => bail!("this model has no drafter/ (use --draft oracle:P)"),
+                        },
                     },
                     None => None,
                 };
@@ -285,6 +290,20 @@ impl Server {
             chain: tokens,
             probe: true,
         })?;
+        let drafter_block = match &self.engine {
+            Engine::Cuda { target, .. } => target.drafter_block_size(),
+            Engine::Cpu { .. } => None,
+        };
+        if let Some(max) = drafter_block {
+            // The GPU drafter's block forwards and the tapped verify steps: a graph per block
+            // size, captured here rather than in a timed window.
+            for k in 2..=max.min(MAX_BLOCK_SIZE) {
+                w.block_size = k;
+                w.draft = Some("drafter".into());
+                w.decode_tokens = 2 * k;
+                self.window(&w, &mut sink)?;
+            }
+        }
         if let Engine::Cuda { target, .. } = &mut self.engine {
             // Every step shape a window can use: one graph per row count (a verify block, or the
             // last short round of a window), and a prefill chunk past the step limit.
