@@ -467,17 +467,17 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
     }
 }
 
-// The GEMV entry for R rows of x: one weight row per warp for a single row (its x is usually
-// staged in shared memory by the caller), weight rows in groups of four for more.
-template <int R, typename Prologue>
+// The GEMV entry for R rows of x with weight rows in groups of G per warp (G = 1: one weight
+// row per warp, gemv_persistent). Every choice gives the same bits; they differ in how much of
+// x each warp reads per weight byte (R/G rows) and in how many warps the rows keep busy.
+template <int R, int G, typename Prologue>
 __device__ __forceinline__ void gemv_rows(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
                                           const __nv_bfloat16* __restrict__ norm, const float* inv,
                                           float* __restrict__ y, int out, int in, int rows, int accumulate,
                                           Prologue ready) {
-    if constexpr (R == 1) {
-        gemv_persistent<1>(W, x, norm, inv, y, out, in, rows, accumulate, ready);
+    if constexpr (G == 1) {
+        gemv_persistent<R>(W, x, norm, inv, y, out, in, rows, accumulate, ready);
     } else {
-        gemv_persistent_grouped<R, 4, 2>(W, x, norm, inv, y, out, in, rows, accumulate, ready);
+        gemv_persistent_grouped<R, G, 2>(W, x, norm, inv, y, out, in, rows, accumulate, ready);
     }
 }
-

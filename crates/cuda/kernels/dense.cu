@@ -15,15 +15,36 @@ extern "C" __global__ void embed_rows(const __nv_bfloat16* __restrict__ embed, c
 // y[r, o] (+)= Σ_i W[o, i] · x'[r, i] for r < rows <= R, W bf16 [out, in], in % 8 == 0, where
 // x' = x, or when `norm` is set x' = norm ⊙ x / rms(x) (the RMSNorm fused into the GEMV: each
 // block computes the rows' rms itself, identically). One entry point per R (1, 2, 4, 8, 16), so
-// a single-row decode step is not held to the registers of 16 accumulators per thread.
+// a single-row decode step is not held to the registers of 16 accumulators per thread, and per
+// G, the weight rows a warp streams at once (gemv_rows; dense.rs picks G from the output count).
 // grid: at most ceil(out / 8) (persistent: any size), block: 256.
-template <int R>
+template <int R, int G>
 __device__ __forceinline__ void gemv_bf16_body(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
                                                const __nv_bfloat16* __restrict__ norm, float eps,
                                                float* __restrict__ y, int out, int in, int rows, int accumulate) {
     __shared__ float inv[16], red[8 * 16];
-    gemv_rows<R>(W, x, norm, inv, y, out, in, rows, accumulate, [&] {
+    gemv_rows<R, G>(W, x, norm, inv, y, out, in, rows, accumulate, [&] {
         if (norm) block_inv_rms(x, in, rows, eps, inv, red);
+    });
+}
+
+// The same with the rows' x' = norm ⊙ x / rms(x) staged in shared memory once per block (as
+// gemv_bf16_1s does for one row), so the inner loop reads it there instead of forming it anew
+// for every weight row: the same value (norm[i]·(x[i]·inv)), the same bits. norm required.
+// shared: 4·rows·in bytes (the launcher sizes it).
+template <int R, int G>
+__device__ __forceinline__ void gemv_bf16_staged_body(const __nv_bfloat16* __restrict__ W,
+                                                      const float* __restrict__ x,
+                                                      const __nv_bfloat16* __restrict__ norm, float eps,
+                                                      float* __restrict__ y, int out, int in, int rows,
+                                                      int accumulate) {
+    extern __shared__ __align__(16) float xs[];  // read as float4s
+    __shared__ float inv[16], red[8 * 16];
+    gemv_rows<R, G>(W, xs, nullptr, inv, y, out, in, rows, accumulate, [&] {
+        block_inv_rms(x, in, rows, eps, inv, red);
+        for (int i = threadIdx.x; i < rows * in; i += blockDim.x)
+            xs[i] = __bfloat162float(norm[i % in]) * (x[i] * inv[i / in]);
+        __syncthreads();
     });
 }
 
@@ -66,18 +87,25 @@ extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) gemv_bf16_1s(
     });
 }
 
-#define GEMV_ENTRY(R)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) gemv_bf16_##R(                                        \
+#define GEMV_ENTRY(NAME, BODY, R, G)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) NAME(                                   \
         const __nv_bfloat16* __restrict__ W, const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, \
         float eps, float* __restrict__ y, int out, int in, int rows, int accumulate) {                      \
         FD_TRACE_KERNEL(2, out);                                                                            \
-        gemv_bf16_body<R>(W, x, norm, eps, y, out, in, rows, accumulate);                                   \
+        BODY<R, G>(W, x, norm, eps, y, out, in, rows, accumulate);                                          \
     }
-GEMV_ENTRY(1)
-GEMV_ENTRY(2)
-GEMV_ENTRY(4)
-GEMV_ENTRY(8)
-GEMV_ENTRY(16)
+#define GEMV_ENTRIES(R)                                                   \
+    GEMV_ENTRY(gemv_bf16_##R, gemv_bf16_body, R, 1)                       \
+    GEMV_ENTRY(gemv_bf16_##R##_g2, gemv_bf16_body, R, 2)                  \
+    GEMV_ENTRY(gemv_bf16_##R##_g4, gemv_bf16_body, R, 4)                  \
+    GEMV_ENTRY(gemv_bf16_##R##s_g1, gemv_bf16_staged_body, R, 1)          \
+    GEMV_ENTRY(gemv_bf16_##R##s_g2, gemv_bf16_staged_body, R, 2)          \
+    GEMV_ENTRY(gemv_bf16_##R##s_g4, gemv_bf16_staged_body, R, 4)
+GEMV_ENTRY(gemv_bf16_1, gemv_bf16_body, 1, 1)
+GEMV_ENTRIES(2)
+GEMV_ENTRIES(4)
+GEMV_ENTRIES(8)
+GEMV_ENTRIES(16)
 
 // a[r, i] = silu(gu[r, i]) · gu[r, n + i]: gu holds a fused gate|up projection of width 2n.
 // grid: (ceil(n / 256), rows), block: 256.

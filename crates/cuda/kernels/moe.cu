@@ -202,6 +202,9 @@ __device__ __forceinline__ void block_select_row(const float* __restrict__ logit
     if (warp == 0) warp_list_chosen(lane < k ? b.slot[lane] : -1, k, norm_topk, b.sc, picks, ids, wts);
 }
 
+#ifndef FD_ROUTER_G
+#define FD_ROUTER_G 1
+#endif
 // The whole router of up to R rows in one launch: logits = RMSNorm(x)·Wᵀ (the persistent GEMV,
 // one warp per expert row), xn = RMSNorm(x) for the experts (a slice per block, with the very
 // inverse rms the logits used), then the last block to finish (counted in `counter`, reset afterwards)
@@ -243,7 +246,10 @@ __device__ __forceinline__ void router_body(const float* __restrict__ x, const _
         }
     }
     if (!staged) {
-        gemv_rows<R>(W, x, norm, inv, logits, E, H, rows, 0, [&] { block_inv_rms(x, H, rows, eps, inv, red); });
+        // One expert row per warp: the router's few rows (E) would leave most warps idle in
+        // groups, and its 1 MB of weights is no L1 burden.
+        gemv_rows<R, FD_ROUTER_G>(W, x, norm, inv, logits, E, H, rows, 0,
+                                  [&] { block_inv_rms(x, H, rows, eps, inv, red); });
         FD_MARK(6);
         // Every block writes a slice of xn (all blocks hold the same inverse rms), so no block's
         // serial loop delays the selection.

@@ -81,15 +81,11 @@ impl Gpu {
             let xs = x.slice(start * inp..(start + n) * inp);
             let mut ys = y.slice_mut(start * out..(start + n) * out);
             let nr = n as i32;
-            let r = n.next_power_of_two();
-            // One row with a small enough input: the shared-memory staged variant.
-            let staged = n == 1 && inp * 4 <= 48 * 1024;
-            let (name, shared) = if staged {
-                ("gemv_bf16_1s".to_string(), inp * 4)
-            } else {
-                (format!("gemv_bf16_{r}"), 0)
-            };
+            let (name, shared) = self.gemv_variant(out, inp, n, norm.is_some());
             let f = self.function("dense", &name)?;
+            if shared > 48 * 1024 {
+                crate::prefill::set_smem(&f, shared as u32)?;
+            }
             let grid = self.persistent_grid(&f, 256, shared, out.div_ceil(8))?;
             let cfg = launch_cfg((grid, 1), 256, shared as u32);
             let mut b = self.launch(&f);
@@ -103,6 +99,49 @@ impl Gpu {
             unsafe { b.launch(cfg) }?;
         }
         Ok(())
+    }
+
+    /// The GEMV kernel for `rows` rows (and its dynamic shared memory): one row with a small
+    /// enough input stages it in shared memory (`gemv_bf16_1s`); several rows take the entry of
+    /// R = the next power of two, normed rows staged in shared memory when they fit (`Rs`), with
+    /// weight rows in groups of G = 4, 2 or 1 per warp: the largest that still gives three
+    /// quarters of the resident warps a group (an o_proj's 2048 outputs in fours would leave
+    /// half of them idle). All give the same bits. `Gpu::gemv_group` forces G and
+    /// `Gpu::gemv_stage` turns staging off (from `FASTDECODE_GEMV_GROUP=1|2|4` and
+    /// `FASTDECODE_GEMV_STAGE=0` at open; tests set them).
+    fn gemv_variant(&self, out: usize, inp: usize, rows: usize, normed: bool) -> (String, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let force_g = match self.gemv_group.load(Relaxed) {
+            0 => None,
+            g => Some(g),
+        };
+        let stage = self.gemv_stage.load(Relaxed);
+        if rows == 1 {
+            return if inp * 4 <= 48 * 1024 {
+                ("gemv_bf16_1s".into(), inp * 4)
+            } else {
+                ("gemv_bf16_1".into(), 0)
+            };
+        }
+        let r = rows.next_power_of_two();
+        let warps = self.sm_count as usize * 8;
+        let g = force_g.unwrap_or_else(|| {
+            [4, 2]
+                .into_iter()
+                .find(|g| out / g * 4 >= warps * 3)
+                .unwrap_or(1)
+        });
+        let staged = stage && normed && rows * inp * 4 <= 200 * 1024;
+        let group = if g == 1 && !staged {
+            String::new()
+        } else {
+            format!("_g{g}")
+        };
+        let s = if staged { "s" } else { "" };
+        (
+            format!("gemv_bf16_{r}{s}{group}"),
+            if staged { rows * inp * 4 } else { 0 },
+        )
     }
 
     /// `a[r, i] = silu(gu[r, i]) · gu[r, n + i]` for a fused gate|up projection of width 2n.

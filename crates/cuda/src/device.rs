@@ -49,6 +49,10 @@ pub struct Gpu {
     pdl_capable: bool,
     /// The cuBLAS handle of the prefill GEMMs (`prefill.rs`), created on first use.
     pub(crate) blas: Mutex<Option<cudarc::cublas::CudaBlas>>,
+    /// Multi-row GEMV variant knobs (`dense.rs`): weight rows per warp forced to 1, 2 or 4 (0:
+    /// chosen by output count), and whether normed rows may be staged in shared memory.
+    pub gemv_group: std::sync::atomic::AtomicUsize,
+    pub gemv_stage: std::sync::atomic::AtomicBool,
 }
 
 /// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
@@ -143,6 +147,16 @@ impl Gpu {
             pdl_on: std::sync::atomic::AtomicBool::new(false),
             pdl_capable: major >= 9 && std::env::var("FASTDECODE_PDL").map_or(true, |v| v != "0"),
             blas: Mutex::new(None),
+            gemv_group: std::sync::atomic::AtomicUsize::new(
+                std::env::var("FASTDECODE_GEMV_GROUP")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|g| [1, 2, 4].contains(g))
+                    .unwrap_or(0),
+            ),
+            gemv_stage: std::sync::atomic::AtomicBool::new(
+                std::env::var("FASTDECODE_GEMV_STAGE").map_or(true, |v| v != "0"),
+            ),
         })
     }
 

@@ -36,7 +36,7 @@ pub struct MoeWeights<'a> {
 }
 
 /// Lets `f` take `bytes` of dynamic shared memory (over the 48 KiB default).
-fn set_smem(f: &cudarc::driver::CudaFunction, bytes: u32) -> Result<()> {
+pub(crate) fn set_smem(f: &cudarc::driver::CudaFunction, bytes: u32) -> Result<()> {
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         bytes as i32,
