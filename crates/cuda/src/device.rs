@@ -53,6 +53,8 @@ pub struct Gpu {
     /// chosen by output count), and whether normed rows may be staged in shared memory.
     pub gemv_group: std::sync::atomic::AtomicUsize,
     pub gemv_stage: std::sync::atomic::AtomicBool,
+    /// Rows per gate/up block in multi-row steps (`ops.rs`; 0: the default).
+    pub moe_rpb: std::sync::atomic::AtomicUsize,
 }
 
 /// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
@@ -156,6 +158,13 @@ impl Gpu {
             ),
             gemv_stage: std::sync::atomic::AtomicBool::new(
                 std::env::var("FASTDECODE_GEMV_STAGE").map_or(true, |v| v != "0"),
+            ),
+            moe_rpb: std::sync::atomic::AtomicUsize::new(
+                std::env::var("FASTDECODE_MOE_RPB")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n: &usize| (1..=16).contains(&n))
+                    .unwrap_or(0),
             ),
         })
     }

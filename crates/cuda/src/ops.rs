@@ -16,6 +16,9 @@ const MOE_OB: usize = 4;
 const DOWN_OB: usize = 8;
 /// Rows one decode-kernel launch carries (the GEMVs keep one accumulator per row in registers).
 pub const MAX_ROWS: usize = 16;
+/// Rows one gate/up block serves in a multi-row step (`moe_gate_up_rows`; `Gpu::moe_rpb`
+/// overrides it, from `FASTDECODE_MOE_RPB`); 1 keeps a block per (row, slot).
+pub const DEFAULT_MOE_RPB: usize = 1;
 
 /// Rotary parameters on the device.
 pub struct DevRope {
@@ -381,33 +384,48 @@ impl Gpu {
                 "moe_gate_up: buffers too small for {rows} rows"
             )));
         }
-        let f = self.function("moe", "moe_gate_up")?;
-        let ints = [hd, i, is, k].map(|v| v as i32);
+        // Several rows: blocks that serve `rpb` rows each (moe_gate_up_rows, same bits).
+        let rpb = match self.moe_rpb.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => DEFAULT_MOE_RPB,
+            n => n,
+        };
+        let per_row = rows == 1 || rpb == 1;
+        let f = self.function(
+            "moe",
+            if per_row {
+                "moe_gate_up"
+            } else {
+                "moe_gate_up_rows"
+            },
+        )?;
+        let ints = [hd, i, is, k, rows, rpb].map(|v| v as i32);
+        let blocks_z = if per_row { rows } else { rows.div_ceil(rpb) };
         let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (sw.div_ceil(MOE_OB) as u32, (k + 1) as u32, rows as u32),
+            grid_dim: (sw.div_ceil(MOE_OB) as u32, (k + 1) as u32, blocks_z as u32),
             block_dim: ((32 * (hd / 32).div_ceil(32)) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: as above.
-        unsafe {
-            self.launch(&f)
-                .arg(xn)
-                .arg(ids)
-                .arg(&gate.codes)
-                .arg(&gate.scales)
-                .arg(&up.codes)
-                .arg(&up.scales)
-                .arg(&shared_gate.codes)
-                .arg(&shared_gate.scales)
-                .arg(&shared_up.codes)
-                .arg(&shared_up.scales)
-                .arg(h)
-                .arg(&ints[0])
-                .arg(&ints[1])
-                .arg(&ints[2])
-                .arg(&ints[3])
-                .launch(cfg)
-        }?;
+        let mut b = self.launch(&f);
+        b.arg(xn)
+            .arg(ids)
+            .arg(&gate.codes)
+            .arg(&gate.scales)
+            .arg(&up.codes)
+            .arg(&up.scales)
+            .arg(&shared_gate.codes)
+            .arg(&shared_gate.scales)
+            .arg(&shared_up.codes)
+            .arg(&shared_up.scales)
+            .arg(h)
+            .arg(&ints[0])
+            .arg(&ints[1])
+            .arg(&ints[2])
+            .arg(&ints[3]);
+        if !per_row {
+            b.arg(&ints[4]).arg(&ints[5]);
+        }
+        // SAFETY: as above; the rows variant takes the row count and rows per block too.
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 

@@ -581,7 +581,9 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
                 logits,
             )
         };
-        for rows in [1usize, 7, 16] {
+        // Each way of serving several rows' gate/up (rows per block) gives one-row bits.
+        for (rows, rpb) in [(1usize, 1usize), (7, 1), (7, 3), (16, 1), (16, 8), (16, 16)] {
+            g.moe_rpb.store(rpb, std::sync::atomic::Ordering::Relaxed);
             let x = rand_vec(&mut rng, rows * hid, 1.0);
             let (got, gids, gw, logits) = layer(&x, rows);
             for r in 0..rows {
@@ -596,13 +598,13 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
                 let y = moe.forward(&xn);
                 let want: Vec<f32> = xr.iter().zip(&y).map(|(a, b)| a + b).collect();
                 let err = max_rel(&got[r * hid..(r + 1) * hid], &want);
-                assert!(err < 1e-5, "moe {e}x{hid} rows {rows} row {r}: {err}");
+                assert!(err < 1e-5, "moe {e}x{hid} rows {rows} (per block {rpb}) row {r}: {err}");
                 // Alone, the row gives the same bits.
                 if r == rows - 1 {
                     let (one, _, _, _) = layer(xr, 1);
                     assert!(
                         one == got[r * hid..(r + 1) * hid],
-                        "row {r} depends on the row count"
+                        "row {r} depends on the row count (rows per block {rpb})"
                     );
                 }
             }
