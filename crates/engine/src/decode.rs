@@ -84,6 +84,9 @@ pub fn generate_observed(
     if k_max > 1 && source.is_none() {
         return Err(Error::Input("block size > 1 needs a draft source".into()));
     }
+    // Every length is checked against the model and the machine before anything is allocated.
+    crate::limits::check_length(target.config(), prompt.len(), opts.max_new_tokens)?;
+    target.check_capacity(prompt.len() + opts.max_new_tokens, prompt.len())?;
     let vocab = target.config().vocab_size;
     let taps: Vec<usize> = source
         .as_ref()
