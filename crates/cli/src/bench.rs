@@ -25,30 +25,30 @@ pub struct BenchArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Prompt length when prompts are random token ids (no --prompts).
-    #[arg(long, default_value_t = 64, value_parser = at_least(1))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64, value_parser = at_least(1))]
     prompt_tokens: usize,
     /// Prompts: a text file, one per line (needs the model's tokenizer), or a `.json` traces file
     /// (`prompts[].prompt_ids`, e.g. assets/traces/); default: one random prompt.
     #[arg(long)]
     prompts: Option<PathBuf>,
     /// Use at most this many prompts from --prompts.
-    #[arg(long, default_value_t = 20, value_parser = at_least(1))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20, value_parser = at_least(1))]
     max_prompts: usize,
     /// New tokens per prompt (end-of-sequence tokens are ignored so every run has this length).
-    #[arg(long, default_value_t = 128, value_parser = at_least(2))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 128, value_parser = at_least(2))]
     decode_tokens: usize,
     /// DFlash block sizes to measure (each 2 to 16); default: the drafter's block size (8 for the oracle).
-    #[arg(long, value_delimiter = ',', value_parser = between(2, MAX_BLOCK))]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', value_parser = between(2, MAX_BLOCK))]
     block_sizes: Option<Vec<usize>>,
     /// DFlash draft source: `drafter` or `oracle:P`.
     #[arg(long, default_value = "drafter")]
     draft: DraftSpec,
     /// Timed repeats of every run; speeds are the median over repeats (the CUDA backend runs at
     /// least 5, so that its spread means something).
-    #[arg(long, default_value_t = 3, value_parser = between(1, 1000))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3, value_parser = between(1, 1000))]
     repeats: usize,
     /// Seed for random prompts and the oracle.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Print one JSON object.
     #[arg(long)]

@@ -26,16 +26,16 @@ pub struct CheckArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Teacher-forced positions to compare (spread over several sequences).
-    #[arg(long, default_value_t = 2048, value_parser = at_least(1))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2048, value_parser = at_least(1))]
     positions: usize,
     /// A disagreement is tolerated only where the CPU's top-2 logit gap is below this.
-    #[arg(long, default_value_t = 0.05, value_parser = non_negative_f32)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.05, value_parser = non_negative_f32)]
     near_tie: f32,
     /// Seed for the random prompts.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Rows per GPU forward in the first half of each sequence (the rest is one row at a time).
-    #[arg(long, default_value_t = 128, value_parser = at_least(1))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 128, value_parser = at_least(1))]
     prefill_rows: usize,
     /// Print every 16th position's max |Δ logit|, and every position where it exceeds 1e-3, with
     /// each layer's relative hidden-state difference.

@@ -19,10 +19,10 @@ pub struct WorkerSide {
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Seconds a worker may take to load, verify and warm up.
-    #[arg(long, default_value_t = 300.0, value_parser = seconds)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 300.0, value_parser = seconds)]
     pub ready_timeout: f64,
     /// Seconds any one request may take before the worker counts as hung.
-    #[arg(long, default_value_t = 600.0, value_parser = seconds)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 600.0, value_parser = seconds)]
     pub timeout: f64,
 }
 
@@ -52,7 +52,7 @@ impl WorkerSide {
 pub fn seconds(s: &str) -> std::result::Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if !(v > 0.0 && v <= 604_800.0) {
-        return Err(format!("{v} is not in (0, 604800] seconds"));
+        return Err(format!("{s} is not in (0, 604800] seconds"));
     }
     Ok(v)
 }
@@ -61,7 +61,7 @@ pub fn seconds(s: &str) -> std::result::Result<f64, String> {
 pub fn fraction(s: &str) -> std::result::Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if !(0.0..=1.0).contains(&v) {
-        return Err(format!("{v} is not in [0, 1]"));
+        return Err(format!("{s} is not in [0, 1]"));
     }
     Ok(v)
 }
@@ -70,7 +70,7 @@ pub fn fraction(s: &str) -> std::result::Result<f64, String> {
 pub fn non_negative(s: &str) -> std::result::Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if !(v.is_finite() && v >= 0.0) {
-        return Err(format!("{v} is not a finite number >= 0"));
+        return Err(format!("{s} is not a finite number >= 0"));
     }
     Ok(v)
 }
@@ -79,7 +79,7 @@ pub fn non_negative(s: &str) -> std::result::Result<f64, String> {
 pub fn non_negative_f32(s: &str) -> std::result::Result<f32, String> {
     let v = non_negative(s)?;
     if v > f32::MAX as f64 {
-        return Err(format!("{v} is larger than an f32 holds"));
+        return Err(format!("{s} is larger than an f32 holds"));
     }
     Ok(v as f32)
 }
@@ -129,6 +129,34 @@ pub fn check_report_path(path: &Path, model: &Path, what: &str) -> Result<()> {
         .with_context(|| what.to_string())
 }
 
+/// The build at `path` (an option's value, named by `what`), checked before any worker is
+/// started: a path that is not an executable file is the user's mistake, not a build's crash.
+/// Returned absolute, so a bare name means the file here, not a program on `PATH`.
+pub fn check_binary(path: &Path, what: &str) -> Result<PathBuf> {
+    let m = std::fs::metadata(path)
+        .map_err(|e| fastdecode_model::Error::io(path, e))
+        .with_context(|| what.to_string())?;
+    #[cfg(unix)]
+    let runnable = {
+        use std::os::unix::fs::PermissionsExt;
+        m.is_file() && m.permissions().mode() & 0o111 != 0
+    };
+    #[cfg(not(unix))]
+    let runnable = m.is_file();
+    if !runnable {
+        bail!(
+            "{what}: {}: is {}, not an executable file",
+            path.display(),
+            if m.is_file() {
+                "a file without execute permission"
+            } else {
+                fastdecode_model::files::kind(&m.file_type())
+            }
+        );
+    }
+    std::path::absolute(path).with_context(|| format!("{what}: {}", path.display()))
+}
+
 /// Called by every command that drives workers: a worker that dies makes the parent's next write
 /// to it fail with EPIPE, which must come back as an error (a crashed worker), not kill the parent
 /// through SIGPIPE (which `main` restores to its default for pipelines like `inspect | head`).
@@ -173,7 +201,7 @@ pub fn load_goldens(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Golden)>> {
 /// Writes `text` to `path` atomically.
 pub fn write_file(path: &Path, text: &str) -> Result<()> {
     if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(d).map_err(|e| fastdecode_model::Error::io(d, e))?;
+        fastdecode_model::files::create_dirs(d)?;
     }
     fastdecode_model::checkpoint::write_atomic(path, text.as_bytes())?;
     Ok(())

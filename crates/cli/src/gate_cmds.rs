@@ -15,8 +15,9 @@ use fastdecode_gate::ScreenParams;
 use fastdecode_worker::Worker;
 
 use crate::common::{
-    at_least, between, check_ids, check_report_path, fraction, load_goldens, non_negative,
-    non_negative_f32, parent_of_workers, this_binary, write_file, WorkerSide, MAX_BLOCK,
+    at_least, between, check_binary, check_ids, check_report_path, fraction, load_goldens,
+    non_negative, non_negative_f32, parent_of_workers, this_binary, write_file, WorkerSide,
+    MAX_BLOCK,
 };
 
 /// Envelope default: 8× the largest top-1 logit drift measured between the CPU reference and
@@ -53,36 +54,36 @@ pub struct MakeArgs {
     #[arg(long)]
     out: PathBuf,
     /// Number of goldens to make (default 4; with --prompt-ids, 1).
-    #[arg(long, value_parser = at_least(1))]
+    #[arg(long, allow_negative_numbers = true, value_parser = at_least(1))]
     count: Option<usize>,
     /// One prompt as comma-separated token ids (default: random prompts from --seed).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_hyphen_values = true, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
     /// Length of random prompts.
-    #[arg(long, default_value_t = 32, value_parser = at_least(1))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 32, value_parser = at_least(1))]
     prompt_tokens: usize,
     /// Greedy tokens per golden.
-    #[arg(long, default_value_t = 64, value_parser = at_least(1))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64, value_parser = at_least(1))]
     tokens: usize,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Random prompts tried at most, per golden wanted.
-    #[arg(long, default_value_t = 8, value_parser = between(1, 1 << 20))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 8, value_parser = between(1, 1 << 20))]
     attempts_per_golden: usize,
     /// Screen: n of the n-gram repetition check.
-    #[arg(long, default_value_t = ScreenParams::default().ngram, value_parser = at_least(1))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().ngram, value_parser = at_least(1))]
     ngram: usize,
     /// Screen: largest fraction of n-grams that may repeat.
-    #[arg(long, default_value_t = ScreenParams::default().max_ngram_hit_rate, value_parser = fraction)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().max_ngram_hit_rate, value_parser = fraction)]
     max_ngram_hit_rate: f64,
     /// Screen: smallest fraction of distinct tokens.
-    #[arg(long, default_value_t = ScreenParams::default().min_distinct_fraction, value_parser = fraction)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().min_distinct_fraction, value_parser = fraction)]
     min_distinct_fraction: f64,
     /// Screen: a row is a near-tie when its top-1 and top-2 logits are this close.
-    #[arg(long, default_value_t = ScreenParams::default().near_tie_gap, value_parser = non_negative_f32)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().near_tie_gap, value_parser = non_negative_f32)]
     near_tie_gap: f32,
     /// Screen: near-tie rows required.
-    #[arg(long, default_value_t = ScreenParams::default().min_near_tie_rows)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().min_near_tie_rows)]
     min_near_tie_rows: usize,
 }
 
@@ -127,7 +128,7 @@ pub fn golden(cmd: GoldenCmd) -> Result<()> {
         .context("--out")?;
     let staged = fastdecode_model::files::StagedDir::new(&a.out, true).context("--out")?;
     let bin = match &a.reference {
-        Some(b) => b.clone(),
+        Some(b) => check_binary(b, "--reference")?,
         None => this_binary()?,
     };
     let params = ScreenParams {
@@ -217,16 +218,16 @@ pub struct GateArgs {
     #[arg(long)]
     candidate_flags: Option<String>,
     /// Near-tie envelope: reference top-1 logit minus the emitted token's logit.
-    #[arg(long, default_value_t = DEFAULT_ENVELOPE, value_parser = non_negative_f32)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = DEFAULT_ENVELOPE, value_parser = non_negative_f32)]
     envelope: f32,
     /// Near-ties allowed per 1000 checked tokens (0 to 1000).
-    #[arg(long, default_value_t = DEFAULT_BUDGET, value_parser = per_1000)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = DEFAULT_BUDGET, value_parser = per_1000)]
     budget: f64,
     /// DFlash block size of the exactness check (1 skips it; at most 16).
-    #[arg(long, default_value_t = 4, value_parser = between(1, MAX_BLOCK))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4, value_parser = between(1, MAX_BLOCK))]
     block_size: usize,
     /// Oracle acceptance probability of the DFlash check (the rest are forced rejections).
-    #[arg(long, default_value_t = 0.7, value_parser = fraction)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.7, value_parser = fraction)]
     oracle_p: f64,
     /// Also write the report as JSON here.
     #[arg(long)]
@@ -237,7 +238,7 @@ pub struct GateArgs {
 fn per_1000(s: &str) -> std::result::Result<f64, String> {
     let v = non_negative(s)?;
     if v > 1000.0 {
-        return Err(format!("{v} is more than 1000 per 1000"));
+        return Err(format!("{s} is more than 1000 per 1000"));
     }
     Ok(v)
 }
@@ -249,6 +250,8 @@ pub fn gate(a: GateArgs) -> Result<()> {
         check_report_path(p, &model.dir, "--json")?;
     }
     let goldens = load_goldens(&a.golden)?;
+    let reference_bin = check_binary(&a.reference, "--reference")?;
+    let candidate_bin = check_binary(&a.candidate, "--candidate")?;
     let params = GateParams {
         envelope: a.envelope,
         budget_per_1000: a.budget,
@@ -256,9 +259,9 @@ pub fn gate(a: GateArgs) -> Result<()> {
         oracle_p: a.oracle_p,
     };
     // Workers get an explicit (possibly empty) flag list, so the parent's FASTDECODE_FLAGS never leaks in.
-    let reference = a.side.spec(&a.reference, &model, Some(String::new()));
+    let reference = a.side.spec(&reference_bin, &model, Some(String::new()));
     let candidate = a.side.spec(
-        &a.candidate,
+        &candidate_bin,
         &model,
         Some(a.candidate_flags.clone().unwrap_or_default()),
     );
@@ -332,7 +335,7 @@ pub fn bisect(a: BisectArgs) -> Result<()> {
     }
     let goldens = load_goldens(&a.golden)?;
     let bin = match &a.candidate {
-        Some(b) => b.clone(),
+        Some(b) => check_binary(b, "--candidate")?,
         None => this_binary()?,
     };
     let c = if a.criterion == "logits" {

@@ -29,25 +29,26 @@ pub struct GenerateArgs {
     /// Prompt text (needs the model's tokenizer.json).
     #[arg(
         long,
+        allow_hyphen_values = true,
         conflicts_with = "prompt_ids",
         required_unless_present = "prompt_ids"
     )]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids, e.g. 1,2,3.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_hyphen_values = true, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
     /// Number of new tokens (fewer if an end-of-sequence token comes first).
-    #[arg(long, default_value_t = 64, value_parser = at_least(1))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64, value_parser = at_least(1))]
     max_new_tokens: usize,
     /// DFlash block size K (1 = serial decoding; at most the drafter's block size, 16 for the oracle).
-    #[arg(long, default_value_t = 1, value_parser = between(1, MAX_BLOCK))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1, value_parser = between(1, MAX_BLOCK))]
     block_size: usize,
     /// DFlash draft source: `drafter` (the model's drafter/) or `oracle:P` (the true greedy token
     /// with probability P, else a wrong one).
     #[arg(long, default_value = "drafter")]
     draft: DraftSpec,
     /// Seed of the oracle's coin flips.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Also run serial decoding, check the outputs are identical and report both speeds.
     #[arg(long)]
@@ -132,9 +133,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     // The CPU model is the engine of the CPU backend and the drafter's host; a large model on the
     // GPU must not be expanded to f32 in host memory just to read its config and tokenizer.
-    if !dir.join("config.json").is_file() {
-        bail!("{}: not a model directory (no config.json)", dir.display());
-    }
+    fastdecode_engine::model_dir::require_config(&dir)?;
     let uses_drafter = a.block_size > 1 && matches!(a.draft, DraftSpec::Drafter);
     // Optional parts this run does not need (a drafter for a serial run, a tokenizer for
     // --prompt-ids) are left out with a note when they are broken, instead of stopping the run.

@@ -42,7 +42,7 @@ pub struct SynthArgs {
     #[arg(long)]
     preset: String,
     /// Seed of the counter-based weight generator; the same seed gives the same bytes.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Output directory (must not exist; written under a temporary name, then renamed).
     #[arg(long)]

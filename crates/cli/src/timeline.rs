@@ -16,7 +16,7 @@ pub struct TimelineArgs {
     #[arg(long)]
     svg: Option<PathBuf>,
     /// Microseconds of the timeline to draw (more than 0, at most 100000).
-    #[arg(long, default_value_t = 300.0, value_parser = window_us)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 300.0, value_parser = window_us)]
     window: f64,
 }
 
@@ -24,7 +24,7 @@ pub struct TimelineArgs {
 fn window_us(s: &str) -> std::result::Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if !(v > 0.0 && v <= 100_000.0) {
-        return Err(format!("{v} is not in (0, 100000] microseconds"));
+        return Err(format!("{s} is not in (0, 100000] microseconds"));
     }
     Ok(v)
 }

@@ -45,12 +45,7 @@ impl LoadedModel {
     /// Loads the target and the optional parts present; a broken part the run `needs` is an
     /// error, one it does not need is left out and named in `ignored`.
     pub fn load_for(dir: &Path, needs: Needs) -> Result<Self> {
-        if !dir.join("config.json").is_file() {
-            return Err(Error::Checkpoint(format!(
-                "{}: not a model directory (no config.json)",
-                dir.display()
-            )));
-        }
+        require_config(dir)?;
         let target = Arc::new(TargetModel::load(dir)?);
         let mut ignored = vec![];
         let drafter = optional(
@@ -76,6 +71,18 @@ impl LoadedModel {
     pub fn layout(&self) -> Layout {
         Layout::of(&self.target.cfg)
     }
+}
+
+/// Checks that `dir` looks like a model directory: it has a `config.json` (whether that is a
+/// readable config is for its reader to say).
+pub fn require_config(dir: &Path) -> Result<()> {
+    if dir.join("config.json").symlink_metadata().is_err() {
+        return Err(Error::Checkpoint(format!(
+            "{}: not a model directory (no config.json)",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// A loaded optional part; a broken one the run does not need becomes a note in `ignored`.
@@ -147,7 +154,7 @@ pub fn default_model_dir() -> Result<PathBuf> {
     let dir = cache_root().join("tiny-seed0");
     if !dir.join("MANIFEST").is_file() {
         if let Some(parent) = dir.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+            fastdecode_model::files::create_dirs(parent)?;
         }
         eprintln!(
             "fastdecode: making the default tiny synthetic model in {}",

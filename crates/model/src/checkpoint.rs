@@ -44,7 +44,9 @@ impl TensorStore {
         let mut paths = vec![];
         for entry in rd {
             let p = entry.map_err(|e| Error::io(dir, e))?.path();
-            if p.extension().is_some_and(|x| x == "safetensors") && p.is_file() {
+            // Any entry with the extension counts: one that is not a regular file (a FIFO, a
+            // directory) is `add_file`'s error to name, not a file to skip silently.
+            if p.extension().is_some_and(|x| x == "safetensors") {
                 paths.push(p);
             }
         }

@@ -113,6 +113,26 @@ fn parent_of(path: &Path) -> &Path {
     }
 }
 
+/// Creates `dir` and its parents. When an existing part of the path is not a directory, the
+/// error names that part (the OS says only "File exists" or "Not a directory").
+pub fn create_dirs(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        for a in dir.ancestors() {
+            if let Ok(m) = a.metadata() {
+                if !m.is_dir() {
+                    let mut msg = format!("is {}, not a directory", kind(&m.file_type()));
+                    if a != dir {
+                        msg += &format!(", so {} cannot be created", dir.display());
+                    }
+                    return Error::file(a, msg);
+                }
+                break;
+            }
+        }
+        Error::io(dir, e)
+    })
+}
+
 /// `.NAME.`: temporaries are `.NAME.XXXXXX.partial`, hidden, unique to this run, and
 /// recognisable as an unfinished write (`manifest::write` refuses to pin one).
 fn temp_prefix(path: &Path) -> OsString {
@@ -269,7 +289,7 @@ impl StagedDir {
     pub fn new(out: &Path, allow_empty: bool) -> Result<StagedDir> {
         check_new_dir(out, allow_empty)?;
         let dir = parent_of(out);
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        create_dirs(dir)?;
         let tmp = temp_dir(out, dir)?;
         Ok(StagedDir {
             tmp,
@@ -326,7 +346,7 @@ pub fn check_output_file(path: &Path) -> Result<()> {
         }
     }
     let dir = parent_of(path);
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    create_dirs(dir)?;
     temp_file(path, dir)?;
     Ok(())
 }

@@ -338,12 +338,15 @@ impl Worker {
         let _ = self.child.kill();
     }
 
-    /// The last line the worker wrote to stderr, waiting a moment for it when the worker is gone.
+    /// The worker's last error line on stderr (else its last line), waiting a moment for it when
+    /// the worker is gone.
     fn last_words(&self) -> Option<String> {
         let _ = self.stderr_done.recv_timeout(Duration::from_millis(500));
         let t = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
         let text = String::from_utf8_lossy(&t);
-        let line = text.lines().rev().find(|l| !l.trim().is_empty())?.trim();
+        let mut lines = text.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+        let last = lines.clone().next()?;
+        let line = lines.find(|l| l.starts_with("error")).unwrap_or(last);
         Some(line.chars().take(500).collect())
     }
 
@@ -359,7 +362,7 @@ impl Worker {
         };
         self.kill_group();
         match self.last_words() {
-            Some(w) => Fault::infra("worker_crashed", format!("{how}; its stderr ended: {w}")),
+            Some(w) => Fault::infra("worker_crashed", format!("{how}; it said: {w}")),
             None => Fault::infra("worker_crashed", how),
         }
     }
