@@ -35,6 +35,8 @@ impl Out {
 }
 
 /// Runs `cmd` with `stdin` as its input, killing it (and failing the test) past `limit`.
+// The child is reaped by `wait4` (which also reports its peak memory), not by `Child::wait`.
+#[allow(clippy::zombie_processes)]
 pub fn run_with(cmd: &mut Command, stdin: &[u8], limit: Duration) -> Out {
     let t0 = Instant::now();
     let mut child = cmd
@@ -50,11 +52,13 @@ pub fn run_with(cmd: &mut Command, stdin: &[u8], limit: Duration) -> Out {
         let _ = input.write_all(&data);
     });
     let drain = |mut r: Box<dyn Read + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut v = vec![];
             let _ = r.read_to_end(&mut v);
-            String::from_utf8_lossy(&v).into_owned()
-        })
+            let _ = tx.send(String::from_utf8_lossy(&v).into_owned());
+        });
+        rx
     };
     let out = drain(Box::new(child.stdout.take().unwrap()));
     let err = drain(Box::new(child.stderr.take().unwrap()));
@@ -75,10 +79,17 @@ pub fn run_with(cmd: &mut Command, stdin: &[u8], limit: Duration) -> Out {
         std::thread::sleep(Duration::from_millis(5));
     }
     let _ = feeder.join();
+    // Output still open well after the process ended means something it started outlives it.
+    let collect = |rx: std::sync::mpsc::Receiver<String>, which: &str| {
+        rx.recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| {
+                panic!("{cmd:?} exited, but a process it started still holds its {which} open")
+            })
+    };
     Out {
         code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
+        stdout: collect(out, "stdout"),
+        stderr: collect(err, "stderr"),
         max_rss_kib: usage.ru_maxrss,
         seconds: t0.elapsed().as_secs_f64(),
     }
