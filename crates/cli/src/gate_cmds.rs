@@ -115,8 +115,8 @@ pub fn golden(cmd: GoldenCmd) -> Result<()> {
     };
     if prompt_len.saturating_add(a.tokens) > model.max_positions {
         bail!(
-            "--tokens {} after a prompt of {prompt_len}: more than the model's \
-             max_position_embeddings {} ({})",
+            "--tokens {} after a prompt of {prompt_len} (--prompt-tokens or --prompt-ids): more \
+             than the model's max_position_embeddings {} ({})",
             a.tokens,
             model.max_positions,
             model.dir.display()

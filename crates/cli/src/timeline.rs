@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use fastdecode_cuda::timeline;
 
@@ -33,8 +33,15 @@ pub fn run(a: TimelineArgs) -> Result<()> {
     if let Some(svg) = &a.svg {
         fastdecode_model::files::check_output_file(svg).context("--svg")?;
     }
-    // A FIFO or a device given as the trace must not hang or stream forever.
-    fastdecode_model::files::open_regular(&a.trace)?;
+    // A FIFO or a device given as the trace must not hang or stream forever, nor a huge file
+    // fill memory.
+    let len = fastdecode_model::files::open_regular(&a.trace)?
+        .metadata()
+        .map_err(|e| fastdecode_model::Error::io(&a.trace, e))?
+        .len();
+    if len > fastdecode_model::files::MAX_TEXT_BYTES {
+        bail!("{}: {len} bytes, larger than any trace", a.trace.display());
+    }
     let recs = timeline::read_csv(&a.trace)?;
     print!("{}", timeline::table(&timeline::costs(&recs)));
     if let Some(svg) = &a.svg {

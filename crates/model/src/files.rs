@@ -351,6 +351,46 @@ pub fn check_output_file(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Checks, before a long write, that the file system holding the new entry `out` has room for
+/// `bytes` more (where the OS says how much it has).
+pub fn check_free_space(out: &Path, bytes: u64) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        // The nearest existing directory is where the bytes will go.
+        let Some(dir) = parent_of(out).ancestors().find(|a| a.is_dir()) else {
+            return Ok(());
+        };
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+            return Ok(());
+        };
+        // SAFETY: statvfs fills the zeroed plain-data struct it is given.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+            return Ok(());
+        }
+        let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+        if free < bytes {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            return Err(Error::file(
+                out,
+                format!(
+                    "needs about {:.2} GiB, but {} has {:.2} GiB free",
+                    gib(bytes),
+                    dir.display(),
+                    gib(free)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// (device, inode) of an entry, to tell whether a path still names the file that was opened.
 #[cfg(unix)]
 pub fn identity(m: &Metadata) -> (u64, u64) {

@@ -311,6 +311,7 @@ pub fn write_synthetic(
     let d_specs = drafter_inventory(&preset.drafter);
     let total: usize = t_specs.iter().chain(&d_specs).map(TensorSpec::nbytes).sum();
     progress.set_length(total as u64);
+    crate::files::check_free_space(out, total as u64)?;
     let mut digest = String::new();
     crate::files::with_staging_dir(out, |dir| {
         write_atomic(&dir.join("config.json"), &pretty_json(&target.to_hf_json()))?;

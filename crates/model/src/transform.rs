@@ -218,6 +218,7 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
         .map(TensorSpec::nbytes)
         .sum();
     progress.set_length(total as u64);
+    crate::files::check_free_space(output, total as u64)?;
 
     // The original config, kept field for field, plus the quantization blocks.
     let mut cfg_json = read_json(&cfg_path)?;
