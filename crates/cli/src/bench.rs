@@ -9,11 +9,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use fastdecode_engine::model_dir::default_model_dir;
+use fastdecode_engine::model_dir::{default_model_dir, Needs};
 use fastdecode_engine::session::{dflash, max_block, serial};
 use fastdecode_engine::{DraftPlan, DraftSpec, Generation, LoadedModel};
 use fastdecode_model::manifest;
 
+use crate::common::{at_least, between, check_fits, check_ids, MAX_BLOCK};
 use crate::generate::Backend;
 
 #[derive(Args)]
@@ -24,30 +25,30 @@ pub struct BenchArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Prompt length when prompts are random token ids (no --prompts).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64, value_parser = at_least(1))]
     prompt_tokens: usize,
     /// Prompts: a text file, one per line (needs the model's tokenizer), or a `.json` traces file
     /// (`prompts[].prompt_ids`, e.g. assets/traces/); default: one random prompt.
     #[arg(long)]
     prompts: Option<PathBuf>,
     /// Use at most this many prompts from --prompts.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20, value_parser = at_least(1))]
     max_prompts: usize,
     /// New tokens per prompt (end-of-sequence tokens are ignored so every run has this length).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 128, value_parser = at_least(2))]
     decode_tokens: usize,
-    /// DFlash block sizes to measure; default: the drafter's block size (8 for the oracle).
-    #[arg(long, value_delimiter = ',')]
+    /// DFlash block sizes to measure (each 2 to 16); default: the drafter's block size (8 for the oracle).
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', value_parser = between(2, MAX_BLOCK))]
     block_sizes: Option<Vec<usize>>,
     /// DFlash draft source: `drafter` or `oracle:P`.
     #[arg(long, default_value = "drafter")]
     draft: DraftSpec,
     /// Timed repeats of every run; speeds are the median over repeats (the CUDA backend runs at
     /// least 5, so that its spread means something).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3, value_parser = between(1, 1000))]
     repeats: usize,
     /// Seed for random prompts and the oracle.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Print one JSON object.
     #[arg(long)]
@@ -93,7 +94,7 @@ fn prompts(a: &BenchArgs, model: &LoadedModel) -> Result<Vec<Vec<u32>>> {
             struct T {
                 prompts: Vec<P>,
             }
-            let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+            let text = fastdecode_model::files::read_text(path)?;
             let t: T = serde_json::from_str(&text).with_context(|| {
                 format!(
                     "{}: not a traces file with prompts[].prompt_ids",
@@ -109,6 +110,10 @@ fn prompts(a: &BenchArgs, model: &LoadedModel) -> Result<Vec<Vec<u32>>> {
             if out.is_empty() || out.iter().any(Vec::is_empty) {
                 bail!("{}: no prompts, or an empty one", path.display());
             }
+            for (i, p) in out.iter().enumerate() {
+                let what = format!("{}: prompts[{i}].prompt_ids", path.display());
+                check_ids(p, model.target.cfg.vocab_size, &what)?;
+            }
             Ok(out)
         }
         Some(path) => {
@@ -118,14 +123,18 @@ fn prompts(a: &BenchArgs, model: &LoadedModel) -> Result<Vec<Vec<u32>>> {
                     model.dir.display()
                 )
             })?;
-            let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+            let text = fastdecode_model::files::read_text(path)?;
             let mut out = vec![];
-            for line in text
+            for (i, line) in text
                 .lines()
-                .filter(|l| !l.trim().is_empty())
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
                 .take(a.max_prompts)
             {
-                out.push(tok.encode(line)?);
+                let ids = tok.encode(line)?;
+                let what = format!("{} line {}", path.display(), i + 1);
+                check_ids(&ids, model.target.cfg.vocab_size, &what)?;
+                out.push(ids);
             }
             if out.is_empty() {
                 bail!("{}: no prompts", path.display());
@@ -135,7 +144,7 @@ fn prompts(a: &BenchArgs, model: &LoadedModel) -> Result<Vec<Vec<u32>>> {
         None => {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
             let v = model.target.cfg.vocab_size as u32;
-            Ok(vec![(0..a.prompt_tokens.max(1))
+            Ok(vec![(0..a.prompt_tokens)
                 .map(|_| rng.random_range(0..v))
                 .collect()])
         }
@@ -198,15 +207,39 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.profile || a.trace.is_some() {
         bail!("--profile and --trace time GPU kernels: they need --backend cuda");
     }
-    if a.decode_tokens < 2 || a.repeats == 0 {
-        bail!("--decode-tokens must be at least 2 and --repeats at least 1");
-    }
     let dir = match &a.model {
         Some(d) => d.clone(),
         None => default_model_dir()?,
     };
-    let model = LoadedModel::load(&dir)?;
+    // The drafter is needed only to draft with it, the tokenizer only for a text prompt file.
+    let needs = Needs {
+        drafter: a.draft == DraftSpec::Drafter,
+        tokenizer: a
+            .prompts
+            .as_ref()
+            .is_some_and(|p| p.extension().is_none_or(|e| e != "json")),
+    };
+    let model = LoadedModel::load_for(&dir, needs)?;
+    for note in &model.ignored {
+        eprintln!("note: {note}");
+    }
+    let cfg = &model.target.cfg;
+    if a.prompts.is_none() {
+        check_fits(
+            cfg,
+            &dir,
+            a.prompt_tokens,
+            a.decode_tokens,
+            "--prompt-tokens and --decode-tokens",
+        )?;
+    }
     let ps = prompts(&a, &model)?;
+    if a.prompts.is_some() {
+        for (i, p) in ps.iter().enumerate() {
+            let what = format!("--decode-tokens after prompt {i} of --prompts");
+            check_fits(cfg, &dir, p.len(), a.decode_tokens, &what)?;
+        }
+    }
     let ks = match &a.block_sizes {
         Some(k) => k.clone(),
         None => vec![match (a.draft, &model.drafter) {

@@ -15,6 +15,8 @@ use fastdecode_engine::session::serial;
 use fastdecode_engine::{CpuTarget, LoadedModel, TargetBackend};
 use fastdecode_model::checkpoint::TensorStore;
 
+use crate::common::{at_least, non_negative_f32};
+
 #[derive(Args)]
 pub struct CheckArgs {
     /// Backend to check against the CPU reference (only `cuda`).
@@ -24,16 +26,16 @@ pub struct CheckArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Teacher-forced positions to compare (spread over several sequences).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2048, value_parser = at_least(1))]
     positions: usize,
     /// A disagreement is tolerated only where the CPU's top-2 logit gap is below this.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.05, value_parser = non_negative_f32)]
     near_tie: f32,
     /// Seed for the random prompts.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Rows per GPU forward in the first half of each sequence (the rest is one row at a time).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 128, value_parser = at_least(1))]
     prefill_rows: usize,
     /// Print every 16th position's max |Δ logit|, and every position where it exceeds 1e-3, with
     /// each layer's relative hidden-state difference.
@@ -91,8 +93,8 @@ pub fn run(a: CheckArgs) -> Result<()> {
         let mut gt = CudaBackend::new(model.clone(), 16, seq.len())?;
         let half = seq.len() / 2;
         let mut got = vec![];
-        for start in (0..half).step_by(a.prefill_rows.max(1)) {
-            let end = (start + a.prefill_rows.max(1)).min(half);
+        for start in (0..half).step_by(a.prefill_rows) {
+            let end = (start + a.prefill_rows).min(half);
             let o = gt.forward(&seq[start..end], &positions[start..end], &taps)?;
             got.extend(o.logits);
             got_taps.extend(o.taps);

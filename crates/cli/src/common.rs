@@ -26,10 +26,10 @@ pub struct WorkerSide {
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub backend: String,
     /// Seconds a worker may take to load, verify and warm up.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 300.0, value_parser = seconds)]
     pub ready_timeout: f64,
     /// Seconds any one request may take before the worker counts as hung.
-    #[arg(long, default_value_t = 600.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 600.0, value_parser = seconds)]
     pub timeout: f64,
 }
 
@@ -60,6 +60,119 @@ impl WorkerSide {
     }
 }
 
+/// A duration option in seconds: a positive number of at most a week (what a `Duration` holds,
+/// with room to spare).
+pub fn seconds(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !(v > 0.0 && v <= 604_800.0) {
+        return Err(format!("{s} is not in (0, 604800] seconds"));
+    }
+    Ok(v)
+}
+
+/// A probability or fraction option: a number in [0, 1].
+pub fn fraction(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{s} is not in [0, 1]"));
+    }
+    Ok(v)
+}
+
+/// A gap, envelope or tolerance option: a finite number >= 0.
+pub fn non_negative(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("{s} is not a finite number >= 0"));
+    }
+    Ok(v)
+}
+
+/// `non_negative`, as the f32 that logit gaps are compared in.
+pub fn non_negative_f32(s: &str) -> std::result::Result<f32, String> {
+    let v = non_negative(s)?;
+    if v > f32::MAX as f64 {
+        return Err(format!("{s} is larger than an f32 holds"));
+    }
+    Ok(v as f32)
+}
+
+/// A count option of at least `min`.
+pub fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(min..)
+}
+
+/// A count option in `min..=max`.
+pub fn between(min: u64, max: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(min..=max)
+}
+
+/// The largest DFlash block any source accepts (the drafter's trained size may be smaller).
+pub const MAX_BLOCK: u64 = fastdecode_model::config::MAX_BLOCK_SIZE as u64;
+
+/// Checks that `prompt_len` prompt tokens and `new_tokens` new ones fit the model, naming the
+/// option (`what`) that asked for them.
+pub fn check_fits(
+    cfg: &fastdecode_model::LagunaConfig,
+    dir: &Path,
+    prompt_len: usize,
+    new_tokens: usize,
+    what: &str,
+) -> Result<()> {
+    fastdecode_engine::limits::check_length(cfg, prompt_len, new_tokens)
+        .with_context(|| format!("{what} (model {})", dir.display()))
+}
+
+/// Checks prompt token ids against the vocabulary, naming where they came from (`what`).
+pub fn check_ids(ids: &[u32], vocab: usize, what: &str) -> Result<()> {
+    if ids.is_empty() {
+        bail!("{what}: the prompt has no tokens");
+    }
+    if let Some((i, t)) = ids.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+        bail!("{what}: token {i} has id {t}, outside the model's vocabulary 0..{vocab}");
+    }
+    Ok(())
+}
+
+/// Checks, before a long run, that a report file can be written at `path`, and that it is not
+/// inside the model directory (whose MANIFEST it would break). `what` names the option.
+pub fn check_report_path(path: &Path, model: &ModelId, what: &str) -> Result<()> {
+    match model.dir() {
+        Some(dir) => fastdecode_model::files::refuse_inside(path, dir, "model directory"),
+        None => Ok(()),
+    }
+    .and_then(|()| fastdecode_model::files::check_output_file(path))
+    .with_context(|| what.to_string())
+}
+
+/// The build at `path` (an option's value, named by `what`), checked before any worker is
+/// started: a path that is not an executable file is the user's mistake, not a build's crash.
+/// Returned absolute, so a bare name means the file here, not a program on `PATH`.
+pub fn check_binary(path: &Path, what: &str) -> Result<PathBuf> {
+    let m = std::fs::metadata(path)
+        .map_err(|e| fastdecode_model::Error::io(path, e))
+        .with_context(|| what.to_string())?;
+    #[cfg(unix)]
+    let runnable = {
+        use std::os::unix::fs::PermissionsExt;
+        m.is_file() && m.permissions().mode() & 0o111 != 0
+    };
+    #[cfg(not(unix))]
+    let runnable = m.is_file();
+    if !runnable {
+        bail!(
+            "{what}: {}: is {}, not an executable file",
+            path.display(),
+            if m.is_file() {
+                "a file without execute permission"
+            } else {
+                fastdecode_model::files::kind(&m.file_type())
+            }
+        );
+    }
+    std::path::absolute(path).with_context(|| format!("{what}: {}", path.display()))
+}
+
 /// Called by every command that drives workers: a worker that dies makes the parent's next write
 /// to it fail with EPIPE, which must come back as an error (a crashed worker), not kill the parent
 /// through SIGPIPE (which `main` restores to its default for pipelines like `inspect | head`).
@@ -82,7 +195,7 @@ pub fn load_goldens(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Golden)>> {
     for p in paths {
         if p.is_dir() {
             let mut v: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| p.display().to_string())?
+                .map_err(|e| fastdecode_model::Error::io(p, e))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|f| f.extension().is_some_and(|x| x == "json"))
                 .collect();
@@ -104,7 +217,7 @@ pub fn load_goldens(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Golden)>> {
 /// Writes `text` to `path` atomically.
 pub fn write_file(path: &Path, text: &str) -> Result<()> {
     if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(d).with_context(|| d.display().to_string())?;
+        fastdecode_model::files::create_dirs(d)?;
     }
     fastdecode_model::checkpoint::write_atomic(path, text.as_bytes())?;
     Ok(())

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
@@ -14,7 +14,11 @@ use fastdecode_gate::make::make_one;
 use fastdecode_gate::ScreenParams;
 use fastdecode_worker::Worker;
 
-use crate::common::{load_goldens, parent_of_workers, this_binary, write_file, WorkerSide};
+use crate::common::{
+    at_least, between, check_binary, check_ids, check_report_path, fraction, load_goldens,
+    non_negative, non_negative_f32, parent_of_workers, this_binary, write_file, WorkerSide,
+    MAX_BLOCK,
+};
 
 /// Envelope default: 8× the largest top-1 logit drift measured between the CPU reference and
 /// builds with its numerics-affecting flags on (see crates/gate/DRIFT.md).
@@ -45,52 +49,87 @@ pub struct MakeArgs {
     reference: Option<PathBuf>,
     #[command(flatten)]
     side: WorkerSide,
-    /// Directory the goldens are written to (golden-000.json, ...).
+    /// Directory the goldens are written to (golden-000.json, ...): a new or empty directory,
+    /// filled only when every golden asked for has been made.
     #[arg(long)]
     out: PathBuf,
-    /// Number of goldens to make.
-    #[arg(long, default_value_t = 4)]
-    count: usize,
+    /// Number of goldens to make (default 4; with --prompt-ids, 1).
+    #[arg(long, allow_negative_numbers = true, value_parser = at_least(1))]
+    count: Option<usize>,
     /// One prompt as comma-separated token ids (default: random prompts from --seed).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_hyphen_values = true, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
     /// Length of random prompts.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 32, value_parser = at_least(1))]
     prompt_tokens: usize,
     /// Greedy tokens per golden.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64, value_parser = at_least(1))]
     tokens: usize,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Random prompts tried at most, per golden wanted.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 8, value_parser = between(1, 1 << 20))]
     attempts_per_golden: usize,
     /// Screen: n of the n-gram repetition check.
-    #[arg(long, default_value_t = ScreenParams::default().ngram)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().ngram, value_parser = at_least(1))]
     ngram: usize,
     /// Screen: largest fraction of n-grams that may repeat.
-    #[arg(long, default_value_t = ScreenParams::default().max_ngram_hit_rate)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().max_ngram_hit_rate, value_parser = fraction)]
     max_ngram_hit_rate: f64,
     /// Screen: smallest fraction of distinct tokens.
-    #[arg(long, default_value_t = ScreenParams::default().min_distinct_fraction)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().min_distinct_fraction, value_parser = fraction)]
     min_distinct_fraction: f64,
     /// Screen: a row is a near-tie when its top-1 and top-2 logits are this close.
-    #[arg(long, default_value_t = ScreenParams::default().near_tie_gap)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().near_tie_gap, value_parser = non_negative_f32)]
     near_tie_gap: f32,
     /// Screen: near-tie rows required.
-    #[arg(long, default_value_t = ScreenParams::default().min_near_tie_rows)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ScreenParams::default().min_near_tie_rows)]
     min_near_tie_rows: usize,
 }
 
 pub fn golden(cmd: GoldenCmd) -> Result<()> {
     let GoldenCmd::Make(a) = cmd;
     parent_of_workers();
-    if a.count == 0 || a.tokens == 0 || a.prompt_tokens == 0 {
-        bail!("--count, --tokens and --prompt-tokens must be at least 1");
+    let count = match (a.count, &a.prompt_ids) {
+        (Some(c), Some(_)) if c > 1 => {
+            bail!("--count {c}: --prompt-ids gives one prompt, so it makes one golden")
+        }
+        (Some(c), _) => c,
+        (None, Some(_)) => 1,
+        (None, None) => 4,
+    };
+    if a.min_near_tie_rows > a.tokens {
+        bail!(
+            "--min-near-tie-rows {}: a golden of --tokens {} has fewer rows",
+            a.min_near_tie_rows,
+            a.tokens
+        );
     }
     let model = a.side.model()?;
+    let prompt_len = match &a.prompt_ids {
+        Some(p) => {
+            check_ids(p, model.vocab, "--prompt-ids")?;
+            p.len()
+        }
+        None => a.prompt_tokens,
+    };
+    if prompt_len.saturating_add(a.tokens) > model.max_positions {
+        bail!(
+            "--tokens {} after a prompt of {prompt_len} (--prompt-tokens or --prompt-ids): more \
+             than the model's max_position_embeddings {} ({})",
+            a.tokens,
+            model.max_positions,
+            model.source
+        );
+    }
+    // The goldens are written into a staging directory beside --out, renamed into place only
+    // when all of them are made: --out never holds a mix of new and old goldens.
+    if let Some(dir) = model.dir() {
+        fastdecode_model::files::refuse_inside(&a.out, dir, "model directory").context("--out")?;
+    }
+    let staged = fastdecode_model::files::StagedDir::new(&a.out, true).context("--out")?;
     let bin = match &a.reference {
-        Some(b) => b.clone(),
+        Some(b) => check_binary(b, "--reference")?,
         None => this_binary()?,
     };
     let params = ScreenParams {
@@ -100,40 +139,37 @@ pub fn golden(cmd: GoldenCmd) -> Result<()> {
         near_tie_gap: a.near_tie_gap,
         min_near_tie_rows: a.min_near_tie_rows,
     };
-    let prompts: Vec<Vec<u32>> = match &a.prompt_ids {
-        Some(p) => vec![p.clone()],
-        None => {
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
-            (0..a.count * a.attempts_per_golden)
-                .map(|_| {
-                    (0..a.prompt_tokens)
-                        .map(|_| rng.random_range(0..model.vocab as u32))
-                        .collect()
-                })
-                .collect()
+    // Random prompts are drawn one at a time as they are tried.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+    let mut next_prompt = |i: usize| -> Option<Vec<u32>> {
+        match &a.prompt_ids {
+            Some(p) => (i == 0).then(|| p.clone()),
+            None => (i < count.saturating_mul(a.attempts_per_golden)).then(|| {
+                (0..a.prompt_tokens)
+                    .map(|_| rng.random_range(0..model.vocab as u32))
+                    .collect()
+            }),
         }
     };
-    let want = a.count.min(prompts.len());
     let mut w = Worker::spawn(
         &a.side.spec(&bin, &model, Some(String::new())),
         model.vocab,
         &model.digest,
     )?;
-    let pb = bar(want as u64, "golden");
+    let pb = bar(count as u64, "golden");
     let (mut made, mut rejected) = (0, 0);
-    for p in &prompts {
-        if made == want {
-            break;
-        }
-        match make_one(&mut w, &model, p, a.tokens, &params)? {
+    let mut tried = 0;
+    while made < count {
+        let Some(p) = next_prompt(tried) else { break };
+        tried += 1;
+        match make_one(&mut w, &model, &p, a.tokens, &params)? {
             Ok(g) => {
-                let path = a.out.join(format!("golden-{made:03}.json"));
-                std::fs::create_dir_all(&a.out)?;
-                g.save(&path)?;
+                let name = format!("golden-{made:03}.json");
+                g.save(&staged.path().join(&name))?;
                 pb.suspend(|| {
                     eprintln!(
                         "{}: {} prompt + {} tokens, {:.0} % distinct, {} near-tie rows",
-                        path.display(),
+                        a.out.join(&name).display(),
                         g.prompt.len(),
                         g.tokens.len(),
                         100.0 * g.screen.distinct_fraction,
@@ -151,13 +187,18 @@ pub fn golden(cmd: GoldenCmd) -> Result<()> {
     }
     pb.finish_and_clear();
     w.shutdown();
+    if made < count {
+        bail!(
+            "only {made} of {count} goldens passed the degeneracy screen ({rejected} prompt(s) \
+             rejected); nothing was written to {}",
+            a.out.display()
+        );
+    }
+    staged.commit()?;
     println!(
         "made {made} golden(s) in {}, {rejected} prompt(s) rejected by the screen",
         a.out.display()
     );
-    if made < want {
-        bail!("only {made} of {want} goldens passed the degeneracy screen");
-    }
     Ok(())
 }
 
@@ -178,26 +219,40 @@ pub struct GateArgs {
     #[arg(long)]
     candidate_flags: Option<String>,
     /// Near-tie envelope: reference top-1 logit minus the emitted token's logit.
-    #[arg(long, default_value_t = DEFAULT_ENVELOPE)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = DEFAULT_ENVELOPE, value_parser = non_negative_f32)]
     envelope: f32,
-    /// Near-ties allowed per 1000 checked tokens.
-    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    /// Near-ties allowed per 1000 checked tokens (0 to 1000).
+    #[arg(long, allow_negative_numbers = true, default_value_t = DEFAULT_BUDGET, value_parser = per_1000)]
     budget: f64,
-    /// DFlash block size of the exactness check (1 skips it).
-    #[arg(long, default_value_t = 4)]
+    /// DFlash block size of the exactness check (1 skips it; at most 16).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4, value_parser = between(1, MAX_BLOCK))]
     block_size: usize,
     /// Oracle acceptance probability of the DFlash check (the rest are forced rejections).
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.7, value_parser = fraction)]
     oracle_p: f64,
     /// Also write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
 }
 
+/// A budget per 1000 tokens: a number in [0, 1000].
+fn per_1000(s: &str) -> std::result::Result<f64, String> {
+    let v = non_negative(s)?;
+    if v > 1000.0 {
+        return Err(format!("{s} is more than 1000 per 1000"));
+    }
+    Ok(v)
+}
+
 pub fn gate(a: GateArgs) -> Result<()> {
     parent_of_workers();
     let model = a.side.model()?;
+    if let Some(p) = &a.json {
+        check_report_path(p, &model, "--json")?;
+    }
     let goldens = load_goldens(&a.golden)?;
+    let reference_bin = check_binary(&a.reference, "--reference")?;
+    let candidate_bin = check_binary(&a.candidate, "--candidate")?;
     let params = GateParams {
         envelope: a.envelope,
         budget_per_1000: a.budget,
@@ -205,9 +260,9 @@ pub fn gate(a: GateArgs) -> Result<()> {
         oracle_p: a.oracle_p,
     };
     // Workers get an explicit (possibly empty) flag list, so the parent's FASTDECODE_FLAGS never leaks in.
-    let reference = a.side.spec(&a.reference, &model, Some(String::new()));
+    let reference = a.side.spec(&reference_bin, &model, Some(String::new()));
     let candidate = a.side.spec(
-        &a.candidate,
+        &candidate_bin,
         &model,
         Some(a.candidate_flags.clone().unwrap_or_default()),
     );
@@ -244,6 +299,9 @@ pub fn gate(a: GateArgs) -> Result<()> {
             if let Some(side) = &f.side {
                 at += &format!(" ({side})");
             }
+            if let Some(d) = &f.detail {
+                at += &format!(": {d}");
+            }
             bail!("gate: failed: {}{at}", f.category)
         }
     }
@@ -273,9 +331,12 @@ pub struct BisectArgs {
 pub fn bisect(a: BisectArgs) -> Result<()> {
     parent_of_workers();
     let model = a.side.model()?;
+    if let Some(p) = &a.json {
+        check_report_path(p, &model, "--json")?;
+    }
     let goldens = load_goldens(&a.golden)?;
     let bin = match &a.candidate {
-        Some(b) => b.clone(),
+        Some(b) => check_binary(b, "--candidate")?,
         None => this_binary()?,
     };
     let c = if a.criterion == "logits" {

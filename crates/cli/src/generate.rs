@@ -7,8 +7,11 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use fastdecode_engine::model_dir::default_model_dir;
+use fastdecode_engine::model_dir::Needs;
 use fastdecode_engine::session::{dflash, serial};
 use fastdecode_engine::{DraftPlan, DraftSpec, Generation, LoadedModel};
+
+use crate::common::{at_least, between, check_fits, check_ids, MAX_BLOCK};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum Backend {
@@ -26,25 +29,26 @@ pub struct GenerateArgs {
     /// Prompt text (needs the model's tokenizer.json).
     #[arg(
         long,
+        allow_hyphen_values = true,
         conflicts_with = "prompt_ids",
         required_unless_present = "prompt_ids"
     )]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids, e.g. 1,2,3.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_hyphen_values = true, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
     /// Number of new tokens (fewer if an end-of-sequence token comes first).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64, value_parser = at_least(1))]
     max_new_tokens: usize,
     /// DFlash block size K (1 = serial decoding; at most the drafter's block size, 16 for the oracle).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1, value_parser = between(1, MAX_BLOCK))]
     block_size: usize,
     /// DFlash draft source: `drafter` (the model's drafter/) or `oracle:P` (the true greedy token
     /// with probability P, else a wrong one).
     #[arg(long, default_value = "drafter")]
     draft: DraftSpec,
     /// Seed of the oracle's coin flips.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Also run serial decoding, check the outputs are identical and report both speeds.
     #[arg(long)]
@@ -100,14 +104,18 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     // The CPU model is the engine of the CPU backend and the drafter's host; a large model on the
     // GPU must not be expanded to f32 in host memory just to read its config and tokenizer.
-    if !dir.join("config.json").is_file() {
-        bail!("{}: not a model directory (no config.json)", dir.display());
-    }
+    fastdecode_engine::model_dir::require_config(&dir)?;
     let uses_drafter = a.block_size > 1 && matches!(a.draft, DraftSpec::Drafter);
+    // Optional parts this run does not need (a drafter for a serial run, a tokenizer for
+    // --prompt-ids) are left out with a note when they are broken, instead of stopping the run.
+    let needs = Needs {
+        drafter: uses_drafter,
+        tokenizer: a.prompt.is_some(),
+    };
     // The CPU model is only the CPU backend's: on the GPU the drafter runs there too, beside the
     // target, fed its tapped hidden states on the device.
     let model = if a.backend == Backend::Cpu {
-        Some(LoadedModel::load(&dir)?)
+        Some(LoadedModel::load_for(&dir, needs)?)
     } else {
         None
     };
@@ -115,26 +123,54 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         Some(m) => m.target.cfg.clone(),
         None => fastdecode_model::LagunaConfig::from_file(&dir.join("config.json"))?,
     };
+    let mut ignored = model
+        .as_ref()
+        .map(|m| m.ignored.clone())
+        .unwrap_or_default();
     let tp = dir.join("tokenizer.json");
     let own_tokenizer = match &model {
         Some(_) => None,
-        None => tp
-            .is_file()
-            .then(|| fastdecode_engine::tokenizer::TextTokenizer::load(&tp))
-            .transpose()?,
+        None if tp.symlink_metadata().is_ok() => {
+            match fastdecode_engine::tokenizer::TextTokenizer::load(&tp, cfg.vocab_size) {
+                Ok(t) => Some(t),
+                Err(e) if !needs.tokenizer => {
+                    ignored.push(format!("{e}; not needed by this run, so it is left out"));
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        None => None,
     };
+    for note in &ignored {
+        eprintln!("note: {note}");
+    }
     let tokenizer = model
         .as_ref()
         .and_then(|m| m.tokenizer.as_ref())
         .or(own_tokenizer.as_ref());
     let prompt = match (&a.prompt, &a.prompt_ids) {
-        (Some(text), _) => tokenizer
-            .as_ref()
-            .with_context(|| format!("{}: no tokenizer.json; use --prompt-ids", dir.display()))?
-            .encode(text)?,
-        (None, Some(ids)) => ids.clone(),
+        (Some(text), _) => {
+            let ids = tokenizer
+                .as_ref()
+                .with_context(|| format!("{}: no tokenizer.json; use --prompt-ids", dir.display()))?
+                .encode(text)?;
+            check_ids(&ids, cfg.vocab_size, "--prompt")?;
+            ids
+        }
+        (None, Some(ids)) => {
+            check_ids(ids, cfg.vocab_size, "--prompt-ids")?;
+            ids.clone()
+        }
         (None, None) => bail!("give --prompt or --prompt-ids"),
     };
+    check_fits(
+        &cfg,
+        &dir,
+        prompt.len(),
+        a.max_new_tokens,
+        "--max-new-tokens",
+    )?;
     let stop: Vec<u32> = if a.ignore_eos {
         vec![]
     } else {
@@ -240,6 +276,22 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         .as_ref()
         .map(|t| t.decode(&main.tokens))
         .transpose()?;
+    if let Some(t) = tokenizer {
+        let unknown = t.unknown(&main.tokens);
+        if unknown > 0 {
+            eprintln!(
+                "note: {unknown} of the {} generated tokens have no entry in {} (its vocabulary \
+                 is smaller than the model's); the text leaves them out",
+                main.tokens.len(),
+                t.path().display()
+            );
+        }
+    }
+    // Text that decodes to nothing (special or unknown tokens only) is no answer: the ids are.
+    let text = text.filter(|t| !t.is_empty() || main.tokens.is_empty());
+    if text.is_none() && tokenizer.is_some() {
+        eprintln!("note: the generated tokens decode to no text; printing their ids");
+    }
     if a.json {
         let mut out = json!({
             "model": dir.display().to_string(),

@@ -42,7 +42,7 @@ pub struct SynthArgs {
     #[arg(long)]
     preset: String,
     /// Seed of the counter-based weight generator; the same seed gives the same bytes.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Output directory (must not exist; written under a temporary name, then renamed).
     #[arg(long)]
@@ -202,8 +202,8 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     );
     if let Some(dir) = &a.dir {
         let m = dir.join(manifest::MANIFEST);
-        if m.is_file() {
-            let text = std::fs::read_to_string(&m).with_context(|| m.display().to_string())?;
+        if m.symlink_metadata().is_ok() {
+            let text = fastdecode_model::files::read_text(&m)?;
             println!(
                 "MANIFEST      sha256:{} (run `fastdecode verify` to check the files)",
                 manifest::digest_of(&text)
@@ -227,8 +227,10 @@ pub fn verify(a: VerifyArgs) -> Result<()> {
         let pb = bytes_bar("hash");
         let digest = manifest::write(&a.dir, &pb);
         pb.finish_and_clear();
+        // Success is reported only once the MANIFEST is in place.
+        let digest = digest?;
         println!("wrote {}", a.dir.join(manifest::MANIFEST).display());
-        println!("digest sha256:{}", digest?);
+        println!("digest sha256:{digest}");
         return Ok(());
     }
     let pb = bytes_bar("verify");

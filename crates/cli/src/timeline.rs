@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use fastdecode_cuda::timeline;
 
@@ -15,14 +15,32 @@ pub struct TimelineArgs {
     /// its blocks wait for their predecessor, dark while they run.
     #[arg(long)]
     svg: Option<PathBuf>,
-    /// Microseconds of the timeline to draw.
-    #[arg(long, default_value_t = 300.0)]
+    /// Microseconds of the timeline to draw (more than 0, at most 100000).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 300.0, value_parser = window_us)]
     window: f64,
 }
 
+/// The drawing has a tick every 10 µs: a window bounds its size.
+fn window_us(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !(v > 0.0 && v <= 100_000.0) {
+        return Err(format!("{s} is not in (0, 100000] microseconds"));
+    }
+    Ok(v)
+}
+
 pub fn run(a: TimelineArgs) -> Result<()> {
-    if a.window.is_nan() || a.window <= 0.0 {
-        bail!("--window must be a positive number of microseconds");
+    if let Some(svg) = &a.svg {
+        fastdecode_model::files::check_output_file(svg).context("--svg")?;
+    }
+    // A FIFO or a device given as the trace must not hang or stream forever, nor a huge file
+    // fill memory.
+    let len = fastdecode_model::files::open_regular(&a.trace)?
+        .metadata()
+        .map_err(|e| fastdecode_model::Error::io(&a.trace, e))?
+        .len();
+    if len > fastdecode_model::files::MAX_TEXT_BYTES {
+        bail!("{}: {len} bytes, larger than any trace", a.trace.display());
     }
     let recs = timeline::read_csv(&a.trace)?;
     print!("{}", timeline::table(&timeline::costs(&recs)));

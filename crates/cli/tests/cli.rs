@@ -326,10 +326,38 @@ fn bad_model_directories_give_clear_errors() {
         dc.replace("\"num_target_layers\": 4", "\"num_target_layers\": 40"),
     )
     .unwrap();
-    let e = gen_err(&d);
+    // A run that drafts with it stops on it; a serial run does not need it, goes on and says so.
+    let e = fails(&[
+        "generate",
+        "--model",
+        d.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--max-new-tokens",
+        "2",
+        "--block-size",
+        "2",
+    ]);
     assert!(
         e.contains("drafter") && e.contains("num_target_layers"),
         "{e}"
+    );
+    let o = run(&[
+        "generate",
+        "--model",
+        d.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--max-new-tokens",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("drafter/config.json")
+            && err.contains("num_target_layers")
+            && err.contains("not needed by this run"),
+        "{err}"
     );
 }
 
@@ -370,7 +398,7 @@ fn generate_and_bench_report_json() {
         "--draft",
         "oracle:0.5",
     ]);
-    assert!(e.contains("block size 17"), "{e}");
+    assert!(e.contains("--block-size") && e.contains("17"), "{e}");
     let e = fails(&[
         "generate",
         "--model",

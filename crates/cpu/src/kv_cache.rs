@@ -9,6 +9,10 @@
 //! committed positions, so it never rolls back.
 
 /// Keys and values of one layer, `kv_dim = kv_heads · head_dim` floats per position.
+///
+/// Storage grows with the positions written, never ahead of them: a sliding layer's ring is
+/// filled in position order until it holds `ring` positions, and only then wraps. So a window as
+/// wide as the model's longest sequence costs memory only for the positions a run really uses.
 pub struct LayerKv {
     k: Vec<f32>,
     v: Vec<f32>,
@@ -19,13 +23,17 @@ pub struct LayerKv {
 
 impl LayerKv {
     pub fn new(kv_dim: usize, ring: Option<usize>) -> Self {
-        let cap = ring.unwrap_or(0) * kv_dim;
         LayerKv {
-            k: vec![0.0; cap],
-            v: vec![0.0; cap],
+            k: vec![],
+            v: vec![],
             kv_dim,
             ring,
         }
+    }
+
+    /// Positions stored so far (at most the ring for sliding layers).
+    fn stored(&self) -> usize {
+        self.k.len() / self.kv_dim.max(1)
     }
 
     fn slot(&self, pos: usize) -> usize {
@@ -35,10 +43,12 @@ impl LayerKv {
         }
     }
 
-    /// Stores position `pos`; full layers must be written in order (`pos` = stored count).
+    /// Stores position `pos`. Positions arrive in order: each is either the next one not yet
+    /// stored, or one already stored (rewritten after a rollback, or wrapped in a full ring).
     pub fn write(&mut self, pos: usize, k: &[f32], v: &[f32]) {
         let d = self.kv_dim;
-        if self.ring.is_none() && self.k.len() == pos * d {
+        let full = self.ring.is_some_and(|r| self.stored() >= r);
+        if !full && pos == self.stored() {
             self.k.extend_from_slice(k);
             self.v.extend_from_slice(v);
             return;

@@ -291,9 +291,47 @@ impl TargetModel {
         KvCache::new(
             self.layers
                 .iter()
-                .map(|l| LayerKv::new(kv_dim, l.attn.window.map(|w| w + max_block)))
+                .map(|l| LayerKv::new(kv_dim, l.attn.window.map(|w| w.saturating_add(max_block))))
                 .collect(),
         )
+    }
+
+    /// Bytes of host memory a run of `positions` positions needs beyond the weights, with verify
+    /// blocks of up to `max_block` rows and a prefill of `prefill_rows` rows: the KV cache (a
+    /// sliding layer holds at most its ring) plus the prefill's activations and logits. Checked
+    /// arithmetic: `None` when the figure does not fit in 64 bits.
+    pub fn run_bytes(
+        &self,
+        positions: usize,
+        max_block: usize,
+        prefill_rows: usize,
+    ) -> Option<u64> {
+        let c = &self.cfg;
+        let f32s = |n: usize| (n as u64).checked_mul(4);
+        let kv_dim = c.num_key_value_heads.checked_mul(c.head_dim)?;
+        let mut total = 0u64;
+        for l in &self.layers {
+            let rows = match l.attn.window {
+                Some(w) => positions.min(w.saturating_add(max_block)),
+                None => positions,
+            };
+            // Keys and values.
+            total = total.checked_add(f32s(rows.checked_mul(kv_dim)?.checked_mul(2)?)?)?;
+        }
+        // Each prefill row holds its residual, projections and attention output (a few hidden
+        // widths) and its logits.
+        let heads = c
+            .num_attention_heads_per_layer
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        let per_row = c
+            .hidden_size
+            .checked_mul(4)?
+            .checked_add(heads.checked_mul(c.head_dim)?.checked_mul(3)?)?
+            .checked_add(c.vocab_size)?;
+        total.checked_add(f32s(prefill_rows.checked_mul(per_row)?)?)
     }
 
     pub fn embed_row(&self, token: u32) -> &[f32] {
@@ -322,6 +360,13 @@ impl TargetModel {
         if positions.len() != n || positions.iter().enumerate().any(|(i, &p)| p != p0 + i) {
             return Err(Error::Input(format!(
                 "forward: positions {positions:?} do not continue the KV cache of length {p0}"
+            )));
+        }
+        if p0.saturating_add(n) > c.max_position_embeddings {
+            return Err(Error::Input(format!(
+                "forward: {} positions are more than the model's max_position_embeddings {}",
+                p0.saturating_add(n),
+                c.max_position_embeddings
             )));
         }
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {

@@ -598,7 +598,10 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
                 let y = moe.forward(&xn);
                 let want: Vec<f32> = xr.iter().zip(&y).map(|(a, b)| a + b).collect();
                 let err = max_rel(&got[r * hid..(r + 1) * hid], &want);
-                assert!(err < 1e-5, "moe {e}x{hid} rows {rows} (per block {rpb}) row {r}: {err}");
+                assert!(
+                    err < 1e-5,
+                    "moe {e}x{hid} rows {rows} (per block {rpb}) row {r}: {err}"
+                );
                 // Alone, the row gives the same bits.
                 if r == rows - 1 {
                     let (one, _, _, _) = layer(xr, 1);

@@ -46,6 +46,13 @@ pub trait TargetBackend {
             taps: out.taps,
         })
     }
+    /// Checks, before a run starts, that a sequence of `positions` positions whose prefill is
+    /// `prefill_rows` rows fits this backend's memory. Backends that size their memory when they
+    /// are made (and check it then) have nothing more to check.
+    fn check_capacity(&self, positions: usize, prefill_rows: usize) -> Result<()> {
+        let _ = (positions, prefill_rows);
+        Ok(())
+    }
     /// Positions held in the KV cache.
     fn kv_len(&self) -> usize;
     /// Rollback to `len` positions (DFlash rejection): a change of logical length only.
@@ -102,6 +109,13 @@ impl TargetBackend for CpuTarget {
         taps: &[usize],
     ) -> Result<ForwardOut> {
         self.model.forward(&mut self.cache, tokens, positions, taps)
+    }
+    fn check_capacity(&self, positions: usize, prefill_rows: usize) -> Result<()> {
+        crate::limits::check_memory(
+            self.model
+                .run_bytes(positions, self.max_block, prefill_rows),
+            &format!("a run of {positions} positions (KV cache and prefill)"),
+        )
     }
     fn kv_len(&self) -> usize {
         self.cache.len()

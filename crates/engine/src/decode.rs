@@ -103,6 +103,9 @@ pub fn generate_observed(
     if resident && target.resident_drafter().is_none() {
         return Err(Error::Input("block size > 1 needs a draft source".into()));
     }
+    // Every length is checked against the model and the machine before anything is allocated.
+    crate::limits::check_length(target.config(), prompt.len(), opts.max_new_tokens)?;
+    target.check_capacity(prompt.len() + opts.max_new_tokens, prompt.len())?;
     // The source of this run, borrowed anew for each call (a resident one lives in `target`).
     macro_rules! source {
         () => {

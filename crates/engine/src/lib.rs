@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod cuda_backend;
 pub mod decode;
+pub mod limits;
 pub mod model_dir;
 pub mod oracle;
 pub mod session;

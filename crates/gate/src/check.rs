@@ -16,13 +16,16 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use serde::Serialize;
 
 use fastdecode_worker::protocol::WindowRequest;
 use fastdecode_worker::{Build, Fault, ModelId, NoTick, Spec, Worker};
 
 use crate::golden::Golden;
+
+/// Largest DFlash block size of the exactness check (the engine's largest block).
+pub const MAX_BLOCK_SIZE: usize = 16;
 
 #[derive(Debug, Clone, Copy)]
 pub struct GateParams {
@@ -35,6 +38,32 @@ pub struct GateParams {
     pub block_size: usize,
     /// Probability that the oracle drafts the right token (the rest are forced rejections).
     pub oracle_p: f64,
+}
+
+impl GateParams {
+    /// The parameters' own ranges: a mistake here is the caller's, found before any worker runs
+    /// (and never blamed on a build).
+    pub fn validate(&self) -> Result<()> {
+        if !(self.envelope.is_finite() && self.envelope >= 0.0) {
+            bail!("envelope {} must be a finite number >= 0", self.envelope);
+        }
+        if !(self.budget_per_1000.is_finite() && (0.0..=1000.0).contains(&self.budget_per_1000)) {
+            bail!(
+                "budget {} per 1000 must be in [0, 1000]",
+                self.budget_per_1000
+            );
+        }
+        if !(1..=MAX_BLOCK_SIZE).contains(&self.block_size) {
+            bail!(
+                "block size {} is outside 1..={MAX_BLOCK_SIZE}",
+                self.block_size
+            );
+        }
+        if !(0.0..=1.0).contains(&self.oracle_p) {
+            bail!("oracle probability {} is not in [0, 1]", self.oracle_p);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, Serialize)]
@@ -68,6 +97,10 @@ pub struct Failure {
     /// Which side: `candidate` or `reference`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub side: Option<String>,
+    /// For a worker's fault, what the parent saw (the worker's own error message, how it
+    /// exited): never a golden's token or logit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -106,11 +139,16 @@ fn fail(
         golden: golden.map(str::to_string),
         step,
         side: side.map(str::to_string),
+        detail: None,
     }
 }
 
 fn fault(f: &Fault, golden: Option<&str>, side: &str) -> Failure {
-    fail(f.category(), golden, None, Some(side))
+    let (Fault::Infra { detail, .. } | Fault::Violation { detail, .. }) = f;
+    Failure {
+        detail: Some(detail.clone()),
+        ..fail(f.category(), golden, None, Some(side))
+    }
 }
 
 /// Runs the gate; an `Err` is a problem of the gate's own inputs (unreadable model), everything
@@ -137,6 +175,19 @@ pub fn run(
         reference: None,
         candidate: None,
     };
+    p.validate()?;
+    for (path, g) in goldens {
+        // A golden the model cannot run is the gate's input at fault, not a build.
+        if g.prompt.len().saturating_add(g.tokens.len()) > model.max_positions {
+            bail!(
+                "{}: a prompt of {} and {} tokens, more than the model's max_position_embeddings {}",
+                path.display(),
+                g.prompt.len(),
+                g.tokens.len(),
+                model.max_positions
+            );
+        }
+    }
     for (path, g) in goldens {
         if g.model_digest != model.digest {
             rep.failure = Some(fail(
@@ -156,6 +207,13 @@ pub fn run(
         }
     };
     rep.candidate = Some(cand.ready.build.clone());
+    if p.block_size > cand.ready.max_block {
+        bail!(
+            "block size {} is above the candidate's largest DFlash block {}",
+            p.block_size,
+            cand.ready.max_block
+        );
+    }
     let mut refw = match Worker::spawn(reference, model.vocab, &model.digest) {
         Ok(w) => w,
         Err(f) => {

@@ -144,8 +144,7 @@ pub fn screen(
 impl Golden {
     /// Reads and validates a golden; every error names the file.
     pub fn load(path: &Path) -> Result<Golden> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read golden trace", path.display()))?;
+        let text = fastdecode_model::files::read_text(path).context("cannot read golden trace")?;
         let g: Golden = serde_json::from_str(&text)
             .with_context(|| format!("{}: not a valid golden trace", path.display()))?;
         g.validate()

@@ -3,7 +3,6 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -45,7 +44,9 @@ impl TensorStore {
         let mut paths = vec![];
         for entry in rd {
             let p = entry.map_err(|e| Error::io(dir, e))?.path();
-            if p.extension().is_some_and(|x| x == "safetensors") && p.is_file() {
+            // Any entry with the extension counts: one that is not a regular file (a FIFO, a
+            // directory) is `add_file`'s error to name, not a file to skip silently.
+            if p.extension().is_some_and(|x| x == "safetensors") {
                 paths.push(p);
             }
         }
@@ -68,7 +69,7 @@ impl TensorStore {
     }
 
     fn add_file(&mut self, path: &Path) -> Result<()> {
-        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let f = crate::files::open_regular(path)?;
         // SAFETY: the map is read-only; a checkpoint modified while it is open is outside what
         // any reader of memory-mapped weights can defend against.
         let mmap = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
@@ -198,8 +199,25 @@ impl TensorRef<'_> {
         )
     }
 
-    /// The values widened to f32 (BF16, F16 or F32 tensors).
+    /// The values widened to f32 (BF16, F16 or F32 tensors). A NaN or infinite weight is an
+    /// error naming the tensor and element: every engine computes on these values, and a
+    /// non-finite one turns every logit it reaches into NaN (tokens chosen from garbage).
     pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let v = self.to_f32_unchecked()?;
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::tensor(
+                self.name,
+                format!(
+                    "element {i} is {} in {}; weights must be finite",
+                    v[i],
+                    self.file.display()
+                ),
+            ));
+        }
+        Ok(v)
+    }
+
+    fn to_f32_unchecked(&self) -> Result<Vec<f32>> {
         let d = self.data;
         Ok(match self.dtype {
             Dtype::F32 => d
@@ -262,36 +280,21 @@ impl View for LazyTensor<'_> {
     }
 }
 
-/// Path of the temporary sibling a file is written to before it is renamed into place.
-pub fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    path.with_file_name(name)
-}
-
 /// Writes a safetensors file reproducibly: no metadata, tensors in safetensors' canonical order
 /// (by dtype alignment, then name). Written under a temporary name and renamed when complete.
 pub fn write_safetensors(path: &Path, tensors: Vec<(String, LazyTensor<'_>)>) -> Result<()> {
-    let tmp = temp_path(path);
-    let res = safetensors::serialize_to_file(tensors, None, &tmp).map_err(|e| {
-        Error::Checkpoint(format!(
-            "{}: writing safetensors failed: {e}",
-            path.display()
-        ))
-    });
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    crate::files::write_through(path, |tmp| {
+        safetensors::serialize_to_file(tensors, None, tmp).map_err(|e| {
+            Error::Checkpoint(format!(
+                "{}: writing safetensors failed: {e}",
+                path.display()
+            ))
+        })
+    })
 }
 
 /// Writes small files (configs, manifests) atomically.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = temp_path(path);
-    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
-}
+pub use crate::files::write_atomic;
 
 pub fn f32_to_bf16_bytes(v: &[f32]) -> Vec<u8> {
     v.iter()

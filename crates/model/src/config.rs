@@ -117,7 +117,7 @@ impl LagunaConfig {
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::files::read_text(path)?;
         Self::from_json_str(&text).map_err(|e| e.in_file(path))
     }
 
@@ -323,6 +323,47 @@ fn positive(v: Option<usize>, name: &str) -> Result<usize> {
     Ok(v)
 }
 
+/// Upper bounds on a config's sizes, far above any released model. They keep every size derived
+/// from a config (tensor elements and bytes, cache rows, their sums over all layers) inside
+/// 64-bit arithmetic, so no config can make the engine overflow or try an absurd allocation.
+pub mod limits {
+    /// `hidden_size` and every intermediate (MLP, expert) width.
+    pub const WIDTH: usize = 1 << 18;
+    pub const HEAD_DIM: usize = 1 << 12;
+    /// Query and key-value heads per layer.
+    pub const HEADS: usize = 1 << 10;
+    pub const LAYERS: usize = 1 << 10;
+    pub const EXPERTS: usize = 1 << 12;
+    pub const VOCAB: usize = 1 << 22;
+    /// `max_position_embeddings`: the longest sequence (prompt and generated tokens) a model runs.
+    pub const POSITIONS: usize = 1 << 24;
+}
+
+/// A positive size of at most `max`.
+fn bounded(v: Option<usize>, name: &str, max: usize) -> Result<usize> {
+    let v = positive(v, name)?;
+    if v > max {
+        return Err(Error::field(
+            name,
+            format!("{v} is above the engine's limit {max}"),
+        ));
+    }
+    Ok(v)
+}
+
+fn finite(v: f64, name: &str) -> Result<f64> {
+    if !v.is_finite() {
+        return Err(Error::field(name, "must be a finite number"));
+    }
+    Ok(v)
+}
+
+/// A window wider than the longest sequence attends to every earlier position, exactly like a
+/// window of `max_positions`; clamping it keeps caches and their rings no larger than a sequence.
+fn clamp_window(window: usize, max_positions: usize) -> usize {
+    window.min(max_positions)
+}
+
 fn token_id(v: i64, name: &str, vocab: usize) -> Result<u32> {
     if v < 0 || v as u64 >= vocab as u64 {
         return Err(Error::field(
@@ -367,8 +408,11 @@ fn get_f64(m: &Map<String, Value>, key: &str, name: &str) -> Result<Option<f64>>
 fn parse_rope(m: &Map<String, Value>, name: &str, head_dim: usize) -> Result<RopeParams> {
     let theta = get_f64(m, "rope_theta", name)?
         .ok_or_else(|| Error::field(&format!("{name}.rope_theta"), "is missing"))?;
-    if theta <= 1.0 {
-        return Err(Error::field(&format!("{name}.rope_theta"), "must be > 1"));
+    if !(theta > 1.0 && theta.is_finite()) {
+        return Err(Error::field(
+            &format!("{name}.rope_theta"),
+            "must be a finite number > 1",
+        ));
     }
     let prf = get_f64(m, "partial_rotary_factor", name)?.unwrap_or(1.0);
     let rot = head_dim as f64 * prf;
@@ -388,8 +432,11 @@ fn parse_rope(m: &Map<String, Value>, name: &str, head_dim: usize) -> Result<Rop
         "yarn" => {
             let factor = get_f64(m, "factor", name)?
                 .ok_or_else(|| Error::field(&format!("{name}.factor"), "is missing"))?;
-            if factor < 1.0 {
-                return Err(Error::field(&format!("{name}.factor"), "must be >= 1"));
+            if !(factor >= 1.0 && factor.is_finite()) {
+                return Err(Error::field(
+                    &format!("{name}.factor"),
+                    "must be a finite number >= 1",
+                ));
             }
             let orig = get_f64(m, "original_max_position_embeddings", name)?.ok_or_else(|| {
                 Error::field(
@@ -397,10 +444,13 @@ fn parse_rope(m: &Map<String, Value>, name: &str, head_dim: usize) -> Result<Rop
                     "is missing",
                 )
             })?;
-            if orig < 1.0 || orig.fract() != 0.0 {
+            if !(1.0..=limits::POSITIONS as f64).contains(&orig) || orig.fract() != 0.0 {
                 return Err(Error::field(
                     &format!("{name}.original_max_position_embeddings"),
-                    "must be a positive integer",
+                    format!(
+                        "must be a positive integer of at most {}",
+                        limits::POSITIONS
+                    ),
                 ));
             }
             let truncate = match m.get("truncate") {
@@ -417,9 +467,17 @@ fn parse_rope(m: &Map<String, Value>, name: &str, head_dim: usize) -> Result<Rop
                 factor,
                 original_max_position_embeddings: orig as usize,
                 // HF defaults: beta_fast 32, beta_slow 1.
-                beta_fast: get_f64(m, "beta_fast", name)?.unwrap_or(32.0),
-                beta_slow: get_f64(m, "beta_slow", name)?.unwrap_or(1.0),
-                attention_factor: get_f64(m, "attention_factor", name)?,
+                beta_fast: finite(
+                    get_f64(m, "beta_fast", name)?.unwrap_or(32.0),
+                    &format!("{name}.beta_fast"),
+                )?,
+                beta_slow: finite(
+                    get_f64(m, "beta_slow", name)?.unwrap_or(1.0),
+                    &format!("{name}.beta_slow"),
+                )?,
+                attention_factor: get_f64(m, "attention_factor", name)?
+                    .map(|a| finite(a, &format!("{name}.attention_factor")))
+                    .transpose()?,
                 truncate,
             })
         }
@@ -467,22 +525,39 @@ impl RawLaguna {
                 ));
             }
         }
-        let n = positive(self.num_hidden_layers, "num_hidden_layers")?;
-        let hidden = positive(self.hidden_size, "hidden_size")?;
-        let vocab = positive(self.vocab_size, "vocab_size")?;
-        let head_dim = positive(self.head_dim, "head_dim")?;
+        let n = bounded(self.num_hidden_layers, "num_hidden_layers", limits::LAYERS)?;
+        let hidden = bounded(self.hidden_size, "hidden_size", limits::WIDTH)?;
+        let vocab = bounded(self.vocab_size, "vocab_size", limits::VOCAB)?;
+        let head_dim = bounded(self.head_dim, "head_dim", limits::HEAD_DIM)?;
         if head_dim % 2 != 0 {
             return Err(Error::field(
                 "head_dim",
                 "must be even for rotary embeddings",
             ));
         }
-        let kv = positive(self.num_key_value_heads, "num_key_value_heads")?;
+        let kv = bounded(
+            self.num_key_value_heads,
+            "num_key_value_heads",
+            limits::HEADS,
+        )?;
         let heads = match self.num_attention_heads_per_layer {
             Some(v) => per_layer(v, n, "num_attention_heads_per_layer")?,
-            None => vec![positive(self.num_attention_heads, "num_attention_heads")?; n],
+            None => vec![
+                bounded(
+                    self.num_attention_heads,
+                    "num_attention_heads",
+                    limits::HEADS
+                )?;
+                n
+            ],
         };
         for (i, &h) in heads.iter().enumerate() {
+            if h > limits::HEADS {
+                return Err(Error::field(
+                    &format!("num_attention_heads_per_layer[{i}]"),
+                    format!("{h} is above the engine's limit {}", limits::HEADS),
+                ));
+            }
             if h == 0 || h % kv != 0 {
                 return Err(Error::field(
                     &format!("num_attention_heads_per_layer[{i}]"),
@@ -535,7 +610,7 @@ impl RawLaguna {
                 }
             }
         }
-        let sliding_window = positive(self.sliding_window, "sliding_window")?;
+        let window = positive(self.sliding_window, "sliding_window")?;
         let (rope_full, rope_sliding) = match self.rope_parameters {
             Some(rp) => {
                 let get = |key: &str| -> Result<RopeParams> {
@@ -578,12 +653,12 @@ impl RawLaguna {
         let any_dense = mlp_layer_types.contains(&MlpType::Dense);
         let any_sparse = mlp_layer_types.contains(&MlpType::Sparse);
         let intermediate_size = if any_dense {
-            positive(self.intermediate_size, "intermediate_size")?
+            bounded(self.intermediate_size, "intermediate_size", limits::WIDTH)?
         } else {
             self.intermediate_size.unwrap_or(0)
         };
         let (num_experts, top_k, moe_i, shared_i) = if any_sparse {
-            let e = positive(self.num_experts, "num_experts")?;
+            let e = bounded(self.num_experts, "num_experts", limits::EXPERTS)?;
             let k = positive(self.num_experts_per_tok, "num_experts_per_tok")?;
             if k > e {
                 return Err(Error::field(
@@ -594,10 +669,15 @@ impl RawLaguna {
             (
                 e,
                 k,
-                positive(self.moe_intermediate_size, "moe_intermediate_size")?,
-                positive(
+                bounded(
+                    self.moe_intermediate_size,
+                    "moe_intermediate_size",
+                    limits::WIDTH,
+                )?,
+                bounded(
                     self.shared_expert_intermediate_size,
                     "shared_expert_intermediate_size",
+                    limits::WIDTH,
                 )?,
             )
         } else {
@@ -625,14 +705,21 @@ impl RawLaguna {
             ));
         }
         let softcap = self.moe_router_logit_softcapping.unwrap_or(0.0);
-        if softcap < 0.0 {
-            return Err(Error::field("moe_router_logit_softcapping", "must be >= 0"));
+        if !(softcap >= 0.0 && softcap.is_finite()) {
+            return Err(Error::field(
+                "moe_router_logit_softcapping",
+                "must be a finite number >= 0",
+            ));
         }
         let scaling = self.moe_routed_scaling_factor.unwrap_or(1.0);
         if !scaling.is_finite() {
             return Err(Error::field("moe_routed_scaling_factor", "must be finite"));
         }
-        let max_pos = positive(self.max_position_embeddings, "max_position_embeddings")?;
+        let max_pos = bounded(
+            self.max_position_embeddings,
+            "max_position_embeddings",
+            limits::POSITIONS,
+        )?;
         let bos = self
             .bos_token_id
             .map(|b| token_id(b, "bos_token_id", vocab))
@@ -666,7 +753,7 @@ impl RawLaguna {
             num_attention_heads_per_layer: heads,
             layer_types,
             mlp_layer_types,
-            sliding_window,
+            sliding_window: clamp_window(window, max_pos),
             rope_full,
             rope_sliding,
             rms_norm_eps,
@@ -739,23 +826,23 @@ pub const MAX_BLOCK_SIZE: usize = 16;
 
 impl DrafterConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::files::read_text(path)?;
         Self::from_json_str(&text).map_err(|e| e.in_file(path))
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
         let r: RawDrafter =
             serde_json::from_str(text).map_err(|e| Error::Config(format!("invalid JSON: {e}")))?;
-        let n = positive(r.num_hidden_layers, "num_hidden_layers")?;
-        let heads = positive(r.num_attention_heads, "num_attention_heads")?;
-        let kv = positive(r.num_key_value_heads, "num_key_value_heads")?;
+        let n = bounded(r.num_hidden_layers, "num_hidden_layers", limits::LAYERS)?;
+        let heads = bounded(r.num_attention_heads, "num_attention_heads", limits::HEADS)?;
+        let kv = bounded(r.num_key_value_heads, "num_key_value_heads", limits::HEADS)?;
         if heads % kv != 0 {
             return Err(Error::field(
                 "num_attention_heads",
                 format!("{heads} query heads are not a multiple of num_key_value_heads {kv}"),
             ));
         }
-        let head_dim = positive(r.head_dim, "head_dim")?;
+        let head_dim = bounded(r.head_dim, "head_dim", limits::HEAD_DIM)?;
         if head_dim % 2 != 0 {
             return Err(Error::field(
                 "head_dim",
@@ -790,13 +877,13 @@ impl DrafterConfig {
                 format!("{block_size} is above the engine's maximum {MAX_BLOCK_SIZE}"),
             ));
         }
-        let num_target_layers = positive(r.num_target_layers, "num_target_layers")?;
+        let num_target_layers = bounded(r.num_target_layers, "num_target_layers", limits::LAYERS)?;
         let inner = field(r.dflash_config, "dflash_config")?;
         let ids = field(inner.target_layer_ids, "dflash_config.target_layer_ids")?;
-        if ids.is_empty() {
+        if ids.is_empty() || ids.len() > limits::LAYERS {
             return Err(Error::field(
                 "dflash_config.target_layer_ids",
-                "must not be empty",
+                format!("must have 1 to {} entries", limits::LAYERS),
             ));
         }
         let mut target_layer_ids = Vec::with_capacity(ids.len());
@@ -809,7 +896,7 @@ impl DrafterConfig {
             }
             target_layer_ids.push(id as usize);
         }
-        let vocab = positive(r.vocab_size, "vocab_size")?;
+        let vocab = bounded(r.vocab_size, "vocab_size", limits::VOCAB)?;
         let mask = field(inner.mask_token_id, "dflash_config.mask_token_id")?;
         let mask_token_id = token_id(mask, "dflash_config.mask_token_id", vocab)?;
         let rms_norm_eps = field(r.rms_norm_eps, "rms_norm_eps")?;
@@ -817,21 +904,23 @@ impl DrafterConfig {
             return Err(Error::field("rms_norm_eps", "must be in (0, 1)"));
         }
         let rope_theta = field(r.rope_theta, "rope_theta")?;
-        if rope_theta <= 1.0 {
-            return Err(Error::field("rope_theta", "must be > 1"));
+        if !(rope_theta > 1.0 && rope_theta.is_finite()) {
+            return Err(Error::field("rope_theta", "must be a finite number > 1"));
         }
+        let max_pos = r.max_position_embeddings.unwrap_or(262_144);
+        let max_pos = bounded(Some(max_pos), "max_position_embeddings", limits::POSITIONS)?;
         Ok(DrafterConfig {
-            hidden_size: positive(r.hidden_size, "hidden_size")?,
+            hidden_size: bounded(r.hidden_size, "hidden_size", limits::WIDTH)?,
             num_hidden_layers: n,
-            intermediate_size: positive(r.intermediate_size, "intermediate_size")?,
+            intermediate_size: bounded(r.intermediate_size, "intermediate_size", limits::WIDTH)?,
             num_attention_heads: heads,
             num_key_value_heads: kv,
             head_dim,
             vocab_size: vocab,
             rms_norm_eps,
             rope_theta,
-            sliding_window: positive(r.sliding_window, "sliding_window")?,
-            max_position_embeddings: r.max_position_embeddings.unwrap_or(262_144),
+            sliding_window: clamp_window(positive(r.sliding_window, "sliding_window")?, max_pos),
+            max_position_embeddings: max_pos,
             block_size,
             num_target_layers,
             target_layer_ids,

@@ -7,11 +7,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// The OS error is part of the message, not a `source`: a report printing the error chain
+    /// would otherwise say it twice.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    /// A file or directory that is not what it must be (a FIFO, too large, already there, ...).
+    #[error("{path}: {msg}")]
+    File { path: PathBuf, msg: String },
     #[error("config: {0}")]
     Config(String),
     #[error("{file}: {inner}")]
@@ -31,10 +33,16 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn io(path: &Path, source: std::io::Error) -> Self {
+    pub fn io(path: &Path, err: std::io::Error) -> Self {
         Error::Io {
             path: path.to_path_buf(),
-            source,
+            err,
+        }
+    }
+    pub fn file(path: &Path, msg: impl std::fmt::Display) -> Self {
+        Error::File {
+            path: path.to_path_buf(),
+            msg: msg.to_string(),
         }
     }
     pub fn field(name: &str, msg: impl std::fmt::Display) -> Self {
@@ -48,7 +56,7 @@ impl Error {
     }
     pub fn in_file(self, file: &Path) -> Self {
         match self {
-            e @ (Error::Io { .. } | Error::InFile { .. }) => e,
+            e @ (Error::Io { .. } | Error::File { .. } | Error::InFile { .. }) => e,
             e => Error::InFile {
                 file: file.to_path_buf(),
                 inner: Box::new(e),

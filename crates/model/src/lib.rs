@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod files;
 pub mod inventory;
 pub mod manifest;
 pub mod nvfp4;

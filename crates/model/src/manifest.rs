@@ -28,35 +28,105 @@ pub struct Verified {
     pub digest: String,
 }
 
+/// Where the entry `p` under the (canonical) `root` leads: itself when it is a regular file, the
+/// file a symbolic link points to when that is a regular file inside `root`. Anything else (a
+/// link out of the directory or to a directory, a FIFO, a socket, a device) is an error naming
+/// `p`: a MANIFEST pins the files of one directory, and hashing must neither leave it nor block.
+fn regular_inside(root: &Path, p: &Path) -> Result<()> {
+    let m = p.symlink_metadata().map_err(|e| Error::io(p, e))?;
+    if m.is_file() {
+        return Ok(());
+    }
+    if !m.file_type().is_symlink() {
+        return Err(Error::file(
+            p,
+            format!(
+                "is {}; a model directory holds only regular files and directories",
+                crate::files::kind(&m.file_type())
+            ),
+        ));
+    }
+    let target = p.canonicalize().map_err(|e| {
+        Error::file(
+            p,
+            format!("is a symbolic link that cannot be followed: {e}"),
+        )
+    })?;
+    if !target.starts_with(root) {
+        return Err(Error::file(
+            p,
+            format!(
+                "is a symbolic link to {}, outside {}; a MANIFEST pins only files inside its directory",
+                target.display(),
+                root.display()
+            ),
+        ));
+    }
+    let t = target.metadata().map_err(|e| Error::io(&target, e))?;
+    if !t.is_file() {
+        return Err(Error::file(
+            p,
+            format!(
+                "is a symbolic link to {}, which is {}, not a regular file",
+                target.display(),
+                crate::files::kind(&t.file_type())
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The directory's canonical path: containment is judged on resolved paths.
+fn canonical_root(dir: &Path) -> Result<PathBuf> {
+    let root = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+    if !root.is_dir() {
+        return Err(Error::file(dir, "is not a directory"));
+    }
+    Ok(root)
+}
+
+/// Every file under `dir` except MANIFEST, relative, `/`-separated, sorted; each one a regular
+/// file inside `dir` (`regular_inside`). Names a MANIFEST line could not hold are refused.
 fn relative_files(dir: &Path) -> Result<Vec<String>> {
-    fn walk(root: &Path, d: &Path, out: &mut Vec<String>) -> Result<()> {
+    fn walk(root: &Path, base: &Path, d: &Path, out: &mut Vec<String>) -> Result<()> {
         for e in std::fs::read_dir(d).map_err(|e| Error::io(d, e))? {
             let e = e.map_err(|e| Error::io(d, e))?;
             let p = e.path();
             let ft = e.file_type().map_err(|e| Error::io(&p, e))?;
             if ft.is_dir() {
-                walk(root, &p, out)?;
-            } else {
-                let rel = p.strip_prefix(root).expect("walked under root");
-                let rel = rel
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-                    .join("/");
-                out.push(rel);
+                walk(root, base, &p, out)?;
+                continue;
             }
+            regular_inside(root, &p)?;
+            let rel = p.strip_prefix(base).expect("walked under base");
+            let mut parts = vec![];
+            for c in rel.components() {
+                match c.as_os_str().to_str() {
+                    Some(s) if !s.chars().any(char::is_control) => parts.push(s),
+                    _ => return Err(Error::file(
+                        &p,
+                        "has a name that is not printable UTF-8, which a MANIFEST line cannot hold",
+                    )),
+                }
+            }
+            out.push(parts.join("/"));
         }
         Ok(())
     }
+    let root = canonical_root(dir)?;
     let mut out = vec![];
-    walk(dir, dir, &mut out)?;
+    walk(&root, dir, dir, &mut out)?;
     out.retain(|p| p != MANIFEST);
     out.sort();
     Ok(out)
 }
 
+/// The sha256 and size of the file `path`, read once. A file that changes while it is read
+/// (its size or modification time moves, or the path is replaced) is an error: its hash would
+/// pin bytes that are no longer there.
 fn hash_file(path: &Path, progress: &ProgressBar) -> Result<(String, u64)> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut f = crate::files::open_regular(path)?;
+    let before = f.metadata().map_err(|e| Error::io(path, e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
@@ -68,6 +138,23 @@ fn hash_file(path: &Path, progress: &ProgressBar) -> Result<(String, u64)> {
         h.update(&buf[..k]);
         n += k as u64;
         progress.inc(k as u64);
+    }
+    let after = f.metadata().map_err(|e| Error::io(path, e))?;
+    let now = path.metadata().map_err(|e| Error::io(path, e))?;
+    let moved = n != before.len()
+        || after.len() != before.len()
+        || after.modified().ok() != before.modified().ok()
+        || crate::files::identity(&now) != crate::files::identity(&before);
+    if moved {
+        return Err(Error::file(
+            path,
+            format!(
+                "changed while it was being hashed ({} bytes when opened, {n} read, {} now); \
+                 run again once nothing writes to it",
+                before.len(),
+                now.len()
+            ),
+        ));
     }
     Ok((hex::encode(h.finalize()), n))
 }
@@ -149,20 +236,25 @@ pub fn parse(text: &str, file: &Path) -> Result<Vec<Entry>> {
 /// Checks every listed file's size and hash, and that no unlisted file is present. The first
 /// problem found is the error, naming the file.
 pub fn verify(dir: &Path, progress: &ProgressBar) -> Result<Verified> {
+    let root = canonical_root(dir)?;
     let mpath: PathBuf = dir.join(MANIFEST);
-    let text = std::fs::read_to_string(&mpath).map_err(|e| Error::io(&mpath, e))?;
+    let text = crate::files::read_text(&mpath)?;
     let entries = parse(&text, &mpath)?;
     progress.set_length(entries.iter().map(|e| e.bytes).sum());
     for e in &entries {
         let p = dir.join(&e.path);
-        let meta = std::fs::metadata(&p).map_err(|_| {
-            Error::Manifest(format!("{}: missing (listed in MANIFEST)", p.display()))
-        })?;
-        if meta.len() != e.bytes {
+        if p.symlink_metadata().is_err() {
             return Err(Error::Manifest(format!(
-                "{}: size {} bytes, MANIFEST says {}",
+                "{}: missing (listed in MANIFEST)",
+                p.display()
+            )));
+        }
+        regular_inside(&root, &p)?;
+        let len = p.metadata().map_err(|e| Error::io(&p, e))?.len();
+        if len != e.bytes {
+            return Err(Error::Manifest(format!(
+                "{}: size {len} bytes, MANIFEST says {}",
                 p.display(),
-                meta.len(),
                 e.bytes
             )));
         }

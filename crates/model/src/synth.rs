@@ -314,29 +314,6 @@ pub fn pretty_json(v: &serde_json::Value) -> Vec<u8> {
     s.into_bytes()
 }
 
-/// Creates `out` through a temporary sibling directory renamed into place once complete, so a
-/// failed or interrupted run never leaves a half-written checkpoint under the final name.
-pub fn with_staging_dir(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    if out.exists() {
-        return Err(Error::Checkpoint(format!(
-            "{}: already exists; choose a new output directory",
-            out.display()
-        )));
-    }
-    let stage = crate::checkpoint::temp_path(out);
-    if stage.exists() {
-        std::fs::remove_dir_all(&stage).map_err(|e| Error::io(&stage, e))?;
-    }
-    std::fs::create_dir_all(&stage).map_err(|e| Error::io(&stage, e))?;
-    match fill(&stage) {
-        Ok(()) => std::fs::rename(&stage, out).map_err(|e| Error::io(out, e)),
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&stage);
-            Err(e)
-        }
-    }
-}
-
 /// Writes a synthetic target + drafter checkpoint directory. Returns the MANIFEST digest.
 pub fn write_synthetic(
     out: &Path,
@@ -353,8 +330,9 @@ pub fn write_synthetic(
     let d_specs = drafter_inventory(&preset.drafter);
     let total: usize = t_specs.iter().chain(&d_specs).map(TensorSpec::nbytes).sum();
     progress.set_length(total as u64);
+    crate::files::check_free_space(out, total as u64)?;
     let mut digest = String::new();
-    with_staging_dir(out, |dir| {
+    crate::files::with_staging_dir(out, |dir| {
         write_atomic(&dir.join("config.json"), &pretty_json(&target.to_hf_json()))?;
         let produce = |s: &TensorSpec| match layout {
             Layout::Runtime => runtime_tensor_bytes(seed, s),

@@ -18,9 +18,10 @@ use crate::checkpoint::{
 };
 use crate::config::{DrafterConfig, LagunaConfig};
 use crate::error::{Error, Result};
+use crate::files::{read_bounded, read_text, refuse_inside, with_staging_dir, MAX_TEXT_BYTES};
 use crate::inventory::{drafter_inventory, target_inventory, Layout, TensorSpec};
 use crate::nvfp4::quantize_row;
-use crate::synth::{pretty_json, with_staging_dir};
+use crate::synth::pretty_json;
 
 /// Small files copied unchanged from IN to OUT when present.
 const SIDE_FILES: [&str; 4] = [
@@ -96,19 +97,10 @@ fn quantize_source(store: &TensorStore, s: &ExpertSource, scales_out: bool) -> R
     let mut out = vec![];
     for (name, row0, rows) in &s.segments {
         let all = store.get(name)?.to_f32()?;
+        // `to_f32` has refused non-finite values, which no NVFP4 code can hold.
         for r in *row0..row0 + rows {
             let at = r * s.cols;
-            let row = &all[at..at + s.cols];
-            if let Some(bad) = row.iter().position(|v| !v.is_finite()) {
-                return Err(Error::tensor(
-                    name,
-                    format!(
-                        "non-finite value at element {} cannot be quantised",
-                        at + bad
-                    ),
-                ));
-            }
-            quantize_row(row, &mut codes, &mut scales);
+            quantize_row(&all[at..at + s.cols], &mut codes, &mut scales);
             if scales_out {
                 out.extend_from_slice(&scales);
             } else {
@@ -178,7 +170,7 @@ fn convert(
 }
 
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = read_text(path)?;
     serde_json::from_str(&text)
         .map_err(|e| Error::Config(format!("invalid JSON: {e}")).in_file(path))
 }
@@ -187,6 +179,10 @@ fn read_json(path: &Path) -> Result<Value> {
 /// Returns the MANIFEST digest of the output.
 pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<String> {
     let cfg_path = input.join("config.json");
+    // Checked before the long part: written into its input, the output would change the input
+    // under its own MANIFEST.
+    crate::files::check_new_dir(output, false)?;
+    refuse_inside(output, input, "input directory")?;
     let cfg = LagunaConfig::from_file(&cfg_path)?;
     if cfg.quantization.is_some() {
         return Err(Error::Checkpoint(format!(
@@ -222,6 +218,7 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
         .map(TensorSpec::nbytes)
         .sum();
     progress.set_length(total as u64);
+    crate::files::check_free_space(output, total as u64)?;
 
     // The original config, kept field for field, plus the quantization blocks.
     let mut cfg_json = read_json(&cfg_path)?;
@@ -239,9 +236,8 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
         convert(&dir.join("model.safetensors"), &specs, &produce, progress)?;
         for f in SIDE_FILES {
             let p = input.join(f);
-            if p.exists() {
-                let b = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
-                write_atomic(&dir.join(f), &b)?;
+            if p.symlink_metadata().is_ok() {
+                write_atomic(&dir.join(f), &read_bounded(&p, MAX_TEXT_BYTES)?)?;
             }
         }
         if let Some((dstore, dspecs)) = &drafter {
@@ -299,7 +295,13 @@ mod tests {
             assert!(same, "{f}: transform(HF synth) differs from runtime synth");
         }
         crate::manifest::verify(&a, &hidden).unwrap();
-        assert!(!tmp.path().join("a.partial").exists());
+        // Nothing but the outputs is left beside them (no staging directory).
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["a", "b", "hf", "rt"]);
         // Refuses to overwrite, and refuses a runtime-layout input.
         assert!(transform(&hf, &a, &hidden)
             .unwrap_err()
@@ -366,6 +368,10 @@ mod tests {
             e.contains("model.safetensors") && e.contains("truncated"),
             "{e}"
         );
-        assert!(!tmp.path().join("o1").exists() && !tmp.path().join("o1.partial").exists());
+        let left = std::fs::read_dir(tmp.path()).unwrap().count();
+        assert!(
+            !tmp.path().join("o1").exists() && left == 2,
+            "a failed run leaves nothing"
+        );
     }
 }

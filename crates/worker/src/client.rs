@@ -4,11 +4,15 @@
 //! worker does wrong comes back as a `Fault`: infrastructure (it crashed, hung, stalled or spoke
 //! garbage) or a violation (its reply is impossible), never as a number that could be scored.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::lines::{read_line, Bounded};
 
 use crate::protocol::{
     Ready, ReplayRequest, Reply, Request, Step, WindowRequest, PROTOCOL, VERSION,
@@ -127,18 +131,70 @@ pub struct TimedWindow {
 
 enum Line {
     Text(Instant, String),
+    /// A line longer than any reply to the pending request can be.
+    TooLong(usize),
     Eof,
 }
 
-/// A running worker process; killed when dropped.
+/// Longest line a reply carries besides its tokens or steps (an error message, `ready`).
+const LINE_BASE: usize = 64 << 10;
+/// Bytes a window reply may spend per token: a u32 and a comma.
+const LINE_PER_TOKEN: usize = 16;
+/// Bytes a replay reply may spend per step: two scored ids and a probe logit.
+const LINE_PER_STEP: usize = 192;
+/// Lines the reader thread may hold for the parent: a request has at most two replies, so a
+/// worker that sends more than this is misbehaving and waits until the parent gives up on it.
+const QUEUED_LINES: usize = 8;
+/// Bytes of the worker's stderr kept for a fault's detail.
+const STDERR_TAIL: usize = 4096;
+
+/// A running worker process and the process group it leads; both are killed when dropped.
 pub struct Worker {
     child: Child,
     stdin: ChildStdin,
     lines: Receiver<Line>,
+    /// The longest reply line the reader accepts now, set for each request.
+    line_limit: Arc<AtomicUsize>,
+    /// The end of what the worker wrote to stderr (which is passed on to the parent's).
+    stderr_tail: Arc<Mutex<Vec<u8>>>,
+    /// Told when the worker's stderr ends, so a crash report can wait for its last words.
+    stderr_done: Receiver<()>,
     pub ready: Ready,
     vocab: usize,
     next_id: u64,
     request_timeout: Duration,
+}
+
+/// Has process `pid` exited? Asked without reaping it: until it is reaped its pid, which is also
+/// its process group's id, cannot be reused, so killing the group stays safe. The answer says
+/// how it ended.
+#[cfg(unix)]
+fn exited(pid: u32) -> Option<String> {
+    // SAFETY: waitid writes only into `info`, which is zeroed plain data.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: for a child reported by waitid the pid and status fields are set.
+    let (who, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if r != 0 || who == 0 {
+        return None;
+    }
+    Some(if info.si_code == libc::CLD_EXITED {
+        format!("exit status: {status}")
+    } else {
+        format!("signal: {status}")
+    })
+}
+
+#[cfg(not(unix))]
+fn exited(_pid: u32) -> Option<String> {
+    None
 }
 
 impl Worker {
@@ -153,33 +209,75 @@ impl Worker {
         if let Some(f) = &spec.flags {
             cmd.arg("--flags").arg(f);
         }
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            // Its own process group: whatever the worker starts dies with it (`kill_group`).
+            cmd.process_group(0);
+        }
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| Fault::infra("spawn_failed", format!("{}: {e}", spec.bin.display())))?;
+            .map_err(|e| {
+                Fault::infra(
+                    "spawn_failed",
+                    format!("cannot start {}: {e}", spec.bin.display()),
+                )
+            })?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
+        let stderr = child.stderr.take().expect("piped");
+        let line_limit = Arc::new(AtomicUsize::new(LINE_BASE));
+        let (tx, lines) = mpsc::sync_channel(QUEUED_LINES);
+        let limit = line_limit.clone();
         // The reader stamps each line the moment it is read: that stamp is the clock's reading.
+        // It holds at most one line, of at most the current limit.
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                match line {
-                    Ok(l) => {
-                        if tx.send(Line::Text(Instant::now(), l)).is_err() {
-                            return;
-                        }
+            let mut r = BufReader::new(stdout);
+            let max = || limit.load(Ordering::Acquire);
+            loop {
+                let msg = match read_line(&mut r, max) {
+                    Ok(Bounded::Line(l)) => {
+                        Line::Text(Instant::now(), String::from_utf8_lossy(&l).into_owned())
                     }
-                    Err(_) => break,
+                    Ok(Bounded::TooLong) => Line::TooLong(max()),
+                    Ok(Bounded::Eof) | Err(_) => Line::Eof,
+                };
+                let last = !matches!(msg, Line::Text(..));
+                if tx.send(msg).is_err() || last {
+                    return;
                 }
             }
-            let _ = tx.send(Line::Eof);
+        });
+        let stderr_tail = Arc::new(Mutex::new(vec![]));
+        let (done_tx, stderr_done) = mpsc::channel();
+        let tail = stderr_tail.clone();
+        // The worker's diagnostics go on to the parent's stderr as they come, in chunks (never a
+        // whole line held); the last few kilobytes are kept to say why a worker died.
+        std::thread::spawn(move || {
+            let mut r = stderr;
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = r.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let _ = std::io::stderr().write_all(&buf[..n]);
+                let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
+                t.extend_from_slice(&buf[..n]);
+                let excess = t.len().saturating_sub(STDERR_TAIL);
+                t.drain(..excess);
+            }
+            let _ = done_tx.send(());
         });
         let mut w = Worker {
             child,
             stdin,
             lines,
+            line_limit,
+            stderr_tail,
+            stderr_done,
             ready: Ready {
                 protocol: String::new(),
                 version: 0,
@@ -238,7 +336,19 @@ impl Worker {
         self.child.id()
     }
 
+    /// Sends a request, first bounding the reply lines the reader accepts to what a reply to it
+    /// can need.
     fn send(&mut self, req: &Request) -> Result<(), Fault> {
+        let limit = match req {
+            Request::Window(w) => w
+                .decode_tokens
+                .saturating_add(1)
+                .saturating_mul(LINE_PER_TOKEN),
+            Request::Replay(r) => r.chain.len().saturating_mul(LINE_PER_STEP),
+            Request::Shutdown => 0,
+        };
+        self.line_limit
+            .store(LINE_BASE.saturating_add(limit), Ordering::Release);
         let line = serde_json::to_string(req).expect("requests serialise");
         let r = self
             .stdin
@@ -248,22 +358,43 @@ impl Worker {
         r.map_err(|_| self.crashed())
     }
 
+    /// Kills the worker and every process it started (its process group).
+    fn kill_group(&mut self) {
+        #[cfg(unix)]
+        // SAFETY: a signal to the group this worker leads; its pid is not reaped yet (every
+        // wait here is `exited`'s, which does not reap), so the group id is still its own.
+        unsafe {
+            libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL);
+        }
+        let _ = self.child.kill();
+    }
+
+    /// The worker's last error line on stderr (else its last line), waiting a moment for it when
+    /// the worker is gone.
+    fn last_words(&self) -> Option<String> {
+        let _ = self.stderr_done.recv_timeout(Duration::from_millis(500));
+        let t = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
+        let text = String::from_utf8_lossy(&t);
+        let mut lines = text.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+        let last = lines.clone().next()?;
+        let line = lines.find(|l| l.starts_with("error")).unwrap_or(last);
+        Some(line.chars().take(500).collect())
+    }
+
     /// The worker's output ended (or a write to it failed): collect how it died.
     fn crashed(&mut self) -> Fault {
         let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => {
-                    return Fault::infra("worker_crashed", format!("worker exited ({s})"))
-                }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    return Fault::infra("worker_crashed", "worker closed its output");
-                }
+        let how = loop {
+            match exited(self.child.id()) {
+                Some(how) => break format!("worker exited ({how})"),
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                None => break "worker closed its output".to_string(),
             }
+        };
+        self.kill_group();
+        match self.last_words() {
+            Some(w) => Fault::infra("worker_crashed", format!("{how}; it said: {w}")),
+            None => Fault::infra("worker_crashed", how),
         }
     }
 
@@ -272,7 +403,7 @@ impl Worker {
         loop {
             let now = Instant::now();
             if now >= deadline {
-                let _ = self.child.kill();
+                self.kill_group();
                 return Err(Fault::infra("worker_hung", "no reply before the timeout"));
             }
             let wait = tick.interval().min(deadline - now);
@@ -286,10 +417,17 @@ impl Worker {
                     }
                     return Ok((at, reply));
                 }
+                Ok(Line::TooLong(max)) => {
+                    self.kill_group();
+                    return Err(Fault::infra(
+                        "protocol",
+                        format!("a reply line longer than {max} bytes, more than this request's reply can be"),
+                    ));
+                }
                 Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => return Err(self.crashed()),
                 Err(RecvTimeoutError::Timeout) => {
                     if let Err(why) = tick.tick(self.child.id()) {
-                        let _ = self.child.kill();
+                        self.kill_group();
                         return Err(Fault::infra("worker_stalled", why));
                     }
                 }
@@ -354,7 +492,7 @@ impl Worker {
                 format!("replies for request {sid}/{wid}, expected {id}"),
             ));
         }
-        if tokens.len() != n + 1 {
+        if tokens.len() != n.saturating_add(1) {
             return Err(Fault::violation(
                 "token_count",
                 format!("{} tokens for a window of 1 + {n}", tokens.len()),
@@ -374,7 +512,7 @@ impl Worker {
                 format!("after the prefill the KV length is {kv_len}, the ledger says {p}"),
             ));
         }
-        if final_kv != p + n {
+        if final_kv != p.saturating_add(n) {
             return Err(Fault::violation(
                 "kv_ledger",
                 format!(
@@ -451,14 +589,11 @@ impl Worker {
         Ok(steps)
     }
 
-    /// Asks the worker to exit, and makes sure it has.
+    /// Asks the worker to exit, and makes sure it has, and that nothing it started lives on.
     pub fn shutdown(mut self) {
         let _ = self.send(&Request::Shutdown);
         let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
+        while Instant::now() < deadline && exited(self.child.id()).is_none() {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -466,34 +601,42 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-        }
+        self.kill_group();
         let _ = self.child.wait();
     }
 }
 
-/// What the parent knows of a model without trusting any worker: its vocabulary (from
-/// `config.json`) and its MANIFEST digest (or, for synthetic weights, the preset's digest).
+/// What the parent knows of a model without trusting any worker: its vocabulary and longest
+/// sequence (from `config.json`) and its MANIFEST digest (or, for synthetic weights, the
+/// preset's digest).
 #[derive(Debug, Clone)]
 pub struct ModelId {
     pub source: ModelSource,
     pub vocab: usize,
+    /// `max_position_embeddings`: no request may run a longer sequence.
+    pub max_positions: usize,
     pub digest: String,
 }
 
 impl ModelId {
     pub fn of(dir: &std::path::Path) -> anyhow::Result<ModelId> {
-        use anyhow::Context;
         let cfg = fastdecode_model::LagunaConfig::from_file(&dir.join("config.json"))?;
         let mpath = dir.join(fastdecode_model::manifest::MANIFEST);
-        let text = std::fs::read_to_string(&mpath)
-            .with_context(|| format!("{}: cannot read the MANIFEST", mpath.display()))?;
+        let text = fastdecode_model::files::read_text(&mpath)?;
         Ok(ModelId {
             source: ModelSource::Dir(dir.to_path_buf()),
             vocab: cfg.vocab_size,
+            max_positions: cfg.max_position_embeddings,
             digest: fastdecode_model::manifest::digest_of(&text),
         })
+    }
+
+    /// The model directory, when the model is one (synthetic weights have none).
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        match &self.source {
+            ModelSource::Dir(d) => Some(d),
+            ModelSource::Synthetic { .. } => None,
+        }
     }
 
     /// A preset's synthetic weights at `seed` (generated by the worker, never on disk).
@@ -505,6 +648,7 @@ impl ModelId {
                 seed,
             },
             vocab: p.target.vocab_size,
+            max_positions: p.target.max_position_embeddings,
             digest: fastdecode_model::synth::synthetic_digest(preset, seed)?,
         })
     }

@@ -3,6 +3,7 @@
 //! turns every way a worker can misbehave into a named fault instead of a score.
 
 pub mod client;
+pub mod lines;
 pub mod protocol;
 pub mod serve;
 

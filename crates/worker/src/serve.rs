@@ -150,7 +150,7 @@ fn check_context(cfg: &LagunaConfig, max_context: usize) -> Result<usize> {
 pub fn run(
     opts: &WorkerOptions,
     build: Build,
-    input: impl BufRead,
+    mut input: impl BufRead,
     mut output: impl Write,
 ) -> Result<()> {
     flags::set_active(opts.flags);
@@ -169,15 +169,37 @@ pub fn run(
         max_block: server.max_block(),
     };
     write_line(&mut output, &Reply::Ready(ready))?;
-    for line in input.lines() {
-        let line = line.context("reading a request")?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let req: Request = match serde_json::from_str(&line) {
-            Ok(r) => r,
+    // The longest request a parent can need: three token lists (prompt, chain or truth) of the
+    // model's longest sequence. A longer line is refused without being held.
+    let max_line = server
+        .config()
+        .max_position_embeddings
+        .saturating_mul(3 * 12)
+        + (64 << 10);
+    loop {
+        let line =
+            match crate::lines::read_line(&mut input, || max_line).context("reading a request")? {
+                crate::lines::Bounded::Eof => break,
+                crate::lines::Bounded::Line(l) => String::from_utf8(l),
+                crate::lines::Bounded::TooLong => {
+                    crate::lines::skip_line(&mut input).context("reading a request")?;
+                    let message = format!("bad request: a line longer than {max_line} bytes");
+                    write_line(&mut output, &Reply::Error { id: None, message })?;
+                    continue;
+                }
+            };
+        let req: Request = match line.as_deref().map(|l| (l.trim().is_empty(), l)) {
+            Ok((true, _)) => continue,
+            Ok((false, l)) => match serde_json::from_str(l) {
+                Ok(r) => r,
+                Err(e) => {
+                    let message = format!("bad request: {e}");
+                    write_line(&mut output, &Reply::Error { id: None, message })?;
+                    continue;
+                }
+            },
             Err(e) => {
-                let message = format!("bad request: {e}");
+                let message = format!("bad request: not UTF-8 ({e})");
                 write_line(&mut output, &Reply::Error { id: None, message })?;
                 continue;
             }
@@ -361,7 +383,10 @@ impl Server {
         };
         let (target, mut source) = self.target_and_source(plan, w.block_size)?;
         let opts = DecodeOptions {
-            max_new_tokens: w.decode_tokens + 1,
+            max_new_tokens: w
+                .decode_tokens
+                .checked_add(1)
+                .context("decode_tokens is too large")?,
             block_size: w.block_size,
             stop_tokens: &[],
         };

@@ -1,0 +1,1425 @@
+//! A table of bad inputs, each run through the real `fastdecode` binary as a user would type
+//! it. For every one: a non-zero exit code (not a signal), no panic text, a message naming the
+//! file, tensor, field or option at fault, and nothing new or changed in the case's directory
+//! (the working directory, which holds every output path a case names). The shared fixtures
+//! (a tiny model, its HF twin, a golden) must be unchanged after the whole table too.
+//!
+//! Placeholders in a command line: `{M}` the model, `{H}` the HF model, `{G}` a directory with
+//! one golden of `{M}`, `{B}` this binary, `{D}` the case's own directory.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use support::*;
+
+type Setup = Box<dyn Fn(&Path) + Send + Sync>;
+
+struct Case {
+    name: &'static str,
+    setup: Option<Setup>,
+    args: &'static str,
+    /// Every one of these must appear in stderr.
+    must: &'static [&'static str],
+}
+
+fn case(name: &'static str, args: &'static str, must: &'static [&'static str]) -> Case {
+    Case {
+        name,
+        setup: None,
+        args,
+        must,
+    }
+}
+
+fn with(
+    name: &'static str,
+    setup: impl Fn(&Path) + Send + Sync + 'static,
+    args: &'static str,
+    must: &'static [&'static str],
+) -> Case {
+    Case {
+        name,
+        setup: Some(Box::new(setup)),
+        args,
+        must,
+    }
+}
+
+/// A directory with one golden of the fixture model, made once.
+fn goldens() -> &'static Path {
+    static G: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &G.get_or_init(|| {
+        let t = tempfile::tempdir().unwrap();
+        let g = t.path().join("goldens");
+        ok(fd()
+            .args(["golden", "make", "--count", "1", "--tokens", "8", "--model"])
+            .arg(&fixture().model)
+            .arg("--out")
+            .arg(&g));
+        (t, g)
+    })
+    .1
+}
+
+/// `{D}/m`: a copy of the model, edited by `edit`.
+fn model(d: &Path, edit: impl FnOnce(&Path)) {
+    let m = d.join("m");
+    link_copy(&fixture().model, &m);
+    edit(&m);
+}
+
+/// `{D}/h`: a copy of the HF model, edited by `edit`.
+fn hf(d: &Path, edit: impl FnOnce(&Path)) {
+    let h = d.join("h");
+    link_copy(&fixture().hf, &h);
+    edit(&h);
+}
+
+/// `{D}/m` with its config edited.
+fn config(d: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    model(d, |m| edit_json(&m.join("config.json"), edit));
+}
+
+/// `{D}/m` with its drafter's config edited.
+fn drafter_config(d: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    model(d, |m| edit_json(&m.join("drafter/config.json"), edit));
+}
+
+fn file(d: &Path, name: &str, bytes: &[u8]) {
+    std::fs::write(d.join(name), bytes).unwrap();
+}
+
+/// `{D}/g.json`: the fixture's golden, edited.
+fn golden(d: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let src = goldens().join("golden-000.json");
+    std::fs::copy(&src, d.join("g.json")).unwrap();
+    edit_json(&d.join("g.json"), edit);
+}
+
+const TRACE: &str = "module,ns,kind,event,block,clock\nm,0,2,0,0,0\nm,5,2,2,0,9\n";
+
+fn cases() -> Vec<Case> {
+    use serde_json::json;
+    vec![
+        // The command line itself.
+        case("unknown command", "frobnicate", &["frobnicate"]),
+        case(
+            "unknown option",
+            "generate --model {M} --prompt-ids 1 --turbo",
+            &["--turbo"],
+        ),
+        // synth
+        case(
+            "unknown preset",
+            "synth --preset huge --out {D}/o",
+            &["huge"],
+        ),
+        case("synth without preset", "synth --out {D}/o", &["--preset"]),
+        case(
+            "synth over a model",
+            "synth --preset tiny --out {M}",
+            &["already exists"],
+        ),
+        case(
+            "synth --out x/..",
+            "synth --preset tiny --out {D}/x/..",
+            &["does not name a new directory"],
+        ),
+        case(
+            "synth --out .",
+            "synth --preset tiny --out .",
+            &["does not name a new directory"],
+        ),
+        with(
+            "synth under a file",
+            |d| file(d, "f", b"x"),
+            "synth --preset tiny --out {D}/f/o",
+            &["f", "not a directory"],
+        ),
+        with(
+            "synth over a file",
+            |d| file(d, "f", b"x"),
+            "synth --preset tiny --out {D}/f",
+            &["f", "already exists"],
+        ),
+        case(
+            "synth --seed -1",
+            "synth --preset tiny --seed -1 --out {D}/o",
+            &["--seed"],
+        ),
+        case(
+            "synth --layout",
+            "synth --preset tiny --layout weird --out {D}/o",
+            &["--layout"],
+        ),
+        // transform
+        case(
+            "transform a missing input",
+            "transform {D}/none {D}/o",
+            &["none/config.json"],
+        ),
+        case(
+            "transform a runtime model",
+            "transform {M} {D}/o",
+            &["already the runtime layout"],
+        ),
+        case(
+            "transform into its input",
+            "transform {H} {H}/out",
+            &["inside the input directory"],
+        ),
+        case(
+            "transform over a model",
+            "transform {H} {M}",
+            &["already exists"],
+        ),
+        case(
+            "transform --out x/..",
+            "transform {H} {D}/x/..",
+            &["does not name a new directory"],
+        ),
+        with(
+            "transform truncated",
+            |d| {
+                hf(d, |h| {
+                    let p = h.join("model.safetensors");
+                    let b = std::fs::read(&p).unwrap();
+                    replace(&p, &b[..b.len() / 2]);
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["model.safetensors", "truncated"],
+        ),
+        with(
+            "transform NaN expert",
+            |d| {
+                hf(d, |h| {
+                    patch_bf16(
+                        &h.join("model.safetensors"),
+                        "model.layers.1.mlp.experts.gate_up_proj",
+                        7,
+                        0x7fc0,
+                    )
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["model.layers.1.mlp.experts.gate_up_proj", "NaN"],
+        ),
+        with(
+            "transform NaN norm",
+            |d| {
+                hf(d, |h| {
+                    patch_bf16(&h.join("model.safetensors"), "model.norm.weight", 0, 0x7fc0)
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["model.norm.weight", "NaN"],
+        ),
+        with(
+            "transform Inf lm_head",
+            |d| {
+                hf(d, |h| {
+                    patch_bf16(&h.join("model.safetensors"), "lm_head.weight", 5, 0xff80)
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["lm_head.weight", "inf"],
+        ),
+        with(
+            "transform FIFO config",
+            |d| {
+                hf(d, |h| {
+                    std::fs::remove_file(h.join("config.json")).unwrap();
+                    mkfifo(&h.join("config.json"));
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["config.json", "FIFO"],
+        ),
+        with(
+            "transform FIFO tokenizer",
+            |d| {
+                hf(d, |h| {
+                    std::fs::remove_file(h.join("tokenizer.json")).unwrap();
+                    mkfifo(&h.join("tokenizer.json"));
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["tokenizer.json", "FIFO"],
+        ),
+        with(
+            "transform bad JSON",
+            |d| hf(d, |h| replace(&h.join("config.json"), b"{ nope")),
+            "transform {D}/h {D}/o",
+            &["config.json", "invalid JSON"],
+        ),
+        with(
+            "transform two shards, same tensors",
+            |d| {
+                hf(d, |h| {
+                    // A second shard holding a tensor that the first holds too.
+                    std::fs::copy(h.join("model.safetensors"), h.join("model-2.safetensors"))
+                        .unwrap();
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["appears in both", "model-2.safetensors"],
+        ),
+        // inspect: configs
+        case(
+            "inspect a missing dir",
+            "inspect {D}/none",
+            &["none/config.json"],
+        ),
+        case("inspect nothing", "inspect", &["--preset"]),
+        case("inspect unknown preset", "inspect --preset huge", &["huge"]),
+        with(
+            "hidden_size 2^40",
+            |d| config(d, |v| v["hidden_size"] = json!(1u64 << 40)),
+            "inspect {D}/m",
+            &["hidden_size", "limit"],
+        ),
+        with(
+            "vocab_size 2^40",
+            |d| config(d, |v| v["vocab_size"] = json!(1u64 << 40)),
+            "inspect {D}/m",
+            &["vocab_size", "limit"],
+        ),
+        with(
+            "layers 100000",
+            |d| config(d, |v| v["num_hidden_layers"] = json!(100000)),
+            "inspect {D}/m",
+            &["num_hidden_layers"],
+        ),
+        with(
+            "experts 2^20",
+            |d| config(d, |v| v["num_experts"] = json!(1 << 20)),
+            "inspect {D}/m",
+            &["num_experts"],
+        ),
+        with(
+            "head_dim 2^20",
+            |d| config(d, |v| v["head_dim"] = json!(1 << 20)),
+            "inspect {D}/m",
+            &["head_dim"],
+        ),
+        with(
+            "max positions 0",
+            |d| config(d, |v| v["max_position_embeddings"] = json!(0)),
+            "inspect {D}/m",
+            &["max_position_embeddings"],
+        ),
+        with(
+            "max positions 10^12",
+            |d| {
+                config(d, |v| {
+                    v["max_position_embeddings"] = json!(1_000_000_000_000u64)
+                })
+            },
+            "inspect {D}/m",
+            &["max_position_embeddings"],
+        ),
+        with(
+            "sliding_window 0",
+            |d| config(d, |v| v["sliding_window"] = json!(0)),
+            "inspect {D}/m",
+            &["sliding_window"],
+        ),
+        with(
+            "sliding_window -1",
+            |d| config(d, |v| v["sliding_window"] = json!(-1)),
+            "inspect {D}/m",
+            &["config.json", "line"],
+        ),
+        with(
+            "rope_theta 0.5",
+            |d| {
+                config(d, |v| {
+                    v["rope_parameters"]["sliding_attention"]["rope_theta"] = json!(0.5)
+                })
+            },
+            "inspect {D}/m",
+            &["sliding_attention.rope_theta"],
+        ),
+        with(
+            "softcap negative",
+            |d| config(d, |v| v["moe_router_logit_softcapping"] = json!(-1.0)),
+            "inspect {D}/m",
+            &["moe_router_logit_softcapping"],
+        ),
+        with(
+            "rms_norm_eps 0",
+            |d| config(d, |v| v["rms_norm_eps"] = json!(0.0)),
+            "inspect {D}/m",
+            &["rms_norm_eps"],
+        ),
+        with(
+            "yarn factor 0.5",
+            |d| {
+                config(d, |v| {
+                    v["rope_parameters"]["full_attention"]["factor"] = json!(0.5)
+                })
+            },
+            "inspect {D}/m",
+            &["full_attention.factor"],
+        ),
+        with(
+            "yarn original positions 1e30",
+            |d| {
+                config(d, |v| {
+                    v["rope_parameters"]["full_attention"]["original_max_position_embeddings"] =
+                        json!(1e30)
+                })
+            },
+            "inspect {D}/m",
+            &["original_max_position_embeddings"],
+        ),
+        with(
+            "top-k above experts",
+            |d| config(d, |v| v["num_experts_per_tok"] = json!(33)),
+            "inspect {D}/m",
+            &["num_experts_per_tok"],
+        ),
+        with(
+            "eos outside vocab",
+            |d| config(d, |v| v["eos_token_id"] = json!([2, 512])),
+            "inspect {D}/m",
+            &["eos_token_id"],
+        ),
+        with(
+            "drafter block 32",
+            |d| drafter_config(d, |v| v["block_size"] = json!(32)),
+            "inspect {D}/m",
+            &["drafter/config.json", "block_size"],
+        ),
+        with(
+            "drafter layers 2^20",
+            |d| drafter_config(d, |v| v["num_hidden_layers"] = json!(1 << 20)),
+            "inspect {D}/m",
+            &["drafter/config.json", "num_hidden_layers"],
+        ),
+        with(
+            "config is a directory",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("config.json")).unwrap();
+                    std::fs::create_dir(m.join("config.json")).unwrap();
+                })
+            },
+            "inspect {D}/m",
+            &["config.json", "directory"],
+        ),
+        with(
+            "config not UTF-8",
+            |d| model(d, |m| replace(&m.join("config.json"), b"{\xff\xfe}")),
+            "inspect {D}/m",
+            &["config.json", "UTF-8"],
+        ),
+        with(
+            "config FIFO",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("config.json")).unwrap();
+                    mkfifo(&m.join("config.json"));
+                })
+            },
+            "inspect {D}/m",
+            &["config.json", "FIFO"],
+        ),
+        with(
+            "inspect drafter of none",
+            |d| model(d, |m| std::fs::remove_dir_all(m.join("drafter")).unwrap()),
+            "inspect --inventory --drafter {D}/m",
+            &["no drafter"],
+        ),
+        // verify
+        case("verify a missing dir", "verify {D}/none", &["none"]),
+        with(
+            "verify a file",
+            |d| file(d, "f", b"x"),
+            "verify {D}/f",
+            &["f", "not a directory"],
+        ),
+        with(
+            "verify a flipped byte",
+            |d| {
+                model(d, |m| {
+                    let p = m.join("drafter/model.safetensors");
+                    let mut b = std::fs::read(&p).unwrap();
+                    let n = b.len() - 1;
+                    b[n] ^= 1;
+                    replace(&p, &b);
+                })
+            },
+            "verify {D}/m",
+            &["drafter/model.safetensors", "sha256"],
+        ),
+        with(
+            "verify a short file",
+            |d| {
+                model(d, |m| {
+                    let p = m.join("tokenizer.json");
+                    let b = std::fs::read(&p).unwrap();
+                    replace(&p, &b[..10]);
+                })
+            },
+            "verify {D}/m",
+            &["tokenizer.json", "size"],
+        ),
+        with(
+            "verify an extra file",
+            |d| model(d, |m| file(m, "extra.bin", b"x")),
+            "verify {D}/m",
+            &["extra.bin", "not listed"],
+        ),
+        with(
+            "verify a missing file",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("tokenizer.json")).unwrap()
+                })
+            },
+            "verify {D}/m",
+            &["tokenizer.json", "missing"],
+        ),
+        with(
+            "verify a FIFO",
+            |d| model(d, |m| mkfifo(&m.join("pipe"))),
+            "verify {D}/m",
+            &["pipe", "FIFO"],
+        ),
+        with(
+            "verify a malformed MANIFEST",
+            |d| model(d, |m| replace(&m.join("MANIFEST"), b"abc 5 x\n")),
+            "verify {D}/m",
+            &["MANIFEST line 1"],
+        ),
+        with(
+            "verify MANIFEST with ..",
+            |d| {
+                model(d, |m| {
+                    replace(
+                        &m.join("MANIFEST"),
+                        format!("{} 5 ../x\n", "a".repeat(64)).as_bytes(),
+                    )
+                })
+            },
+            "verify {D}/m",
+            &["MANIFEST line 1", "inside"],
+        ),
+        with(
+            "verify MANIFEST FIFO",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("MANIFEST")).unwrap();
+                    mkfifo(&m.join("MANIFEST"));
+                })
+            },
+            "verify {D}/m",
+            &["MANIFEST", "FIFO"],
+        ),
+        with(
+            "verify a listed link out",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("tokenizer.json")).unwrap();
+                    file(d, "outside.json", b"{}");
+                    std::os::unix::fs::symlink(d.join("outside.json"), m.join("tokenizer.json"))
+                        .unwrap();
+                })
+            },
+            "verify {D}/m",
+            &["tokenizer.json", "outside"],
+        ),
+        with(
+            "verify --write a link out",
+            |d| {
+                model(d, |m| {
+                    file(d, "secret", b"s");
+                    std::os::unix::fs::symlink(d.join("secret"), m.join("leak")).unwrap();
+                })
+            },
+            "verify --write {D}/m",
+            &["leak", "outside"],
+        ),
+        with(
+            "verify --write /etc/passwd link",
+            |d| {
+                model(d, |m| {
+                    std::os::unix::fs::symlink("/etc/passwd", m.join("passwd")).unwrap();
+                })
+            },
+            "verify --write {D}/m",
+            &["passwd", "outside"],
+        ),
+        with(
+            "verify --write a FIFO",
+            |d| model(d, |m| mkfifo(&m.join("pipe"))),
+            "verify --write {D}/m",
+            &["pipe", "FIFO"],
+        ),
+        with(
+            "verify --write a dir link",
+            |d| {
+                model(d, |m| {
+                    std::os::unix::fs::symlink("drafter", m.join("again")).unwrap();
+                })
+            },
+            "verify --write {D}/m",
+            &["again", "directory"],
+        ),
+        with(
+            "verify --write a dangling link",
+            |d| {
+                model(d, |m| {
+                    std::os::unix::fs::symlink("nowhere", m.join("dangling")).unwrap();
+                })
+            },
+            "verify --write {D}/m",
+            &["dangling", "cannot be followed"],
+        ),
+        with(
+            "verify --write a partial",
+            |d| model(d, |m| file(m, ".x.abc.partial", b"half")),
+            "verify --write {D}/m",
+            &[".x.abc.partial", "unfinished"],
+        ),
+        with(
+            "verify --write a newline name",
+            |d| model(d, |m| file(m, "a\nb", b"x")),
+            "verify --write {D}/m",
+            &["printable"],
+        ),
+        with(
+            "verify --write a file",
+            |d| file(d, "f", b"x"),
+            "verify --write {D}/f",
+            &["f", "not a directory"],
+        ),
+        // generate
+        case(
+            "generate --block-size 0",
+            "generate --model {M} --prompt-ids 1 --block-size 0",
+            &["--block-size"],
+        ),
+        case(
+            "generate --block-size 17",
+            "generate --model {M} --prompt-ids 1 --block-size 17",
+            &["--block-size"],
+        ),
+        case(
+            "generate --max-new-tokens 0",
+            "generate --model {M} --prompt-ids 1 --max-new-tokens 0",
+            &["--max-new-tokens"],
+        ),
+        case(
+            "generate --max-new-tokens -3",
+            "generate --model {M} --prompt-ids 1 --max-new-tokens -3",
+            &["--max-new-tokens"],
+        ),
+        case(
+            "generate --max-new-tokens 10^12",
+            "generate --model {M} --prompt-ids 1 --max-new-tokens 1000000000000",
+            &["--max-new-tokens", "max_position_embeddings"],
+        ),
+        case(
+            "generate --max-new-tokens 2^64",
+            "generate --model {M} --prompt-ids 1 --max-new-tokens 18446744073709551616",
+            &["--max-new-tokens"],
+        ),
+        case(
+            "generate id past vocab",
+            "generate --model {M} --prompt-ids 1,600",
+            &["--prompt-ids", "600"],
+        ),
+        case(
+            "generate id not a number",
+            "generate --model {M} --prompt-ids 1,x",
+            &["--prompt-ids"],
+        ),
+        case(
+            "generate id negative",
+            "generate --model {M} --prompt-ids -1",
+            &["--prompt-ids"],
+        ),
+        case(
+            "generate empty ids",
+            "generate --model {M} --prompt-ids ,",
+            &["--prompt-ids"],
+        ),
+        case(
+            "generate empty prompt",
+            "generate --model {M} --prompt=",
+            &["--prompt"],
+        ),
+        case(
+            "generate oracle 1.5",
+            "generate --model {M} --prompt-ids 1 --block-size 2 --draft oracle:1.5",
+            &["--draft", "oracle probability"],
+        ),
+        case(
+            "generate oracle NaN",
+            "generate --model {M} --prompt-ids 1 --block-size 2 --draft oracle:NaN",
+            &["--draft"],
+        ),
+        case(
+            "generate draft junk",
+            "generate --model {M} --prompt-ids 1 --block-size 2 --draft junk",
+            &["--draft", "junk"],
+        ),
+        case(
+            "generate backend tpu",
+            "generate --model {M} --prompt-ids 1 --backend tpu",
+            &["--backend"],
+        ),
+        case(
+            "generate seed -1",
+            "generate --model {M} --prompt-ids 1 --seed -1",
+            &["--seed"],
+        ),
+        case(
+            "generate no model",
+            "generate --model {D}/none --prompt-ids 1",
+            &["none", "config.json"],
+        ),
+        case(
+            "generate model is a file",
+            "generate --model {B} --prompt-ids 1",
+            &["config.json"],
+        ),
+        with(
+            "generate text without tokenizer",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("tokenizer.json")).unwrap()
+                })
+            },
+            "generate --model {D}/m --prompt hi",
+            &["tokenizer.json", "--prompt-ids"],
+        ),
+        with(
+            "generate NaN norm",
+            |d| {
+                model(d, |m| {
+                    patch_bf16(&m.join("model.safetensors"), "model.norm.weight", 1, 0x7fc0)
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1",
+            &["model.norm.weight", "NaN"],
+        ),
+        with(
+            "generate Inf embedding",
+            |d| {
+                model(d, |m| {
+                    patch_bf16(
+                        &m.join("model.safetensors"),
+                        "model.embed_tokens.weight",
+                        9,
+                        0x7f80,
+                    )
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1",
+            &["model.embed_tokens.weight", "inf"],
+        ),
+        with(
+            "generate NaN attention",
+            |d| {
+                model(d, |m| {
+                    patch_bf16(
+                        &m.join("model.safetensors"),
+                        "model.layers.2.self_attn.q_proj.weight",
+                        0,
+                        0xffc0,
+                    )
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1",
+            &["model.layers.2.self_attn.q_proj.weight"],
+        ),
+        with(
+            "generate NaN drafter, drafting",
+            |d| {
+                model(d, |m| {
+                    patch_bf16(&m.join("drafter/model.safetensors"), "fc.weight", 0, 0x7fc0)
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --block-size 2",
+            &["fc.weight", "drafter"],
+        ),
+        with(
+            "generate foreign tokenizer",
+            |d| {
+                model(d, |m| {
+                    let t = Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("../../assets/laguna-tiny/tokenizer.json");
+                    replace(&m.join("tokenizer.json"), &std::fs::read(t).unwrap());
+                })
+            },
+            "generate --model {D}/m --prompt hello",
+            &["tokenizer.json", "512"],
+        ),
+        with(
+            "generate broken tokenizer",
+            |d| model(d, |m| replace(&m.join("tokenizer.json"), b"[]")),
+            "generate --model {D}/m --prompt hello",
+            &["tokenizer.json"],
+        ),
+        with(
+            "generate broken drafter, drafting",
+            |d| model(d, |m| replace(&m.join("drafter/config.json"), b"{")),
+            "generate --model {D}/m --prompt-ids 1 --block-size 2",
+            &["drafter/config.json"],
+        ),
+        with(
+            "generate drafter without config",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("drafter/config.json")).unwrap()
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --block-size 2",
+            &["drafter", "config.json"],
+        ),
+        with(
+            "generate drafter block 4, K 8",
+            |d| drafter_config(d, |v| v["block_size"] = json!(4)),
+            "generate --model {D}/m --prompt-ids 1 --block-size 8",
+            &["block size 8"],
+        ),
+        with(
+            "generate missing tensor",
+            |d| {
+                model(d, |m| {
+                    // A shard the model cannot use: the same tensors again.
+                    std::fs::copy(m.join("model.safetensors"), m.join("extra.safetensors"))
+                        .unwrap();
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1",
+            &["appears in both"],
+        ),
+        with(
+            "generate safetensors FIFO",
+            |d| model(d, |m| mkfifo(&m.join("more.safetensors"))),
+            "generate --model {D}/m --prompt-ids 1",
+            &["more.safetensors", "FIFO"],
+        ),
+        with(
+            "generate safetensors garbage",
+            |d| {
+                model(d, |m| {
+                    file(m, "more.safetensors", b"\x08\0\0\0\0\0\0\0{}{}{}{}")
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1",
+            &["more.safetensors"],
+        ),
+        with(
+            "generate sliding_window 2^62, too long",
+            |d| config(d, |v| v["sliding_window"] = json!(1u64 << 62)),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 40000",
+            &["--max-new-tokens", "max_position_embeddings"],
+        ),
+        // bench
+        case(
+            "bench --decode-tokens 1",
+            "bench --model {M} --decode-tokens 1",
+            &["--decode-tokens"],
+        ),
+        case(
+            "bench --repeats 0",
+            "bench --model {M} --repeats 0",
+            &["--repeats"],
+        ),
+        case(
+            "bench --block-sizes 1",
+            "bench --model {M} --block-sizes 1",
+            &["--block-sizes"],
+        ),
+        case(
+            "bench --block-sizes 2,99",
+            "bench --model {M} --block-sizes 2,99",
+            &["--block-sizes"],
+        ),
+        case(
+            "bench --prompt-tokens 0",
+            "bench --model {M} --prompt-tokens 0",
+            &["--prompt-tokens"],
+        ),
+        case(
+            "bench --prompt-tokens 10^8",
+            "bench --model {M} --prompt-tokens 100000000",
+            &["--prompt-tokens", "max_position_embeddings"],
+        ),
+        case(
+            "bench --max-prompts 0",
+            "bench --model {M} --max-prompts 0",
+            &["--max-prompts"],
+        ),
+        case(
+            "bench missing prompts",
+            "bench --model {M} --prompts {D}/none.txt",
+            &["none.txt"],
+        ),
+        case(
+            "bench /dev/zero prompts",
+            "bench --model {M} --prompts /dev/zero",
+            &["/dev/zero", "device"],
+        ),
+        with(
+            "bench bad traces",
+            |d| file(d, "bad.json", b"{\"prompts\": 3}"),
+            "bench --model {M} --prompts {D}/bad.json",
+            &["bad.json"],
+        ),
+        with(
+            "bench ids past vocab",
+            |d| file(d, "ids.json", br#"{"prompts":[{"prompt_ids":[1,2,999]}]}"#),
+            "bench --model {M} --prompts {D}/ids.json",
+            &["ids.json", "prompt_ids", "999"],
+        ),
+        with(
+            "bench prompt too long",
+            |d| {
+                let ids: Vec<u32> = (0..32760).map(|i| i % 500).collect();
+                file(
+                    d,
+                    "long.json",
+                    serde_json::json!({"prompts":[{"prompt_ids": ids}]})
+                        .to_string()
+                        .as_bytes(),
+                );
+            },
+            "bench --model {M} --prompts {D}/long.json --decode-tokens 64",
+            &["--decode-tokens", "max_position_embeddings"],
+        ),
+        with(
+            "bench text without tokenizer",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("tokenizer.json")).unwrap()
+                });
+                file(d, "p.txt", b"hello\n");
+            },
+            "bench --model {D}/m --prompts {D}/p.txt",
+            &["tokenizer.json"],
+        ),
+        with(
+            "bench FIFO prompts",
+            |d| mkfifo(&d.join("p.txt")),
+            "bench --model {M} --prompts {D}/p.txt",
+            &["p.txt", "FIFO"],
+        ),
+        case(
+            "bench --synthetic on cpu",
+            "bench --model {M} --synthetic xs2.1",
+            &["--synthetic"],
+        ),
+        case(
+            "bench --profile on cpu",
+            "bench --model {M} --profile",
+            &["--backend cuda"],
+        ),
+        case(
+            "bench --trace on cpu",
+            "bench --model {M} --trace {D}/t.csv",
+            &["--backend cuda"],
+        ),
+        // timeline
+        case("timeline missing", "timeline {D}/none.csv", &["none.csv"]),
+        with(
+            "timeline --window inf",
+            |d| file(d, "t.csv", TRACE.as_bytes()),
+            "timeline {D}/t.csv --window inf",
+            &["--window"],
+        ),
+        with(
+            "timeline --window 0",
+            |d| file(d, "t.csv", TRACE.as_bytes()),
+            "timeline {D}/t.csv --window 0",
+            &["--window"],
+        ),
+        with(
+            "timeline --window NaN",
+            |d| file(d, "t.csv", TRACE.as_bytes()),
+            "timeline {D}/t.csv --window NaN",
+            &["--window"],
+        ),
+        with(
+            "timeline --window 1e9",
+            |d| file(d, "t.csv", TRACE.as_bytes()),
+            "timeline {D}/t.csv --window 1e9",
+            &["--window"],
+        ),
+        with(
+            "timeline FIFO",
+            |d| mkfifo(&d.join("t.csv")),
+            "timeline {D}/t.csv",
+            &["t.csv", "FIFO"],
+        ),
+        with(
+            "timeline garbage",
+            |d| file(d, "t.csv", b"a,b\n1,2\n"),
+            "timeline {D}/t.csv",
+            &["t.csv"],
+        ),
+        with(
+            "timeline --svg under a file",
+            |d| {
+                file(d, "t.csv", TRACE.as_bytes());
+                file(d, "f", b"x");
+            },
+            "timeline {D}/t.csv --svg {D}/f/t.svg",
+            &["--svg", "f"],
+        ),
+        // worker
+        case("worker missing model", "worker --model {D}/none", &["none"]),
+        case(
+            "worker unknown flag",
+            "worker --model {M} --flags warp",
+            &["warp"],
+        ),
+        case(
+            "worker unknown backend",
+            "worker --model {M} --backend gpu",
+            &["--backend"],
+        ),
+        with(
+            "worker tampered model",
+            |d| {
+                model(d, |m| {
+                    let p = m.join("config.json");
+                    let mut b = std::fs::read(&p).unwrap();
+                    b.push(b'\n');
+                    replace(&p, &b);
+                })
+            },
+            "worker --model {D}/m",
+            &["config.json", "size"],
+        ),
+        // golden make
+        case(
+            "golden --count 0",
+            "golden make --model {M} --out {D}/g --count 0",
+            &["--count"],
+        ),
+        case(
+            "golden --tokens 0",
+            "golden make --model {M} --out {D}/g --tokens 0",
+            &["--tokens"],
+        ),
+        case(
+            "golden --prompt-tokens 0",
+            "golden make --model {M} --out {D}/g --prompt-tokens 0",
+            &["--prompt-tokens"],
+        ),
+        case(
+            "golden --count with --prompt-ids",
+            "golden make --model {M} --out {D}/g --count 3 --prompt-ids 1,2",
+            &["--count"],
+        ),
+        case(
+            "golden id past vocab",
+            "golden make --model {M} --out {D}/g --prompt-ids 9999",
+            &["--prompt-ids", "9999"],
+        ),
+        case(
+            "golden --tokens too long",
+            "golden make --model {M} --out {D}/g --tokens 40000",
+            &["--tokens", "max_position_embeddings"],
+        ),
+        case(
+            "golden --out in the model",
+            "golden make --model {M} --out {M}/goldens",
+            &["--out", "inside the model directory"],
+        ),
+        with(
+            "golden --out not empty",
+            |d| {
+                std::fs::create_dir(d.join("g")).unwrap();
+                file(&d.join("g"), "golden-000.json", b"old");
+            },
+            "golden make --model {M} --out {D}/g",
+            &["--out", "not empty"],
+        ),
+        with(
+            "golden --out a file",
+            |d| file(d, "g", b"x"),
+            "golden make --model {M} --out {D}/g",
+            &["--out", "already exists"],
+        ),
+        case(
+            "golden --max-ngram-hit-rate 2",
+            "golden make --model {M} --out {D}/g --max-ngram-hit-rate 2",
+            &["--max-ngram-hit-rate"],
+        ),
+        case(
+            "golden --min-distinct-fraction -1",
+            "golden make --model {M} --out {D}/g --min-distinct-fraction -1",
+            &["--min-distinct-fraction"],
+        ),
+        case(
+            "golden --near-tie-gap inf",
+            "golden make --model {M} --out {D}/g --near-tie-gap inf",
+            &["--near-tie-gap"],
+        ),
+        case(
+            "golden --near-tie-rows too many",
+            "golden make --model {M} --out {D}/g --tokens 10 --min-near-tie-rows 11",
+            &["--min-near-tie-rows"],
+        ),
+        case(
+            "golden --attempts 0",
+            "golden make --model {M} --out {D}/g --attempts-per-golden 0",
+            &["--attempts-per-golden"],
+        ),
+        case(
+            "golden --ngram 0",
+            "golden make --model {M} --out {D}/g --ngram 0",
+            &["--ngram"],
+        ),
+        case(
+            "golden --timeout 0",
+            "golden make --model {M} --out {D}/g --timeout 0",
+            &["--timeout"],
+        ),
+        case(
+            "golden --ready-timeout NaN",
+            "golden make --model {M} --out {D}/g --ready-timeout NaN",
+            &["--ready-timeout"],
+        ),
+        case(
+            "golden missing reference",
+            "golden make --model {M} --out {D}/g --reference {D}/nope",
+            &["--reference", "nope"],
+        ),
+        case(
+            "golden missing model",
+            "golden make --model {D}/none --out {D}/g",
+            &["none/config.json"],
+        ),
+        with(
+            "golden model without MANIFEST",
+            |d| model(d, |m| std::fs::remove_file(m.join("MANIFEST")).unwrap()),
+            "golden make --model {D}/m --out {D}/g",
+            &["MANIFEST"],
+        ),
+        // gate
+        case(
+            "gate --oracle-p 2",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --oracle-p 2",
+            &["--oracle-p"],
+        ),
+        case(
+            "gate --block-size 17",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --block-size 17",
+            &["--block-size"],
+        ),
+        case(
+            "gate --block-size 0",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --block-size 0",
+            &["--block-size"],
+        ),
+        case(
+            "gate --envelope inf",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --envelope inf",
+            &["--envelope"],
+        ),
+        case(
+            "gate --envelope -1",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --envelope -1",
+            &["--envelope"],
+        ),
+        case(
+            "gate --budget 5000",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --budget 5000",
+            &["--budget"],
+        ),
+        case(
+            "gate --budget NaN",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --budget NaN",
+            &["--budget"],
+        ),
+        case(
+            "gate --timeout -5",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --timeout -5",
+            &["--timeout"],
+        ),
+        case(
+            "gate --timeout NaN",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --timeout NaN",
+            &["--timeout"],
+        ),
+        case(
+            "gate --timeout 1e300",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --timeout 1e300",
+            &["--timeout"],
+        ),
+        case(
+            "gate --ready-timeout inf",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --ready-timeout inf",
+            &["--ready-timeout"],
+        ),
+        case(
+            "gate missing golden",
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/none.json",
+            &["none.json"],
+        ),
+        with(
+            "gate empty golden dir",
+            |d| std::fs::create_dir(d.join("e")).unwrap(),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/e",
+            &["no *.json"],
+        ),
+        with(
+            "gate truncated golden",
+            |d| file(d, "g.json", b"{\"format\": \"fastdecode-go"),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "not a valid golden"],
+        ),
+        with(
+            "gate FIFO golden",
+            |d| mkfifo(&d.join("g.json")),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "FIFO"],
+        ),
+        with(
+            "gate golden unknown field",
+            |d| golden(d, |v| v["extra"] = serde_json::json!(1)),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "extra"],
+        ),
+        with(
+            "gate golden of another model",
+            |d| {
+                golden(d, |v| {
+                    v["model_digest"] = serde_json::json!("ab".repeat(32))
+                })
+            },
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["golden_model_mismatch", "g.json"],
+        ),
+        with(
+            "gate golden token past vocab",
+            |d| golden(d, |v| v["prompt"][0] = serde_json::json!(100000)),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "vocab"],
+        ),
+        with(
+            "gate golden steps short",
+            |d| {
+                golden(d, |v| {
+                    v["steps"].as_array_mut().unwrap().pop();
+                })
+            },
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "steps"],
+        ),
+        case(
+            "gate missing candidate",
+            "gate --reference {B} --candidate {D}/nope --model {M} --golden {G}",
+            &["--candidate", "nope"],
+        ),
+        with(
+            "gate candidate not executable",
+            |d| file(d, "c", b"#!/bin/sh\n"),
+            "gate --reference {B} --candidate {D}/c --model {M} --golden {G}",
+            &["--candidate", "execute"],
+        ),
+        case(
+            "gate candidate a directory",
+            "gate --reference {B} --candidate {D} --model {M} --golden {G}",
+            &["--candidate", "directory"],
+        ),
+        with(
+            "gate --json under a file",
+            |d| file(d, "f", b"x"),
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --json {D}/f/r.json",
+            &["--json", "f"],
+        ),
+        case(
+            "gate --json in the model",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --json {M}/r.json",
+            &["--json", "inside the model directory"],
+        ),
+        case(
+            "gate --json a directory",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --json {D}",
+            &["--json", "directory"],
+        ),
+        // bisect
+        case(
+            "bisect missing golden",
+            "bisect --model {M} --golden {D}/none.json",
+            &["none.json"],
+        ),
+        case(
+            "bisect --criterion",
+            "bisect --model {M} --golden {G} --criterion speed",
+            &["--criterion"],
+        ),
+        with(
+            "bisect --json under a file",
+            |d| file(d, "f", b"x"),
+            "bisect --model {M} --golden {G} --json {D}/f/b.json",
+            &["--json", "f"],
+        ),
+        case(
+            "bisect missing candidate",
+            "bisect --model {M} --golden {G} --candidate {D}/nope",
+            &["--candidate", "nope"],
+        ),
+        // price: only what is shared with the other worker commands
+        case(
+            "price --timeout NaN",
+            "price --baseline {B} --timeout NaN --out {D}/p",
+            &["--timeout"],
+        ),
+        case(
+            "price missing model",
+            "price --baseline {B} --model {D}/none --out {D}/p",
+            &["none/config.json"],
+        ),
+        // check (the GPU check's own options are refused before any GPU is looked for)
+        case(
+            "check --backend cpu",
+            "check --backend cpu --model {M}",
+            &["--backend"],
+        ),
+        case(
+            "check --positions 0",
+            "check --positions 0 --model {M}",
+            &["--positions"],
+        ),
+        case(
+            "check --near-tie -1",
+            "check --near-tie -1 --model {M}",
+            &["--near-tie"],
+        ),
+        case(
+            "check --prefill-rows 0",
+            "check --prefill-rows 0 --model {M}",
+            &["--prefill-rows"],
+        ),
+        case(
+            "generate oracle -0.1",
+            "generate --model {M} --prompt-ids 1 --block-size 2 --draft oracle:-0.1",
+            &["--draft"],
+        ),
+    ]
+}
+
+fn expand(args: &str, d: &Path) -> Vec<String> {
+    let f = fixture();
+    let sub = |s: &str| {
+        s.replace("{M}", f.model.to_str().unwrap())
+            .replace("{H}", f.hf.to_str().unwrap())
+            .replace("{G}", goldens().to_str().unwrap())
+            .replace("{B}", BIN)
+            .replace("{D}", d.to_str().unwrap())
+    };
+    args.split(' ').map(sub).collect()
+}
+
+/// Runs one case; `Err` says how it went wrong.
+fn check(c: &Case) -> Result<(), String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().canonicalize().unwrap();
+    if let Some(s) = &c.setup {
+        s(&d);
+    }
+    let before = snapshot(&d);
+    let args = expand(c.args, &d);
+    let o = run_with(
+        fd().args(&args)
+            .current_dir(&d)
+            .env("FASTDECODE_HOME", d.join(".none")),
+        b"",
+        Duration::from_secs(60),
+    );
+    let mut why = vec![];
+    if !matches!(o.code, Some(code) if code != 0) {
+        why.push(format!("exit {:?}", o.code));
+    }
+    if ["panicked", "RUST_BACKTRACE"]
+        .iter()
+        .any(|p| o.stderr.contains(p))
+    {
+        why.push("panic text".to_string());
+    }
+    let missing: Vec<&&str> = c.must.iter().filter(|m| !o.stderr.contains(**m)).collect();
+    if !missing.is_empty() {
+        why.push(format!("message lacks {missing:?}"));
+    }
+    let after = snapshot(&d);
+    if after != before {
+        let new: Vec<_> = after
+            .iter()
+            .filter(|(k, v)| before.get(*k) != Some(v))
+            .map(|(k, _)| k)
+            .collect();
+        why.push(format!("the directory changed: {new:?}"));
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: {} ({:?})\n    stderr: {}",
+            c.name,
+            why.join("; "),
+            args,
+            o.stderr.trim().replace('\n', "\n    ")
+        ))
+    }
+}
+
+#[test]
+fn every_bad_input_fails_cleanly_by_name_and_leaves_nothing() {
+    let cases = cases();
+    assert!(cases.len() >= 100, "only {} cases", cases.len());
+    let f = fixture();
+    let fixtures_before = [snapshot(&f.model), snapshot(&f.hf), snapshot(goldens())];
+    let next = AtomicUsize::new(0);
+    let failures = Mutex::new(vec![]);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(c) = cases.get(i) else { return };
+                // A case that hangs (its command killed past its limit) is one failure among
+                // the others, not the end of the table.
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(c)))
+                    .unwrap_or_else(|p| {
+                        let why = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        Err(format!("{}: {why}", c.name))
+                    });
+                if let Err(e) = outcome {
+                    failures.lock().unwrap().push(e);
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {} bad inputs misbehaved:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    let fixtures_after = [snapshot(&f.model), snapshot(&f.hf), snapshot(goldens())];
+    assert!(
+        fixtures_after == fixtures_before,
+        "a case changed a shared fixture"
+    );
+    eprintln!("{} bad inputs, each refused cleanly", cases.len());
+}
