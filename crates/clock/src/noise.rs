@@ -7,7 +7,9 @@
 //! mean and the median converge to "undisturbed + the typical disturbance", which changes with the
 //! machine's load (Chen & Revels 2016, "Robust benchmarking in noisy environments", the basis of
 //! Julia's BenchmarkTools). So each phase runs several windows and reports their minimum (the
-//! mean is kept for the record).
+//! mean is kept for the record). The minimum fails only when every window is disturbed, as when
+//! another process holds a CPU for the whole phase; so the minimum is taken over the windows
+//! whose worker did not wait on a run queue (`telemetry`), and a phase without one is re-run.
 //!
 //! One subtlety: the parent splits a window into prefill and decode where it reads the `seeded`
 //! line. A late read of that line (the parent's reader thread descheduled) moves time from decode
@@ -83,12 +85,16 @@ pub struct NoiseReport {
     pub relative_spread: f64,
     /// mean / min − 1: what a mean-of-windows statistic would carry on top of the build's time.
     pub mean_excess: f64,
-    /// A window more than this fraction above the best counts as disturbed (half the precision
-    /// aimed at: a smaller disturbance is below what the pricing can resolve).
+    /// A window more than this fraction above the best, or whose worker waited on a run queue
+    /// for more than this fraction of it, counts as disturbed (half the precision aimed at: a
+    /// smaller disturbance is below what the pricing can resolve).
     pub disturbance_tolerance: f64,
+    /// Seconds each identical window's worker waited on a run queue (where the kernel says).
+    pub runqueue_wait_seconds: Vec<Option<f64>>,
     /// Share of the identical windows that were disturbed.
     pub disturbed_fraction: f64,
-    /// Windows needed so that all of them are disturbed with probability at most `ALL_DISTURBED`.
+    /// Windows needed so that all of them are disturbed with probability at most `ALL_DISTURBED`
+    /// (`usize::MAX` when every window was).
     pub windows_for_robustness: usize,
     /// Seconds from spawning the worker to its `ready` line.
     pub spawn_seconds: f64,
@@ -100,8 +106,15 @@ pub struct NoiseReport {
     pub sized_by: String,
 }
 
+/// Whether a window of `seconds` whose worker waited `wait` seconds on a run queue was disturbed
+/// by another process (beyond `tolerance` of its length).
+pub fn waited(seconds: f64, wait: Option<f64>, tolerance: f64) -> bool {
+    wait.is_some_and(|w| w > tolerance * seconds)
+}
+
 /// Sizes the scored windows of a phase from the noise windows (`window_seconds`, identical
-/// windows of one warm worker), the worker's start-up time and the phase's warm-up windows.
+/// windows of one warm worker, and their run-queue waits), the worker's start-up time and the
+/// phase's warm-up windows.
 ///
 /// Two limits. Robustness: with a fraction `c` of windows disturbed, all `k` are disturbed with
 /// probability `c^k`, so `k = ⌈ln ALL_DISTURBED / ln c⌉`. Cost: a phase's fixed cost is the
@@ -111,6 +124,7 @@ pub struct NoiseReport {
 /// windows that fit in the fixed cost. Both are clamped to `[MIN_WINDOWS, MAX_WINDOWS]`.
 pub fn size_windows(
     window_seconds: &[f64],
+    waits: &[Option<f64>],
     tolerance: f64,
     spawn_seconds: f64,
     warmup_windows: usize,
@@ -121,14 +135,16 @@ pub fn size_windows(
     let min = sorted.first().copied().unwrap_or(f64::NAN);
     let median = crate::stats::median(&sorted);
     let mean = crate::stats::mean(&sorted);
-    let disturbed = sorted
+    let disturbed = window_seconds
         .iter()
-        .filter(|&&x| x > min * (1.0 + tolerance))
+        .zip(waits.iter().chain(std::iter::repeat(&None)))
+        .filter(|&(&x, &w)| x > min * (1.0 + tolerance) || waited(x, w, tolerance))
         .count();
     let c = disturbed as f64 / sorted.len().max(1) as f64;
-    // The best window itself is never disturbed, so c < 1.
     let for_robustness = if c <= 0.0 {
         MIN_WINDOWS
+    } else if c >= 1.0 {
+        usize::MAX
     } else {
         (ALL_DISTURBED.ln() / c.ln()).ceil() as usize
     };
@@ -165,6 +181,7 @@ pub fn size_windows(
         relative_spread: median / min - 1.0,
         mean_excess: mean / min - 1.0,
         disturbance_tolerance: tolerance,
+        runqueue_wait_seconds: waits.to_vec(),
         disturbed_fraction: c,
         windows_for_robustness: for_robustness,
         spawn_seconds,
@@ -205,7 +222,7 @@ mod tests {
         // of 0.1 s, above the robustness need.
         let mut w = vec![0.100; 12];
         w.extend([0.102, 0.150, 0.300, 0.120]);
-        let r = size_windows(&w, 0.01, 1.8, 2, None);
+        let r = size_windows(&w, &[], 0.01, 1.8, 2, None);
         assert_eq!(r.windows_for_robustness, 4);
         assert_eq!(r.windows_cap, MAX_WINDOWS);
         assert_eq!(r.windows_per_phase, 4);
@@ -213,15 +230,22 @@ mod tests {
         // A cheap worker (0.35 s start-up + 2 warm-up windows of the median 0.175 s: 4 windows)
         // caps it at 4 when all but the best window are disturbed (0.9375^72 < 0.01).
         let busy: Vec<f64> = (0..16).map(|i| 0.1 + 0.01 * i as f64).collect();
-        let r = size_windows(&busy, 0.01, 0.35, 2, None);
+        let r = size_windows(&busy, &[], 0.01, 0.35, 2, None);
         assert_eq!(r.windows_for_robustness, 72);
         assert_eq!(r.windows_per_phase, 4);
         assert!(r.sized_by.starts_with("cost"), "{}", r.sized_by);
         // A quiet machine needs only the minimum; --windows overrides everything.
-        let r = size_windows(&[0.1; 8], 0.01, 5.0, 2, None);
+        let r = size_windows(&[0.1; 8], &[], 0.01, 5.0, 2, None);
         assert_eq!(r.windows_per_phase, MIN_WINDOWS);
+        // The same quiet-looking windows, half of which waited 2 ms of their 100 ms on a run
+        // queue (another process had the CPU): 7 windows (0.5^7 < 0.01).
+        let waits = [Some(0.002), Some(0.0), Some(0.002), Some(0.0)].repeat(2);
+        let r = size_windows(&[0.1; 8], &waits, 0.01, 5.0, 2, None);
+        assert_eq!((r.disturbed_fraction, r.windows_per_phase), (0.5, 7));
+        assert!(waited(0.1, Some(0.002), 0.01) && !waited(0.1, Some(0.0009), 0.01));
+        assert!(!waited(0.1, None, 0.01));
         assert_eq!(
-            size_windows(&busy, 0.01, 0.35, 2, Some(9)).windows_per_phase,
+            size_windows(&busy, &[], 0.01, 0.35, 2, Some(9)).windows_per_phase,
             9
         );
     }

@@ -8,8 +8,9 @@
 //! the same order. The parent times only the windows, checks the machine is quiet before each
 //! phase and samples it during every window.
 //!
-//! Each phase's figure is the minimum over its windows (`noise`: under one-sided noise the
-//! minimum converges to the build's undisturbed time); the score is the ratio of the pairs' mean
+//! Each phase's figure is the minimum over its windows whose worker never waited on a run queue
+//! (`noise`: under one-sided noise the minimum converges to the build's undisturbed time; a
+//! phase with no such window is re-run); the score is the ratio of the pairs' mean
 //! figures (`score`), with a jackknife-t 95 % interval over pairs (`stats`). Pairs are added until the
 //! interval's half-width reaches the target, clear of the floor, or a budget ends (`score::Rule`);
 //! the verdict is below the floor only when the whole interval is, and `infra:inconclusive` when
@@ -31,7 +32,9 @@ use fastdecode_worker::{Build, Fault, ModelId, NoTick, Spec, TimedWindow, Worker
 use crate::noise::{self, Figures, NoiseReport, Timing};
 use crate::score::{self, Interval, PairFigures, Rule, Stop};
 use crate::stats::median;
-use crate::telemetry::{quiesce, QuietCheck, QuietParams, Sampler, Telemetry, WindowTelemetry};
+use crate::telemetry::{
+    quiesce, runqueue_wait_seconds, QuietCheck, QuietParams, Sampler, Telemetry, WindowTelemetry,
+};
 
 pub use crate::score::Track;
 
@@ -93,6 +96,8 @@ pub struct WindowRecord {
     pub prompt: usize,
     /// Warm-up windows are timed for the record but never scored.
     pub warmup: bool,
+    /// The worker waited on a run queue for more than the tolerance of this window: not scored.
+    pub disturbed: bool,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub tokens_match_baseline: Option<bool>,
@@ -105,13 +110,15 @@ pub struct Phase {
     pub quiet: QuietCheck,
     /// Spawn to `ready` (never timed as part of a window).
     pub spawn_seconds: f64,
-    /// The robust statistic the score uses (`noise::robust` over the scored windows).
+    /// Scored windows that were not disturbed: the robust statistic is over these.
+    pub undisturbed_windows: usize,
+    /// The robust statistic the score uses (`noise::robust` over the undisturbed windows).
     pub prefill_seconds_per_token: f64,
     pub decode_seconds_per_token: f64,
     /// The mean over the scored windows, for the record.
     pub mean_prefill_seconds_per_token: f64,
     pub mean_decode_seconds_per_token: f64,
-    /// Best and mean whole scored window: mean / min − 1 is this phase's own noise.
+    /// Best undisturbed and mean whole scored window: mean / min − 1 is this phase's own noise.
     pub min_window_seconds: f64,
     pub mean_window_seconds: f64,
     pub tokens_match_baseline: Option<bool>,
@@ -371,7 +378,7 @@ pub fn run(
     let vocab = model.vocab;
     // Prompt streams: the noise worker's warm-up and noise prompts, then the pool.
     let setup = prompts(
-        p.seed ^ 0x6e6f_6973_65,
+        p.seed ^ 0x006e_6f69_7365,
         p.warmup_windows + 1,
         p.prompt_tokens,
         vocab,
@@ -383,14 +390,18 @@ pub fn run(
     for pr in warm_prompts {
         attempt!(w.window(request(Role::Baseline, pr, None), &mut NoTick));
     }
-    let mut noise_seconds = vec![];
+    let (mut noise_seconds, mut noise_waits) = (vec![], vec![]);
     for _ in 0..p.noise_windows {
+        let before = runqueue_wait_seconds(w.pid());
         let t = attempt!(w.window(request(Role::Baseline, noise_prompt, None), &mut NoTick));
+        let after = runqueue_wait_seconds(w.pid());
         noise_seconds.push(t.prefill_seconds + t.decode_seconds);
+        noise_waits.push(before.zip(after).map(|(a, b)| b - a));
     }
     let tolerance = r.target_half_width.map_or(DEFAULT_TOLERANCE, |h| h / 2.0);
     let nr = noise::size_windows(
         &noise_seconds,
+        &noise_waits,
         tolerance,
         spawn_seconds,
         p.warmup_windows,
@@ -491,11 +502,17 @@ pub fn run(
                     role,
                     Duration::from_secs_f64(t.prefill_seconds + t.decode_seconds),
                 );
+                let disturbed = noise::waited(
+                    t.prefill_seconds + t.decode_seconds,
+                    tele.runqueue_wait_seconds,
+                    tolerance,
+                );
                 windows.push((
                     timing(&t),
                     WindowRecord {
                         prompt: ix,
                         warmup: i < p.warmup_windows,
+                        disturbed,
                         prefill_seconds: t.prefill_seconds,
                         decode_seconds: t.decode_seconds,
                         tokens_match_baseline: (role != Role::Baseline)
@@ -505,13 +522,25 @@ pub fn run(
                 ));
             }
             w.shutdown();
-            let scored: Vec<Timing> = windows[p.warmup_windows..]
+            let scored = &windows[p.warmup_windows..];
+            let all: Vec<Timing> = scored.iter().map(|(t, _)| *t).collect();
+            let clean: Vec<Timing> = scored
                 .iter()
+                .filter(|(_, r)| !r.disturbed)
                 .map(|(t, _)| *t)
                 .collect();
-            let rob = noise::robust(&scored, p.prompt_tokens, p.decode_tokens);
-            let avg = noise::means(&scored, p.prompt_tokens, p.decode_tokens);
-            let totals: Vec<f64> = scored.iter().map(Timing::total).collect();
+            if clean.is_empty() {
+                pair.accepted = false;
+                pair.rejected_because =
+                    Some("disturbed: no window without a run-queue wait".into());
+            }
+            let best = if clean.is_empty() { &all } else { &clean };
+            let rob = noise::robust(best, p.prompt_tokens, p.decode_tokens);
+            let avg = noise::means(&all, p.prompt_tokens, p.decode_tokens);
+            let min_window = best.iter().map(Timing::total).fold(f64::INFINITY, f64::min);
+            let mean_window =
+                crate::stats::mean(&all.iter().map(Timing::total).collect::<Vec<_>>());
+            let undisturbed = clean.len();
             let records: Vec<WindowRecord> = windows.into_iter().map(|(_, r)| r).collect();
             let mismatch = records
                 .iter()
@@ -521,12 +550,13 @@ pub fn run(
                 role,
                 quiet,
                 spawn_seconds,
+                undisturbed_windows: undisturbed,
                 prefill_seconds_per_token: rob.prefill_seconds_per_token,
                 decode_seconds_per_token: rob.decode_seconds_per_token,
                 mean_prefill_seconds_per_token: avg.prefill_seconds_per_token,
                 mean_decode_seconds_per_token: avg.decode_seconds_per_token,
-                min_window_seconds: totals.iter().copied().fold(f64::INFINITY, f64::min),
-                mean_window_seconds: crate::stats::mean(&totals),
+                min_window_seconds: min_window,
+                mean_window_seconds: mean_window,
                 tokens_match_baseline: (role != Role::Baseline).then_some(!mismatch),
                 windows: records,
             });
@@ -552,7 +582,7 @@ pub fn run(
                     .collect();
                 if ph.min_window_seconds > p.outlier_factor * median(&best) {
                     pair.accepted = false;
-                    pair.rejected_because = Some("disturbed".into());
+                    pair.rejected_because = Some("outlier".into());
                 }
             }
         }
@@ -594,7 +624,7 @@ pub fn run(
     let Some(iv) = last.filter(|_| n >= r.min_pairs) else {
         res.verdict = "infra:too_few_accepted_pairs".into();
         res.detail = Some(format!(
-            "{n} of {} pairs accepted after {attempt} attempts (not quiescent or disturbed)",
+            "{n} of {} pairs accepted after {attempt} attempts (not quiescent, outliers, or disturbed: another process had the CPU through a phase)",
             r.min_pairs
         ));
         return Ok(res);

@@ -145,7 +145,9 @@ impl Rule {
         let clear = iv.hi < self.floor || iv.lo >= self.floor;
         if clear {
             match self.target_half_width {
-                Some(h) if n % 2 == 0 && iv.half_width <= h => return Some(Stop::TargetReached),
+                Some(h) if n.is_multiple_of(2) && iv.half_width <= h => {
+                    return Some(Stop::TargetReached)
+                }
                 None => return Some(Stop::PairsDone),
                 _ => {}
             }
