@@ -49,6 +49,12 @@ pub enum Role {
 /// What a window counts as disturbed by, without a precision target: half a percent.
 pub const DEFAULT_TOLERANCE: f64 = 0.005;
 
+/// A pair with a phase that had no undisturbed window is re-run, unless this many pairs in a row
+/// were: then the machine is busy through whole phases, waiting longer would only spend the
+/// budget, and the pair is kept with each phase's minimum over all its windows (the interval
+/// carries the noise).
+pub const KEEP_AFTER_DISTURBED: usize = 3;
+
 #[derive(Debug, Clone)]
 pub struct PriceParams {
     pub track: Track,
@@ -437,6 +443,8 @@ pub fn run(
     let mut mean_pairs: Vec<PairFigures> = vec![];
     let mut last: Option<Interval> = None;
     let mut attempt = 0;
+    // Consecutive pairs with a phase that had no undisturbed window.
+    let mut busy_streak = 0;
     let stop = loop {
         if attempt >= p.max_attempts {
             break Stop::AttemptBudget;
@@ -529,10 +537,10 @@ pub fn run(
                 .filter(|(_, r)| !r.disturbed)
                 .map(|(t, _)| *t)
                 .collect();
-            if clean.is_empty() {
+            if clean.is_empty() && busy_streak < KEEP_AFTER_DISTURBED {
                 pair.accepted = false;
-                pair.rejected_because =
-                    Some("disturbed: no window without a run-queue wait".into());
+                pair.rejected_because
+                    .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
             }
             let best = if clean.is_empty() { &all } else { &clean };
             let rob = noise::robust(best, p.prompt_tokens, p.decode_tokens);
@@ -582,7 +590,8 @@ pub fn run(
                     .collect();
                 if ph.min_window_seconds > p.outlier_factor * median(&best) {
                     pair.accepted = false;
-                    pair.rejected_because = Some("outlier".into());
+                    pair.rejected_because
+                        .get_or_insert_with(|| "outlier".into());
                 }
             }
         }
@@ -605,6 +614,8 @@ pub fn run(
             res.accepted_pair_count += 1;
             progress.inc(1);
         }
+        let disturbed = pair.phases.iter().any(|ph| ph.undisturbed_windows == 0);
+        busy_streak = if disturbed { busy_streak + 1 } else { 0 };
         res.pairs.push(pair);
         attempt += 1;
         if robust_pairs.len() >= r.min_pairs {

@@ -26,7 +26,9 @@ use fastdecode_worker::Tick;
 
 /// Samples aimed at per window; the interval is the expected window length divided by this.
 pub const SAMPLES_PER_WINDOW: u32 = 64;
-const MIN_INTERVAL: Duration = Duration::from_micros(200);
+/// Each sample reads two `/proc` files in the parent; on a 2-core machine sampling a short window
+/// every 0.2 ms took enough CPU to make the worker itself wait on a run queue.
+const MIN_INTERVAL: Duration = Duration::from_millis(2);
 const MAX_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Aggregate CPU jiffies: (busy, total) from the first line of `/proc/stat`.
