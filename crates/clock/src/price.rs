@@ -537,7 +537,11 @@ pub fn run(
                 .filter(|(_, r)| !r.disturbed)
                 .map(|(t, _)| *t)
                 .collect();
-            if clean.is_empty() && busy_streak < KEEP_AFTER_DISTURBED {
+            // Kept anyway after a run of disturbed pairs, or when re-running would leave too
+            // few attempts for the pairs still needed.
+            let keep = busy_streak >= KEEP_AFTER_DISTURBED
+                || p.max_attempts - attempt <= r.min_pairs.saturating_sub(robust_pairs.len());
+            if clean.is_empty() && !keep {
                 pair.accepted = false;
                 pair.rejected_because
                     .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
