@@ -133,15 +133,16 @@ fn summarise(runs: &[Run]) -> Summary {
     }
 }
 
+/// Shares of the runs (`None` where there were no runs of that kind).
 #[derive(Debug, Clone, Serialize)]
 struct Rates {
     /// No-ops: rejected below the floor / interval excluding 1.0 / interval containing 1.0.
-    noop_false_rejection_rate: f64,
-    noop_ci_excludes_one_rate: f64,
-    noop_ci_contains_one_rate: f64,
+    noop_false_rejection_rate: Option<f64>,
+    noop_ci_excludes_one_rate: Option<f64>,
+    noop_ci_contains_one_rate: Option<f64>,
     /// Slowed build: 1.0 above the interval (the slowdown seen, on the right side).
-    slow_detection_rate: f64,
-    slow_wrong_side_rate: f64,
+    slow_detection_rate: Option<f64>,
+    slow_wrong_side_rate: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -286,7 +287,7 @@ pub fn run(a: SelftestArgs) -> Result<()> {
     }
     pb.finish_and_clear();
     let (ns, ss) = (summarise(&noop_runs), summarise(&slow_runs));
-    let rate = |k: usize, n: usize| k as f64 / n.max(1) as f64;
+    let rate = |k: usize, n: usize| (n > 0).then(|| k as f64 / n as f64);
     let rep = Report {
         commit: env!("FASTDECODE_GIT_COMMIT"),
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -320,6 +321,7 @@ pub fn run(a: SelftestArgs) -> Result<()> {
         return Ok(());
     }
     let pct = |x: f64| format!("{:.1} %", 100.0 * x);
+    let pct_or = |x: Option<f64>| x.map_or("-".into(), pct);
     let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("-".into(), f);
     for (name, s) in [("no-op", &rep.noop), ("slowed", &rep.slow)] {
         println!(
@@ -339,10 +341,10 @@ pub fn run(a: SelftestArgs) -> Result<()> {
     let r = &rep.rates;
     println!(
         "rates   no-op false rejections {}, no-op CI excluding 1.0 {}, {} slowdown detected {}",
-        pct(r.noop_false_rejection_rate),
-        pct(r.noop_ci_excludes_one_rate),
+        pct_or(r.noop_false_rejection_rate),
+        pct_or(r.noop_ci_excludes_one_rate),
         pct(a.slowdown / 100.0),
-        pct(r.slow_detection_rate)
+        pct_or(r.slow_detection_rate)
     );
     println!("written {}", a.out.join("selftest.json").display());
     Ok(())
