@@ -471,6 +471,10 @@ pub fn run(
             mean_score: None,
         };
         let mut figures: HashMap<Role, (Figures, Figures)> = HashMap::new();
+        // Re-running a disturbed or outlying pair would leave too few attempts for the pairs
+        // still needed: keep it (the interval carries the noise).
+        let last_chances =
+            p.max_attempts - attempt <= r.min_pairs.saturating_sub(robust_pairs.len());
         for role in order {
             progress.set_message(format!(
                 "pair {} {role:?}{}",
@@ -537,11 +541,7 @@ pub fn run(
                 .filter(|(_, r)| !r.disturbed)
                 .map(|(t, _)| *t)
                 .collect();
-            // Kept anyway after a run of disturbed pairs, or when re-running would leave too
-            // few attempts for the pairs still needed.
-            let keep = busy_streak >= KEEP_AFTER_DISTURBED
-                || p.max_attempts - attempt <= r.min_pairs.saturating_sub(robust_pairs.len());
-            if clean.is_empty() && !keep {
+            if clean.is_empty() && busy_streak < KEEP_AFTER_DISTURBED && !last_chances {
                 pair.accepted = false;
                 pair.rejected_because
                     .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
@@ -583,7 +583,7 @@ pub fn run(
         // The outlier guard: a phase whose best window is far slower than its role's median
         // was disturbed throughout (a stall of the machine, not of the build); its pair is
         // re-run while attempts remain.
-        if pair.accepted && robust_pairs.len() >= 3 {
+        if pair.accepted && robust_pairs.len() >= 3 && !last_chances {
             for ph in &pair.phases {
                 let best: Vec<f64> = res
                     .pairs
