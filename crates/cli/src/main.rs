@@ -8,6 +8,7 @@ mod gate_cmds;
 mod generate;
 mod model_cmds;
 mod price;
+mod selftest;
 mod timeline;
 mod worker;
 

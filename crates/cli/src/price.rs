@@ -1,20 +1,29 @@
 //! `fastdecode price`: paired pricing of a candidate build against the pinned baseline build,
-//! exactly as the ranked runner does it (`crates/clock`).
+//! exactly as the ranked runner does it (`crates/clock`); `fastdecode price selftest` prices
+//! no-ops and slowed builds to measure the clock itself (`selftest.rs`).
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
+use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use fastdecode_clock::baseline;
 use fastdecode_clock::price::{self, PriceParams, Sides, Track};
+use fastdecode_clock::score::Rule;
 use fastdecode_clock::telemetry::QuietParams;
+use fastdecode_engine::DraftSpec;
+use fastdecode_model::config::{DrafterConfig, MAX_BLOCK_SIZE};
+use fastdecode_worker::ModelId;
 
 use crate::common::{parent_of_workers, this_binary, write_file, WorkerSide};
+use crate::selftest::{self, SelftestArgs};
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct PriceArgs {
+    #[command(subcommand)]
+    cmd: Option<PriceCmd>,
     /// The baseline build (a fastdecode binary).
     #[arg(
         long,
@@ -40,13 +49,46 @@ pub struct PriceArgs {
     /// Optimisation flags switched on in the candidate's workers.
     #[arg(long)]
     candidate_flags: Option<String>,
-    #[arg(long, default_value = "serial", value_parser = ["serial", "dflash"])]
-    track: String,
-    /// Accepted pairs wanted.
-    #[arg(long, default_value_t = 10)]
-    pairs: usize,
     #[command(flatten)]
     side: WorkerSide,
+    #[command(flatten)]
+    pub opts: PricingOpts,
+    /// Output directory: result.json and pairs.svg.
+    #[arg(long, default_value = "price-out")]
+    out: PathBuf,
+    /// Print the result JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum PriceCmd {
+    /// Measure the clock: price no-ops and a slowed build many times, report its error rates.
+    Selftest(Box<SelftestArgs>),
+}
+
+/// How a pricing is run, shared by `price` and `price selftest`.
+#[derive(Args, Clone)]
+pub struct PricingOpts {
+    #[arg(long, default_value = "serial", value_parser = ["serial", "dflash"])]
+    track: String,
+    /// Add pairs until the 95 % interval's half-width, relative to the score, is at most this
+    /// (default 0.01 unless --pairs is given).
+    #[arg(long, conflicts_with = "pairs")]
+    target_ci: Option<f64>,
+    /// Run exactly this many accepted pairs instead of aiming at a precision (more only if
+    /// --max-pairs allows them while the interval straddles the floor).
+    #[arg(long)]
+    pairs: Option<usize>,
+    /// Pairs always run before the interval is first looked at (with --target-ci).
+    #[arg(long, default_value_t = 10, conflicts_with = "pairs")]
+    min_pairs: usize,
+    /// The pair budget (default: 100 with a target, --pairs without).
+    #[arg(long)]
+    max_pairs: Option<usize>,
+    /// Seconds after which no more pairs are added (the first pairs always run).
+    #[arg(long, default_value_t = 600.0)]
+    time_budget: f64,
     /// Prompt (seed) tokens of the window.
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
@@ -59,14 +101,21 @@ pub struct PriceArgs {
     /// DFlash draft source (dflash track): `drafter` or `oracle:P`.
     #[arg(long, default_value = "drafter")]
     draft: String,
-    /// Seed of prompts, oracle and bootstrap.
+    /// Seed of prompts, prompt order and oracle.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Reject when the whole 95 % interval of the score is below this.
     #[arg(long, default_value_t = 0.95)]
     floor: f64,
-    #[arg(long, default_value_t = 2000)]
-    bootstrap: usize,
+    /// Identical windows timed in one warm baseline worker to measure the noise.
+    #[arg(long, default_value_t = 16)]
+    noise_windows: usize,
+    /// Unscored windows at the start of every phase.
+    #[arg(long, default_value_t = 2)]
+    warmup_windows: usize,
+    /// Scored windows per phase (default: sized from the measured noise).
+    #[arg(long)]
+    windows: Option<usize>,
     /// Quiet means at most this busy fraction of all CPUs before a phase.
     #[arg(long, default_value_t = 0.5)]
     quiet_cpu: f64,
@@ -76,24 +125,233 @@ pub struct PriceArgs {
     /// Quiet means GPU temperature at most this (Celsius), when a GPU is present.
     #[arg(long, default_value_t = 60)]
     quiet_gpu_temp: u32,
-    /// Seconds to wait for quiet before a phase (its pair is re-run when it never comes).
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds to wait for quiet before a phase.
+    #[arg(long, default_value_t = 0.5)]
     quiet_wait: f64,
+    /// Re-run a pair whose phase found the machine never quiet (by default such a phase is
+    /// recorded and kept: its windows' minimum and the interval carry the noise).
+    #[arg(long)]
+    require_quiet: bool,
     /// Stall guard: seconds without worker progress before it is killed.
     #[arg(long, default_value_t = 30.0)]
     stall: f64,
-    /// A pair with a phase slower than this × its role's median is re-run.
+    /// A pair with a phase whose best window is slower than this × its role's median is re-run.
     #[arg(long, default_value_t = 3.0)]
     outlier_factor: f64,
     /// Plausibility cap on any speed-up.
     #[arg(long, default_value_t = 100.0)]
     max_speedup: f64,
-    /// Output directory: result.json and pairs.svg.
-    #[arg(long, default_value = "price-out")]
-    out: PathBuf,
-    /// Print the result JSON instead of the table.
-    #[arg(long)]
-    json: bool,
+}
+
+/// An option's value checked at the start, with an error that names the option.
+fn check(ok: bool, option: &str, why: &str, value: impl std::fmt::Display) -> Result<()> {
+    if !ok {
+        bail!("{option} {value}: {why}");
+    }
+    Ok(())
+}
+
+impl PricingOpts {
+    /// The track and the pricing parameters, every option checked before any worker starts.
+    pub fn params(&self, model: &ModelId) -> Result<PriceParams> {
+        let track: Track = self.track.parse().map_err(anyhow::Error::msg)?;
+        let finite = |x: f64| x.is_finite();
+        check(
+            finite(self.floor) && self.floor > 0.0,
+            "--floor",
+            "must be a positive number",
+            self.floor,
+        )?;
+        check(
+            finite(self.time_budget) && self.time_budget > 0.0,
+            "--time-budget",
+            "must be a positive number of seconds",
+            self.time_budget,
+        )?;
+        if let Some(h) = self.target_ci {
+            check(
+                finite(h) && h > 0.0 && h < 1.0,
+                "--target-ci",
+                "must be a relative half-width in (0, 1), e.g. 0.01",
+                h,
+            )?;
+        }
+        let rule = match self.pairs {
+            Some(n) => {
+                check(
+                    n >= 4,
+                    "--pairs",
+                    "a confidence interval needs at least 4",
+                    n,
+                )?;
+                let max = self.max_pairs.unwrap_or(n);
+                check(max >= n, "--max-pairs", "is below --pairs", max)?;
+                Rule {
+                    min_pairs: n,
+                    max_pairs: max,
+                    target_half_width: None,
+                    floor: self.floor,
+                }
+            }
+            None => {
+                check(
+                    self.min_pairs >= 4,
+                    "--min-pairs",
+                    "a confidence interval needs at least 4",
+                    self.min_pairs,
+                )?;
+                let max = self.max_pairs.unwrap_or(100.max(self.min_pairs));
+                check(
+                    max >= self.min_pairs,
+                    "--max-pairs",
+                    "is below --min-pairs",
+                    max,
+                )?;
+                Rule {
+                    min_pairs: self.min_pairs,
+                    max_pairs: max,
+                    target_half_width: Some(self.target_ci.unwrap_or(0.01)),
+                    floor: self.floor,
+                }
+            }
+        };
+        check(
+            self.prompt_tokens >= 1,
+            "--prompt-tokens",
+            "must be at least 1",
+            self.prompt_tokens,
+        )?;
+        let decode_tokens = self.decode_tokens.unwrap_or(match track {
+            Track::Serial => 128,
+            Track::Dflash => 512,
+        });
+        check(
+            decode_tokens >= 1,
+            "--decode-tokens",
+            "must be at least 1",
+            decode_tokens,
+        )?;
+        let draft: DraftSpec = self
+            .draft
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--draft {}: {e}", self.draft))?;
+        if track == Track::Dflash {
+            let mut max = MAX_BLOCK_SIZE;
+            if draft == DraftSpec::Drafter {
+                let block = match model.dir() {
+                    Some(dir) => {
+                        let cfg = dir.join("drafter/config.json");
+                        if !cfg.is_file() {
+                            bail!(
+                                "--draft drafter: {} has no drafter/ (use --draft oracle:P)",
+                                dir.display()
+                            );
+                        }
+                        DrafterConfig::from_file(&cfg)?.block_size
+                    }
+                    // Synthetic weights come with the preset's drafter.
+                    None => match &model.source {
+                        fastdecode_worker::ModelSource::Synthetic { preset, .. } => {
+                            fastdecode_model::synth::preset(preset)?.drafter.block_size
+                        }
+                        fastdecode_worker::ModelSource::Dir(_) => MAX_BLOCK_SIZE,
+                    },
+                };
+                max = max.min(block);
+            }
+            check(
+                (2..=max).contains(&self.block_size),
+                "--block-size",
+                &format!("the dflash track needs 2 to {max} with --draft {draft}"),
+                self.block_size,
+            )?;
+        }
+        check(
+            self.noise_windows >= 2,
+            "--noise-windows",
+            "must be at least 2",
+            self.noise_windows,
+        )?;
+        check(
+            self.warmup_windows <= 64,
+            "--warmup-windows",
+            "must be at most 64",
+            self.warmup_windows,
+        )?;
+        if let Some(k) = self.windows {
+            check((1..=256).contains(&k), "--windows", "must be 1 to 256", k)?;
+        }
+        check(
+            finite(self.quiet_cpu),
+            "--quiet-cpu",
+            "must be a number",
+            self.quiet_cpu,
+        )?;
+        check(
+            finite(self.quiet_wait) && self.quiet_wait >= 0.0,
+            "--quiet-wait",
+            "must be a non-negative number of seconds",
+            self.quiet_wait,
+        )?;
+        check(
+            finite(self.stall) && self.stall > 0.0,
+            "--stall",
+            "must be a positive number of seconds",
+            self.stall,
+        )?;
+        check(
+            finite(self.outlier_factor) && self.outlier_factor > 1.0,
+            "--outlier-factor",
+            "must be a number above 1",
+            self.outlier_factor,
+        )?;
+        check(
+            finite(self.max_speedup) && self.max_speedup > 1.0,
+            "--max-speedup",
+            "must be a number above 1",
+            self.max_speedup,
+        )?;
+        Ok(PriceParams {
+            track,
+            rule,
+            time_budget_seconds: self.time_budget,
+            prompt_tokens: self.prompt_tokens,
+            decode_tokens,
+            block_size: self.block_size,
+            draft: self.draft.clone(),
+            seed: self.seed,
+            quiet: QuietParams {
+                max_cpu_busy: self.quiet_cpu,
+                max_gpu_util_pct: self.quiet_gpu_util,
+                max_gpu_temp_c: self.quiet_gpu_temp,
+                max_wait_seconds: self.quiet_wait,
+            },
+            require_quiet: self.require_quiet,
+            stall_seconds: self.stall,
+            outlier_factor: self.outlier_factor,
+            max_speedup: self.max_speedup,
+            max_attempts: 2 * rule.max_pairs,
+            noise_windows: self.noise_windows,
+            warmup_windows: self.warmup_windows,
+            windows: self.windows,
+        })
+    }
+}
+
+/// The worker timeouts, checked (a non-finite or negative one would not make a `Duration`).
+pub fn check_side(side: &WorkerSide) -> Result<()> {
+    for (option, v) in [
+        ("--timeout", side.timeout),
+        ("--ready-timeout", side.ready_timeout),
+    ] {
+        check(
+            v.is_finite() && v > 0.0,
+            option,
+            "must be a positive number of seconds",
+            v,
+        )?;
+    }
+    Ok(())
 }
 
 fn cache_dir(a: &PriceArgs) -> PathBuf {
@@ -107,10 +365,26 @@ fn cache_dir(a: &PriceArgs) -> PathBuf {
     root.join("baselines")
 }
 
+/// The progress bar of a pricing (its length is the pair budget; the message says where the
+/// half-width is).
+pub fn bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(&format!("{what} [{{bar:30}}] {{pos}}/{{len}} {{msg}}"))
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    pb
+}
+
 pub fn run(a: PriceArgs) -> Result<()> {
+    if let Some(PriceCmd::Selftest(s)) = a.cmd {
+        return selftest::run(*s);
+    }
     parent_of_workers();
-    let track: Track = a.track.parse().map_err(anyhow::Error::msg)?;
+    check_side(&a.side)?;
     let model = a.side.model()?;
+    let params = a.opts.params(&model)?;
     let baseline_bin = match (&a.baseline, &a.baseline_ref) {
         (Some(b), _) => b.clone(),
         (None, Some(r)) => baseline::build(&a.repo, r, &cache_dir(&a), &|m| eprintln!("{m}"))?,
@@ -140,36 +414,7 @@ pub fn run(a: PriceArgs) -> Result<()> {
             .side
             .spec(a.noop.as_ref().unwrap_or(&baseline_bin), &model, none),
     };
-    let params = PriceParams {
-        track,
-        pairs: a.pairs,
-        prompt_tokens: a.prompt_tokens,
-        decode_tokens: a.decode_tokens.unwrap_or(match track {
-            Track::Serial => 128,
-            Track::Dflash => 512,
-        }),
-        block_size: a.block_size,
-        draft: a.draft.clone(),
-        seed: a.seed,
-        floor: a.floor,
-        resamples: a.bootstrap,
-        quiet: QuietParams {
-            max_cpu_busy: a.quiet_cpu,
-            max_gpu_util_pct: a.quiet_gpu_util,
-            max_gpu_temp_c: a.quiet_gpu_temp,
-            max_wait_seconds: a.quiet_wait,
-        },
-        stall_seconds: a.stall,
-        outlier_factor: a.outlier_factor,
-        max_speedup: a.max_speedup,
-        max_attempts: 2 * a.pairs,
-    };
-    let pb = ProgressBar::new(a.pairs as u64);
-    pb.set_style(
-        ProgressStyle::with_template("price [{bar:30}] {pos}/{len} pairs {msg}")
-            .expect("static template")
-            .progress_chars("=> "),
-    );
+    let pb = bar(params.rule.max_pairs as u64, "price");
     let res = price::run(&sides, &model, &params, &pb)?;
     pb.finish_and_clear();
     let json = serde_json::to_string_pretty(&res)? + "\n";

@@ -1,46 +1,42 @@
-//! Paired pricing. Each pair times the baseline and the candidate (and, on the DFlash track, the
-//! no-op) in fresh worker processes, one phase each, in alternating order; the parent times only
-//! the window, checks the machine is quiet before each phase and samples it during the window.
+//! Paired pricing. A pricing first measures the machine's noise (identical windows in one warm
+//! baseline worker, never scored) and sizes each phase's windows from it (`noise`). Then it adds
+//! pairs: each pair times the baseline and the candidate (and, on the DFlash track, the no-op),
+//! each in a fresh worker process, one phase each, the order alternating from pair to pair. A
+//! phase runs a few unscored warm-up windows, then its scored windows, every window on a
+//! different prompt of the pool (so no worker ever runs the same forward twice, and a build that
+//! caches outputs across calls gains nothing); the two sides of a pair see the same prompts in
+//! the same order. The parent times only the windows, checks the machine is quiet before each
+//! phase and samples it during every window.
 //!
-//! Scores (`challenge.md`): serial = decode_speedup^0.75 · prefill_speedup^0.25, each speedup a
-//! ratio of mean seconds per token; DFlash = raw / noop with raw = mean baseline serial s/token ÷
-//! mean candidate DFlash s/token and noop the same ratio for the unmodified no-op build, measured in
-//! the same run. The floor rejects a candidate only when the whole 95 % interval lies below it, so
-//! the rule's tolerance is the run's own measured variance, not a band tuned at another window
-//! length.
+//! Each phase's figure is the minimum over its windows whose worker never waited on a run queue
+//! (`noise`: under one-sided noise the minimum converges to the build's undisturbed time; a
+//! phase with no such window is re-run); the score is the ratio of the pairs' mean
+//! figures (`score`), with a jackknife-t 95 % interval over pairs (`stats`). Pairs are added until the
+//! interval's half-width reaches the target, clear of the floor, or a budget ends (`score::Rule`);
+//! the verdict is below the floor only when the whole interval is, and `infra:inconclusive` when
+//! the budget ends with the interval straddling it.
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use fastdecode_worker::protocol::WindowRequest;
-use fastdecode_worker::{Build, Fault, ModelId, NoTick, Spec, Worker};
+use fastdecode_worker::{Build, Fault, ModelId, NoTick, Spec, TimedWindow, Worker};
 
-use crate::stats::{bootstrap_ci, mean, median};
-use crate::telemetry::{quiesce, QuietCheck, QuietParams, Sampler, Telemetry, WindowTelemetry};
+use crate::noise::{self, Figures, NoiseReport, Timing};
+use crate::score::{self, Interval, PairFigures, Rule, Stop};
+use crate::stats::median;
+use crate::telemetry::{
+    quiesce, runqueue_wait_seconds, QuietCheck, QuietParams, Sampler, Telemetry, WindowTelemetry,
+};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Track {
-    Serial,
-    Dflash,
-}
-
-impl FromStr for Track {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "serial" => Ok(Track::Serial),
-            "dflash" => Ok(Track::Dflash),
-            o => Err(format!("unknown track {o:?} (serial or dflash)")),
-        }
-    }
-}
+pub use crate::score::Track;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -50,27 +46,47 @@ pub enum Role {
     Noop,
 }
 
+/// What a window counts as disturbed by, without a precision target: half a percent.
+pub const DEFAULT_TOLERANCE: f64 = 0.005;
+
+/// A pair with a phase that had no undisturbed window is re-run, unless this many pairs in a row
+/// were: then the machine is busy through whole phases, waiting longer would only spend the
+/// budget, and the pair is kept with each phase's minimum over all its windows (the interval
+/// carries the noise).
+pub const KEEP_AFTER_DISTURBED: usize = 3;
+
 #[derive(Debug, Clone)]
 pub struct PriceParams {
     pub track: Track,
-    pub pairs: usize,
+    /// Pairs, precision target, budget and floor.
+    pub rule: Rule,
+    /// Seconds after which no more pairs are added (the first `rule.min_pairs` always run).
+    pub time_budget_seconds: f64,
     pub prompt_tokens: usize,
     pub decode_tokens: usize,
     /// DFlash track: block size and draft source of the candidate's and no-op's windows.
     pub block_size: usize,
     pub draft: String,
     pub seed: u64,
-    pub floor: f64,
-    pub resamples: usize,
     pub quiet: QuietParams,
+    /// A phase that started on a machine that never quieted voids its pair (else it is recorded
+    /// and kept: the minimum and the interval carry the noise).
+    pub require_quiet: bool,
     /// The stall guard: a worker with no progress for this long is killed (infra).
     pub stall_seconds: f64,
-    /// A pair whose phase took more than this many times its role's median is not accepted.
+    /// A pair whose phase's best window took more than this many times its role's median is
+    /// not accepted (a stall of the machine, not of the build).
     pub outlier_factor: f64,
     /// Plausibility cap: a speed-up above this is a violation, not a score.
     pub max_speedup: f64,
     /// Pair attempts allowed in all (re-runs of unaccepted pairs included).
     pub max_attempts: usize,
+    /// Identical windows of the noise measurement.
+    pub noise_windows: usize,
+    /// Unscored windows at the start of every phase (a fresh process's first windows are slow).
+    pub warmup_windows: usize,
+    /// Scored windows per phase; `None`: sized from the noise.
+    pub windows: Option<usize>,
 }
 
 pub struct Sides {
@@ -81,26 +97,53 @@ pub struct Sides {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Phase {
-    pub role: Role,
+pub struct WindowRecord {
+    /// Index into the pool of prompts.
+    pub prompt: usize,
+    /// Warm-up windows are timed for the record but never scored.
+    pub warmup: bool,
+    /// The worker waited on a run queue for more than the tolerance of this window: not scored.
+    pub disturbed: bool,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+    pub tokens_match_baseline: Option<bool>,
+    pub telemetry: WindowTelemetry,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    pub role: Role,
+    pub quiet: QuietCheck,
+    /// Spawn to `ready` (never timed as part of a window).
+    pub spawn_seconds: f64,
+    /// Scored windows that were not disturbed: the robust statistic is over these.
+    pub undisturbed_windows: usize,
+    /// The robust statistic the score uses (`noise::robust` over the undisturbed windows).
     pub prefill_seconds_per_token: f64,
     pub decode_seconds_per_token: f64,
+    /// The mean over the scored windows, for the record.
+    pub mean_prefill_seconds_per_token: f64,
+    pub mean_decode_seconds_per_token: f64,
+    /// Best undisturbed and mean whole scored window: mean / min − 1 is this phase's own noise.
+    pub min_window_seconds: f64,
+    pub mean_window_seconds: f64,
     pub tokens_match_baseline: Option<bool>,
-    pub quiet: QuietCheck,
-    pub telemetry: WindowTelemetry,
+    pub windows: Vec<WindowRecord>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Pair {
     pub attempt: usize,
     pub candidate_first: bool,
+    /// The pool's prompts in the order every phase of this pair ran them (warm-up first).
+    pub prompt_order: Vec<usize>,
     pub phases: Vec<Phase>,
     pub accepted: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejected_because: Option<String>,
+    /// This pair's own score (robust statistic), and from the window means.
     pub score: Option<f64>,
+    pub mean_score: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -110,27 +153,50 @@ pub struct SideInfo {
     pub flags: Vec<String>,
 }
 
+/// The score as the window means would give it (the single-window clock's statistic), recorded
+/// beside the robust one so the two can be compared run by run.
+#[derive(Debug, Clone, Serialize)]
+pub struct MeanStatistic {
+    pub score: f64,
+    pub ci95: [f64; 2],
+    pub half_width: f64,
+    pub baseline_seconds_per_token: f64,
+    pub candidate_seconds_per_token: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PriceResult {
-    /// `passed`, `below_floor`, `infra:...` or `violation:...`.
+    /// `passed`, `below_floor`, `infra:...` (`infra:inconclusive`: the interval still straddles
+    /// the floor when the budget ends) or `violation:...`.
     pub verdict: String,
     pub passed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     pub track: Track,
+    /// The ratio of the pairs' mean robust seconds per token (`score`); `ratio_of_means` is the
+    /// same number under the original's name.
     pub score: Option<f64>,
     pub ci95: Option<[f64; 2]>,
+    /// Relative half-width of `ci95`.
+    pub half_width: Option<f64>,
     pub ci_method: &'static str,
-    pub bootstrap_resamples: usize,
-    pub bootstrap_seed: u64,
+    pub robust_statistic: &'static str,
     pub floor: f64,
+    pub target_ci: Option<f64>,
+    pub min_pairs: usize,
+    pub max_pairs: usize,
+    pub time_budget_seconds: f64,
+    pub stopping_reason: Option<Stop>,
+    pub pairs_used: usize,
     pub accepted_pair_count: usize,
     pub attempted_pair_count: usize,
+    pub elapsed_seconds: f64,
     pub ratio_of_means: Option<f64>,
     pub decode_ratio_of_means: Option<f64>,
     pub prefill_ratio_of_means: Option<f64>,
     pub raw_ratio_of_means: Option<f64>,
     pub noop_reference: Option<f64>,
+    /// Median and minimum of the pairs' own scores.
     pub median: Option<f64>,
     pub min: Option<f64>,
     pub baseline_seconds_per_token: Option<f64>,
@@ -138,6 +204,10 @@ pub struct PriceResult {
     pub noop_seconds_per_token: Option<f64>,
     pub baseline_prefill_seconds_per_token: Option<f64>,
     pub candidate_prefill_seconds_per_token: Option<f64>,
+    pub mean_statistic: Option<MeanStatistic>,
+    pub noise: Option<NoiseReport>,
+    pub warmup_windows: usize,
+    pub windows_per_phase: Option<usize>,
     pub pairs_with_output_mismatch: usize,
     pub weights_digest: String,
     pub gpu_telemetry: bool,
@@ -151,53 +221,26 @@ pub struct PriceResult {
     pub pairs: Vec<Pair>,
 }
 
-/// Seconds per token of each role over the pairs in `ix`, and the score they give.
-struct Sums<'a> {
-    track: Track,
-    pairs: &'a [&'a Pair],
-}
-
-impl Sums<'_> {
-    fn per_token(&self, ix: &[usize], role: Role, prefill: bool) -> f64 {
-        let v: Vec<f64> = ix
-            .iter()
-            .filter_map(|&i| self.pairs[i].phases.iter().find(|p| p.role == role))
-            .map(|p| {
-                if prefill {
-                    p.prefill_seconds_per_token
-                } else {
-                    p.decode_seconds_per_token
-                }
-            })
+/// `count` distinct random prompts of `len` tokens from `seed`.
+fn prompts(seed: u64, count: usize, len: usize, vocab: usize) -> Result<Vec<Vec<u32>>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut seen = HashSet::new();
+    let mut out = vec![];
+    let mut tries = 0;
+    while out.len() < count {
+        let p: Vec<u32> = (0..len)
+            .map(|_| rng.random_range(0..vocab as u32))
             .collect();
-        mean(&v)
-    }
-    /// (score, first component, second component): serial (score, decode, prefill ratios);
-    /// DFlash (score, raw, noop).
-    fn score(&self, ix: &[usize]) -> (f64, f64, f64) {
-        let b = self.per_token(ix, Role::Baseline, false);
-        let c = self.per_token(ix, Role::Candidate, false);
-        match self.track {
-            Track::Serial => {
-                let dec = b / c;
-                let pre = self.per_token(ix, Role::Baseline, true)
-                    / self.per_token(ix, Role::Candidate, true);
-                (dec.powf(0.75) * pre.powf(0.25), dec, pre)
-            }
-            Track::Dflash => {
-                let raw = b / c;
-                let noop = b / self.per_token(ix, Role::Noop, false);
-                (raw / noop, raw, noop)
-            }
+        tries += 1;
+        anyhow::ensure!(
+            tries <= 100 * count,
+            "cannot draw {count} distinct prompts of {len} tokens from a vocabulary of {vocab}"
+        );
+        if seen.insert(p.clone()) {
+            out.push(p);
         }
     }
-}
-
-fn random_prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..len)
-        .map(|_| rng.random_range(0..vocab as u32))
-        .collect()
+    Ok(out)
 }
 
 fn side(spec: &Spec, build: Option<Build>) -> SideInfo {
@@ -217,15 +260,23 @@ fn side(spec: &Spec, build: Option<Build>) -> SideInfo {
     }
 }
 
+fn timing(t: &TimedWindow) -> Timing {
+    Timing {
+        prefill_seconds: t.prefill_seconds,
+        decode_seconds: t.decode_seconds,
+    }
+}
+
 pub fn run(
     sides: &Sides,
     model: &ModelId,
     p: &PriceParams,
     progress: &indicatif::ProgressBar,
 ) -> Result<PriceResult> {
+    let r = &p.rule;
     anyhow::ensure!(
-        p.pairs >= 4,
-        "--pairs must be at least 4 for a confidence interval"
+        r.min_pairs >= 4 && r.max_pairs >= r.min_pairs,
+        "at least 4 pairs for a confidence interval, and a pair budget no smaller"
     );
     anyhow::ensure!(
         p.prompt_tokens >= 1 && p.decode_tokens >= 1,
@@ -235,7 +286,13 @@ pub fn run(
         p.track == Track::Serial || p.block_size >= 2,
         "the dflash track needs --block-size of at least 2"
     );
+    anyhow::ensure!(
+        p.noise_windows >= 2,
+        "the noise measurement needs 2 windows"
+    );
+    let start = Instant::now();
     let telemetry = Telemetry::new();
+    let dflash = p.track == Track::Dflash;
     let mut res = PriceResult {
         verdict: String::new(),
         passed: false,
@@ -243,12 +300,19 @@ pub fn run(
         track: p.track,
         score: None,
         ci95: None,
-        ci_method: "expanded percentile bootstrap over pairs",
-        bootstrap_resamples: p.resamples,
-        bootstrap_seed: p.seed,
-        floor: p.floor,
+        half_width: None,
+        ci_method: "jackknife-t over pairs on the log score (Student t, n - 1 degrees of freedom)",
+        robust_statistic: "per phase, the minimum over its scored windows: prefill, and whole window minus prefill for the decode",
+        floor: r.floor,
+        target_ci: r.target_half_width,
+        min_pairs: r.min_pairs,
+        max_pairs: r.max_pairs,
+        time_budget_seconds: p.time_budget_seconds,
+        stopping_reason: None,
+        pairs_used: 0,
         accepted_pair_count: 0,
         attempted_pair_count: 0,
+        elapsed_seconds: 0.0,
         ratio_of_means: None,
         decode_ratio_of_means: None,
         prefill_ratio_of_means: None,
@@ -261,24 +325,20 @@ pub fn run(
         noop_seconds_per_token: None,
         baseline_prefill_seconds_per_token: None,
         candidate_prefill_seconds_per_token: None,
+        mean_statistic: None,
+        noise: None,
+        warmup_windows: p.warmup_windows,
+        windows_per_phase: None,
         pairs_with_output_mismatch: 0,
         weights_digest: model.digest.clone(),
         gpu_telemetry: telemetry.has_gpu(),
         prompt_tokens: p.prompt_tokens,
         decode_tokens: p.decode_tokens,
-        block_size: if p.track == Track::Dflash {
-            p.block_size
-        } else {
-            1
-        },
-        draft: if p.track == Track::Dflash {
-            p.draft.clone()
-        } else {
-            String::new()
-        },
+        block_size: if dflash { p.block_size } else { 1 },
+        draft: if dflash { p.draft.clone() } else { String::new() },
         baseline: side(&sides.baseline, None),
         candidate: side(&sides.candidate, None),
-        noop: (p.track == Track::Dflash).then(|| side(&sides.noop, None)),
+        noop: dflash.then(|| side(&sides.noop, None)),
         pairs: vec![],
     };
     let roles: Vec<Role> = match p.track {
@@ -290,82 +350,146 @@ pub fn run(
         Role::Candidate => &sides.candidate,
         Role::Noop => &sides.noop,
     };
-    // Re-run pairs reuse the prompts of the first `pairs` slots.
-    let prompt_of = |attempt: usize| {
-        random_prompt(
-            p.seed.wrapping_add((attempt % p.pairs) as u64),
-            p.prompt_tokens,
-            model.vocab,
-        )
-    };
-    let request = |role: Role, prompt: Vec<u32>, truth: Option<Vec<u32>>| {
-        let dflash = p.track == Track::Dflash && role != Role::Baseline;
+    let request = |role: Role, prompt: &[u32], truth: Option<&Vec<u32>>| {
+        let dflash = dflash && role != Role::Baseline;
         WindowRequest {
             id: 0,
-            prompt,
+            prompt: prompt.to_vec(),
             decode_tokens: p.decode_tokens,
             block_size: if dflash { p.block_size } else { 1 },
             draft: dflash.then(|| p.draft.clone()),
             seed: p.seed,
-            truth: if dflash { truth } else { None },
+            truth: if dflash { truth.cloned() } else { None },
         }
     };
     let fail = |mut res: PriceResult, f: Fault| {
         res.verdict = f.category();
         res.detail = Some(f.to_string());
+        res.elapsed_seconds = start.elapsed().as_secs_f64();
         Ok(res)
     };
-    // Calibration (never scored): the baseline's serial tokens of every prompt, which are the
-    // oracle's truth and what the candidate's output is compared with, and the window lengths
-    // that set the sampling interval.
-    progress.set_message("calibrating");
-    let mut truth = vec![];
-    let mut expected = std::collections::HashMap::new();
-    {
-        let mut w = match Worker::spawn(&sides.baseline, model.vocab, &model.digest) {
-            Ok(w) => w,
-            Err(f) => return fail(res, f),
-        };
-        for slot in 0..p.pairs {
-            let t = match w.window(request(Role::Baseline, prompt_of(slot), None), &mut NoTick) {
-                Ok(t) => t,
+    macro_rules! attempt {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
                 Err(f) => return fail(res, f),
-            };
-            let d = Duration::from_secs_f64(t.prefill_seconds + t.decode_seconds);
-            for &r in &roles {
-                expected.entry(r).or_insert(d);
             }
-            truth.push(t.tokens);
-        }
-        w.shutdown();
+        };
     }
-    progress.set_length(p.pairs as u64);
+
+    // The noise measurement and the calibration, in one baseline worker, never scored: warm-up
+    // windows, identical windows (the noise), then the baseline's serial tokens of every prompt
+    // of the pool (the oracle's truth, and what every other build's output is compared with).
+    progress.set_message("measuring noise");
+    let vocab = model.vocab;
+    // Prompt streams: the noise worker's warm-up and noise prompts, then the pool.
+    let setup = prompts(
+        p.seed ^ 0x006e_6f69_7365,
+        p.warmup_windows + 1,
+        p.prompt_tokens,
+        vocab,
+    )?;
+    let (noise_prompt, warm_prompts) = setup.split_last().expect("at least one");
+    let t0 = Instant::now();
+    let mut w = attempt!(Worker::spawn(&sides.baseline, vocab, &model.digest));
+    let spawn_seconds = t0.elapsed().as_secs_f64();
+    for pr in warm_prompts {
+        attempt!(w.window(request(Role::Baseline, pr, None), &mut NoTick));
+    }
+    let (mut noise_seconds, mut noise_waits) = (vec![], vec![]);
+    for _ in 0..p.noise_windows {
+        let before = runqueue_wait_seconds(w.pid());
+        let t = attempt!(w.window(request(Role::Baseline, noise_prompt, None), &mut NoTick));
+        let after = runqueue_wait_seconds(w.pid());
+        noise_seconds.push(t.prefill_seconds + t.decode_seconds);
+        noise_waits.push(before.zip(after).map(|(a, b)| b - a));
+    }
+    let tolerance = r.target_half_width.map_or(DEFAULT_TOLERANCE, |h| h / 2.0);
+    let nr = noise::size_windows(
+        &noise_seconds,
+        &noise_waits,
+        tolerance,
+        spawn_seconds,
+        p.warmup_windows,
+        p.windows,
+    );
+    let k = nr.windows_per_phase;
+    res.windows_per_phase = Some(k);
+    res.noise = Some(nr);
+    let pool_size = p.warmup_windows + k;
+    let pool = {
+        let mut all = prompts(p.seed, pool_size + setup.len(), p.prompt_tokens, vocab)?;
+        // Never a pool prompt the noise worker already ran.
+        all.retain(|x| !setup.contains(x));
+        all.truncate(pool_size);
+        anyhow::ensure!(
+            all.len() == pool_size,
+            "cannot draw {pool_size} distinct prompts"
+        );
+        all
+    };
+    let mut truth = vec![];
+    for pr in &pool {
+        let t = attempt!(w.window(request(Role::Baseline, pr, None), &mut NoTick));
+        truth.push(t.tokens);
+    }
+    w.shutdown();
+    let expected_window = Duration::from_secs_f64(res.noise.as_ref().expect("set").median_seconds);
+    let mut expected: HashMap<Role, Duration> =
+        roles.iter().map(|&r| (r, expected_window)).collect();
+
+    progress.set_length(r.max_pairs as u64);
+    let mut robust_pairs: Vec<PairFigures> = vec![];
+    let mut mean_pairs: Vec<PairFigures> = vec![];
+    let mut last: Option<Interval> = None;
     let mut attempt = 0;
-    while res.accepted_pair_count < p.pairs && attempt < p.max_attempts {
-        let candidate_first = attempt % 2 == 1;
+    // Consecutive pairs with a phase that had no undisturbed window.
+    let mut busy_streak = 0;
+    let stop = loop {
+        if attempt >= p.max_attempts {
+            break Stop::AttemptBudget;
+        }
+        // The order alternates by accepted pair, so an even count of accepted pairs is balanced
+        // even when a pair had to be re-run.
+        let candidate_first = robust_pairs.len() % 2 == 1;
         let mut order = roles.clone();
         if candidate_first {
             order.reverse();
         }
+        let mut prompt_order: Vec<usize> = (0..pool_size).collect();
+        prompt_order.shuffle(&mut ChaCha8Rng::seed_from_u64(
+            p.seed.wrapping_add(1 + attempt as u64),
+        ));
         let mut pair = Pair {
             attempt,
             candidate_first,
+            prompt_order: prompt_order.clone(),
             phases: vec![],
             accepted: true,
             rejected_because: None,
             score: None,
+            mean_score: None,
         };
+        let mut figures: HashMap<Role, (Figures, Figures)> = HashMap::new();
+        // Re-running a disturbed or outlying pair would leave too few attempts for the pairs
+        // still needed: keep it (the interval carries the noise).
+        let last_chances =
+            p.max_attempts - attempt <= r.min_pairs.saturating_sub(robust_pairs.len());
         for role in order {
-            progress.set_message(format!("pair {} {:?}", res.accepted_pair_count + 1, role));
+            progress.set_message(format!(
+                "pair {} {role:?}{}",
+                robust_pairs.len() + 1,
+                last.map(|iv| format!(", half-width {:.2} %", 100.0 * iv.half_width))
+                    .unwrap_or_default()
+            ));
             let quiet = quiesce(&telemetry, &p.quiet);
-            if !quiet.quiet {
+            if !quiet.quiet && p.require_quiet {
                 pair.accepted = false;
                 pair.rejected_because = Some("not_quiescent".into());
             }
-            let mut w = match Worker::spawn(spec_of(role), model.vocab, &model.digest) {
-                Ok(w) => w,
-                Err(f) => return fail(res, f),
-            };
+            let t0 = Instant::now();
+            let mut w = attempt!(Worker::spawn(spec_of(role), vocab, &model.digest));
+            let spawn_seconds = t0.elapsed().as_secs_f64();
             match role {
                 Role::Baseline => res.baseline.build = Some(w.ready.build.clone()),
                 Role::Candidate => {
@@ -379,35 +503,74 @@ pub fn run(
                 }
             }
             let pid = w.pid();
-            let mut sampler = Sampler::new(&telemetry, expected[&role], p.stall_seconds);
-            sampler.begin(pid);
-            let t = match w.window(
-                request(
+            let mut windows = vec![];
+            for (i, &ix) in prompt_order.iter().enumerate() {
+                let mut sampler = Sampler::new(&telemetry, expected[&role], p.stall_seconds);
+                sampler.begin(pid);
+                let t =
+                    attempt!(w.window(request(role, &pool[ix], Some(&truth[ix])), &mut sampler));
+                let tele = sampler.finish(pid);
+                expected.insert(
                     role,
-                    prompt_of(attempt),
-                    Some(truth[attempt % p.pairs].clone()),
-                ),
-                &mut sampler,
-            ) {
-                Ok(t) => t,
-                Err(f) => return fail(res, f),
-            };
-            let tele = sampler.finish(pid);
+                    Duration::from_secs_f64(t.prefill_seconds + t.decode_seconds),
+                );
+                let disturbed = noise::waited(
+                    t.prefill_seconds + t.decode_seconds,
+                    tele.runqueue_wait_seconds,
+                    tolerance,
+                );
+                windows.push((
+                    timing(&t),
+                    WindowRecord {
+                        prompt: ix,
+                        warmup: i < p.warmup_windows,
+                        disturbed,
+                        prefill_seconds: t.prefill_seconds,
+                        decode_seconds: t.decode_seconds,
+                        tokens_match_baseline: (role != Role::Baseline)
+                            .then(|| t.tokens == truth[ix]),
+                        telemetry: tele,
+                    },
+                ));
+            }
             w.shutdown();
-            expected.insert(
-                role,
-                Duration::from_secs_f64(t.prefill_seconds + t.decode_seconds),
-            );
-            let same = t.tokens == truth[attempt % p.pairs];
+            let scored = &windows[p.warmup_windows..];
+            let all: Vec<Timing> = scored.iter().map(|(t, _)| *t).collect();
+            let clean: Vec<Timing> = scored
+                .iter()
+                .filter(|(_, r)| !r.disturbed)
+                .map(|(t, _)| *t)
+                .collect();
+            if clean.is_empty() && busy_streak < KEEP_AFTER_DISTURBED && !last_chances {
+                pair.accepted = false;
+                pair.rejected_because
+                    .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
+            }
+            let best = if clean.is_empty() { &all } else { &clean };
+            let rob = noise::robust(best, p.prompt_tokens, p.decode_tokens);
+            let avg = noise::means(&all, p.prompt_tokens, p.decode_tokens);
+            let min_window = best.iter().map(Timing::total).fold(f64::INFINITY, f64::min);
+            let mean_window =
+                crate::stats::mean(&all.iter().map(Timing::total).collect::<Vec<_>>());
+            let undisturbed = clean.len();
+            let records: Vec<WindowRecord> = windows.into_iter().map(|(_, r)| r).collect();
+            let mismatch = records
+                .iter()
+                .any(|w| w.tokens_match_baseline == Some(false));
+            figures.insert(role, (rob, avg));
             pair.phases.push(Phase {
                 role,
-                prefill_seconds: t.prefill_seconds,
-                decode_seconds: t.decode_seconds,
-                prefill_seconds_per_token: t.prefill_seconds / p.prompt_tokens as f64,
-                decode_seconds_per_token: t.decode_seconds / p.decode_tokens as f64,
-                tokens_match_baseline: (role != Role::Baseline).then_some(same),
                 quiet,
-                telemetry: tele,
+                spawn_seconds,
+                undisturbed_windows: undisturbed,
+                prefill_seconds_per_token: rob.prefill_seconds_per_token,
+                decode_seconds_per_token: rob.decode_seconds_per_token,
+                mean_prefill_seconds_per_token: avg.prefill_seconds_per_token,
+                mean_decode_seconds_per_token: avg.decode_seconds_per_token,
+                min_window_seconds: min_window,
+                mean_window_seconds: mean_window,
+                tokens_match_baseline: (role != Role::Baseline).then_some(!mismatch),
+                windows: records,
             });
         }
         if pair
@@ -417,121 +580,172 @@ pub fn run(
         {
             res.pairs_with_output_mismatch += 1;
         }
+        // The outlier guard: a phase whose best window is far slower than its role's median
+        // was disturbed throughout (a stall of the machine, not of the build); its pair is
+        // re-run while attempts remain.
+        if pair.accepted && robust_pairs.len() >= 3 && !last_chances {
+            for ph in &pair.phases {
+                let best: Vec<f64> = res
+                    .pairs
+                    .iter()
+                    .filter(|x| x.accepted)
+                    .flat_map(|x| x.phases.iter().filter(|q| q.role == ph.role))
+                    .map(|q| q.min_window_seconds)
+                    .collect();
+                if ph.min_window_seconds > p.outlier_factor * median(&best) {
+                    pair.accepted = false;
+                    pair.rejected_because
+                        .get_or_insert_with(|| "outlier".into());
+                }
+            }
+        }
+        let of = |role: Role, robust: bool| {
+            figures
+                .get(&role)
+                .map(|(r, m)| if robust { *r } else { *m })
+        };
+        let get = |robust: bool| PairFigures {
+            baseline: of(Role::Baseline, robust).expect("every pair has a baseline"),
+            candidate: of(Role::Candidate, robust).expect("every pair has a candidate"),
+            noop: of(Role::Noop, robust),
+        };
+        let (rob, avg) = (get(true), get(false));
+        pair.score = Some(score::score(p.track, &[rob], &[0]).score);
+        pair.mean_score = Some(score::score(p.track, &[avg], &[0]).score);
         if pair.accepted {
+            robust_pairs.push(rob);
+            mean_pairs.push(avg);
             res.accepted_pair_count += 1;
             progress.inc(1);
         }
+        let disturbed = pair.phases.iter().any(|ph| ph.undisturbed_windows == 0);
+        busy_streak = if disturbed { busy_streak + 1 } else { 0 };
         res.pairs.push(pair);
         attempt += 1;
-        // The outlier guard: a phase far slower than its role's median was disturbed (a stall of
-        // the machine, not of the build); its pair is re-run while attempts remain.
-        if res.accepted_pair_count == p.pairs {
-            reject_outliers(&mut res, &roles, p.outlier_factor);
+        if robust_pairs.len() >= r.min_pairs {
+            let iv = score::interval(p.track, &robust_pairs);
+            last = Some(iv);
+            let out_of_time = start.elapsed().as_secs_f64() >= p.time_budget_seconds;
+            if let Some(s) = r.check(robust_pairs.len(), &iv, out_of_time) {
+                break s;
+            }
         }
-    }
+    };
     res.attempted_pair_count = attempt;
-    let accepted: Vec<&Pair> = res.pairs.iter().filter(|x| x.accepted).collect();
-    if accepted.len() < p.pairs {
+    res.pairs_used = robust_pairs.len();
+    res.stopping_reason = Some(stop);
+    res.elapsed_seconds = start.elapsed().as_secs_f64();
+    let n = robust_pairs.len();
+    let Some(iv) = last.filter(|_| n >= r.min_pairs) else {
         res.verdict = "infra:too_few_accepted_pairs".into();
         res.detail = Some(format!(
-            "{} of {} pairs accepted after {attempt} attempts (not quiescent or disturbed)",
-            accepted.len(),
-            p.pairs
+            "{n} of {} pairs accepted after {attempt} attempts (not quiescent, outliers, or disturbed: another process had the CPU through a phase)",
+            r.min_pairs
         ));
         return Ok(res);
-    }
-    let sums = Sums {
-        track: p.track,
-        pairs: &accepted,
     };
-    let all: Vec<usize> = (0..accepted.len()).collect();
-    let (score, a, b) = sums.score(&all);
-    let per_pair: Vec<f64> = all.iter().map(|&i| sums.score(&[i]).0).collect();
-    let (lo, hi) = bootstrap_ci(accepted.len(), p.resamples, p.seed, |ix| sums.score(ix).0);
-    res.score = Some(score);
-    res.ratio_of_means = Some(score);
-    res.ci95 = Some([lo, hi]);
+    let all: Vec<usize> = (0..n).collect();
+    let c = score::score(p.track, &robust_pairs, &all);
+    let per_pair: Vec<f64> = res
+        .pairs
+        .iter()
+        .filter(|x| x.accepted)
+        .filter_map(|x| x.score)
+        .collect();
+    res.score = Some(iv.score);
+    res.ratio_of_means = Some(iv.score);
+    res.ci95 = Some([iv.lo, iv.hi]);
+    res.half_width = Some(iv.half_width);
     res.median = Some(median(&per_pair));
     res.min = per_pair.iter().copied().reduce(f64::min);
-    res.baseline_seconds_per_token = Some(sums.per_token(&all, Role::Baseline, false));
-    res.candidate_seconds_per_token = Some(sums.per_token(&all, Role::Candidate, false));
+    let mean_dec = |v: &[PairFigures], f: fn(&PairFigures) -> f64| {
+        v.iter().map(f).sum::<f64>() / v.len() as f64
+    };
+    res.baseline_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
+        x.baseline.decode_seconds_per_token
+    }));
+    res.candidate_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
+        x.candidate.decode_seconds_per_token
+    }));
     match p.track {
         Track::Serial => {
-            res.decode_ratio_of_means = Some(a);
-            res.prefill_ratio_of_means = Some(b);
-            res.baseline_prefill_seconds_per_token =
-                Some(sums.per_token(&all, Role::Baseline, true));
-            res.candidate_prefill_seconds_per_token =
-                Some(sums.per_token(&all, Role::Candidate, true));
+            res.decode_ratio_of_means = Some(c.first);
+            res.prefill_ratio_of_means = Some(c.second);
+            res.baseline_prefill_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
+                x.baseline.prefill_seconds_per_token
+            }));
+            res.candidate_prefill_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
+                x.candidate.prefill_seconds_per_token
+            }));
         }
         Track::Dflash => {
-            res.raw_ratio_of_means = Some(a);
-            res.noop_reference = Some(b);
-            res.noop_seconds_per_token = Some(sums.per_token(&all, Role::Noop, false));
+            res.raw_ratio_of_means = Some(c.first);
+            res.noop_reference = Some(c.second);
+            res.noop_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
+                x.noop.map_or(f64::NAN, |f| f.decode_seconds_per_token)
+            }));
         }
     }
-    let implausible = accepted.iter().zip(&per_pair).any(|(pair, &s)| {
-        let max_ratio = pair.phases.iter().map(|ph| {
-            let b = pair
-                .phases
-                .iter()
-                .find(|x| x.role == Role::Baseline)
-                .expect("every pair has a baseline");
-            (b.decode_seconds_per_token / ph.decode_seconds_per_token)
-                .max(b.prefill_seconds_per_token / ph.prefill_seconds_per_token)
-        });
-        s > p.max_speedup || max_ratio.fold(0.0, f64::max) > p.max_speedup
+    let miv = score::interval(p.track, &mean_pairs);
+    res.mean_statistic = Some(MeanStatistic {
+        score: miv.score,
+        ci95: [miv.lo, miv.hi],
+        half_width: miv.half_width,
+        baseline_seconds_per_token: mean_dec(&mean_pairs, |x| x.baseline.decode_seconds_per_token),
+        candidate_seconds_per_token: mean_dec(&mean_pairs, |x| {
+            x.candidate.decode_seconds_per_token
+        }),
     });
-    for (pair, s) in res.pairs.iter_mut().filter(|x| x.accepted).zip(&per_pair) {
-        pair.score = Some(*s);
-    }
+    let implausible = res.pairs.iter().filter(|x| x.accepted).any(|pair| {
+        let b = pair
+            .phases
+            .iter()
+            .find(|x| x.role == Role::Baseline)
+            .expect("every pair has a baseline");
+        pair.score.is_some_and(|s| s > p.max_speedup)
+            || pair.phases.iter().any(|ph| {
+                (b.decode_seconds_per_token / ph.decode_seconds_per_token)
+                    .max(b.prefill_seconds_per_token / ph.prefill_seconds_per_token)
+                    > p.max_speedup
+            })
+    });
     if implausible {
         res.verdict = "violation:implausible_speed".into();
         res.detail = Some(format!(
             "a pair is more than {}x faster than the baseline",
             p.max_speedup
         ));
-    } else if hi < p.floor {
-        res.verdict = "below_floor".into();
-        res.detail = Some(format!(
-            "the whole 95 % interval [{lo:.3}, {hi:.3}] is below the floor {}",
-            p.floor
-        ));
-    } else {
-        res.verdict = "passed".into();
-        res.passed = true;
+        return Ok(res);
     }
+    res.verdict = score::verdict(&iv, r.floor).into();
+    res.passed = res.verdict == "passed";
+    res.detail = match res.verdict.as_str() {
+        "below_floor" => Some(format!(
+            "the whole 95 % interval [{:.4}, {:.4}] is below the floor {}",
+            iv.lo, iv.hi, r.floor
+        )),
+        "infra:inconclusive" => Some(format!(
+            "the 95 % interval [{:.4}, {:.4}] still straddles the floor {} after {n} pairs ({})",
+            iv.lo,
+            iv.hi,
+            r.floor,
+            serde_json::to_value(stop)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default()
+        )),
+        _ => None,
+    };
     Ok(res)
-}
-
-/// Marks accepted pairs with a phase over `factor` × its role's median window as not accepted.
-fn reject_outliers(res: &mut PriceResult, roles: &[Role], factor: f64) {
-    let window = |ph: &Phase| ph.prefill_seconds + ph.decode_seconds;
-    for &role in roles {
-        let v: Vec<f64> = res
-            .pairs
-            .iter()
-            .filter(|x| x.accepted)
-            .flat_map(|x| x.phases.iter().filter(|ph| ph.role == role).map(window))
-            .collect();
-        let m = median(&v);
-        for pair in res.pairs.iter_mut().filter(|x| x.accepted) {
-            if pair
-                .phases
-                .iter()
-                .any(|ph| ph.role == role && window(ph) > factor * m)
-            {
-                pair.accepted = false;
-                pair.rejected_because = Some("disturbed".into());
-                res.accepted_pair_count -= 1;
-            }
-        }
-    }
 }
 
 /// The plain summary table.
 pub fn summary(r: &PriceResult) -> String {
     let f = |x: Option<f64>| x.map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into());
+    let pct = |x: Option<f64>| {
+        x.map(|v| format!("{:.2} %", 100.0 * v))
+            .unwrap_or_else(|| "-".into())
+    };
     let us = |x: Option<f64>| {
         x.map(|v| format!("{:.1} us", v * 1e6))
             .unwrap_or_else(|| "-".into())
@@ -547,13 +761,38 @@ pub fn summary(r: &PriceResult) -> String {
                 .map(|[a, b]| format!("[{a:.4}, {b:.4}]"))
                 .unwrap_or_else(|| "-".into()),
         ),
+        (
+            "half-width",
+            format!(
+                "{} (target {})",
+                pct(r.half_width),
+                r.target_ci.map_or("none".into(), |t| pct(Some(t)))
+            ),
+        ),
         ("floor", format!("{}", r.floor)),
         (
-            "accepted pairs",
+            "pairs",
             format!(
-                "{} of {} attempted",
-                r.accepted_pair_count, r.attempted_pair_count
+                "{} used of {} attempted, stopped: {}",
+                r.pairs_used,
+                r.attempted_pair_count,
+                r.stopping_reason
+                    .and_then(|s| serde_json::to_value(s).ok())
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_else(|| "-".into())
             ),
+        ),
+        (
+            "windows per phase",
+            format!(
+                "{} scored + {} warm-up",
+                r.windows_per_phase.map_or("-".into(), |k| k.to_string()),
+                r.warmup_windows
+            ),
+        ),
+        (
+            "noise (median/min-1)",
+            pct(r.noise.as_ref().map(|n| n.relative_spread)),
         ),
         (
             "median / min pair",
@@ -571,9 +810,17 @@ pub fn summary(r: &PriceResult) -> String {
         ("candidate s/token", us(r.candidate_seconds_per_token)),
         ("noop s/token", us(r.noop_seconds_per_token)),
         (
+            "score from means",
+            r.mean_statistic
+                .as_ref()
+                .map(|m| format!("{:.4} [{:.4}, {:.4}]", m.score, m.ci95[0], m.ci95[1]))
+                .unwrap_or_else(|| "-".into()),
+        ),
+        (
             "output mismatches",
             r.pairs_with_output_mismatch.to_string(),
         ),
+        ("seconds", format!("{:.1}", r.elapsed_seconds)),
         (
             "weights digest",
             r.weights_digest.chars().take(16).collect(),

@@ -1,0 +1,369 @@
+//! From the phases' figures to a verdict: the score of a set of pairs (`challenge.md`), its 95 %
+//! interval, when to stop adding pairs, and what the interval says about the floor.
+//!
+//! Scores: serial = decode_speedup^0.75 · prefill_speedup^0.25, each speedup a ratio of the
+//! pairs' mean seconds per token; DFlash = raw / noop with raw = mean baseline serial s/token ÷
+//! mean candidate DFlash s/token and noop the same ratio for the unmodified no-op build.
+//!
+//! Stopping is decided on the interval's *width*, never on where it lies, except that an interval
+//! that straddles the floor cannot stop: stopping on location ("stop once it looks significant")
+//! would make the verdict a random walk's first excursion, while the width of the interval is,
+//! for the no-op the clock must never reject, independent of the side its centre falls on.
+
+use serde::Serialize;
+
+use crate::noise::Figures;
+use crate::stats::jackknife_ci;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Track {
+    Serial,
+    Dflash,
+}
+
+impl std::str::FromStr for Track {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "serial" => Ok(Track::Serial),
+            "dflash" => Ok(Track::Dflash),
+            o => Err(format!("unknown track {o:?} (serial or dflash)")),
+        }
+    }
+}
+
+/// One accepted pair's phase figures (robust, or the means for the record).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairFigures {
+    pub baseline: Figures,
+    pub candidate: Figures,
+    /// The DFlash track's no-op build.
+    pub noop: Option<Figures>,
+}
+
+/// A score and its two factors: serial (score, decode ratio, prefill ratio); DFlash (score, raw,
+/// noop reference).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Components {
+    pub score: f64,
+    pub first: f64,
+    pub second: f64,
+}
+
+fn mean_of(pairs: &[PairFigures], ix: &[usize], f: impl Fn(&PairFigures) -> f64) -> f64 {
+    ix.iter().map(|&i| f(&pairs[i])).sum::<f64>() / ix.len().max(1) as f64
+}
+
+/// The score of the pairs in `ix` (indices into `pairs`; the jackknife leaves one out).
+pub fn score(track: Track, pairs: &[PairFigures], ix: &[usize]) -> Components {
+    let dec = |f: &Figures| f.decode_seconds_per_token;
+    let pre = |f: &Figures| f.prefill_seconds_per_token;
+    let b = mean_of(pairs, ix, |p| dec(&p.baseline));
+    let c = mean_of(pairs, ix, |p| dec(&p.candidate));
+    match track {
+        Track::Serial => {
+            let d = b / c;
+            let p = mean_of(pairs, ix, |p| pre(&p.baseline))
+                / mean_of(pairs, ix, |p| pre(&p.candidate));
+            Components {
+                score: d.powf(0.75) * p.powf(0.25),
+                first: d,
+                second: p,
+            }
+        }
+        Track::Dflash => {
+            let raw = b / c;
+            let n = mean_of(pairs, ix, |p| p.noop.as_ref().map_or(f64::NAN, dec));
+            let noop = b / n;
+            Components {
+                score: raw / noop,
+                first: raw,
+                second: noop,
+            }
+        }
+    }
+}
+
+/// The score with its 95 % interval over pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Interval {
+    pub score: f64,
+    pub lo: f64,
+    pub hi: f64,
+    /// (hi − lo) / 2 / score: relative, so a target means the same precision at any speed-up.
+    pub half_width: f64,
+}
+
+/// The jackknife-t interval (`stats`) of the score over `pairs`.
+pub fn interval(track: Track, pairs: &[PairFigures]) -> Interval {
+    let all: Vec<usize> = (0..pairs.len()).collect();
+    let s = score(track, pairs, &all).score;
+    let (lo, hi) = jackknife_ci(pairs.len(), |ix| score(track, pairs, ix).score);
+    Interval {
+        score: s,
+        lo,
+        hi,
+        half_width: (hi - lo) / 2.0 / s,
+    }
+}
+
+/// Why a pricing stopped adding pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stop {
+    /// The interval's half-width reached the target, clear of the floor.
+    TargetReached,
+    /// A fixed number of pairs (`--pairs`) was asked for and run, clear of the floor.
+    PairsDone,
+    PairBudget,
+    TimeBudget,
+    /// Too many pairs were not accepted (not quiescent, disturbed) to reach the pairs wanted.
+    AttemptBudget,
+}
+
+/// When to stop adding pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Rule {
+    /// Pairs always run before the first look at the interval.
+    pub min_pairs: usize,
+    /// The pair budget.
+    pub max_pairs: usize,
+    /// Stop once the half-width is at most this (`None`: a fixed number of pairs, `min_pairs`).
+    pub target_half_width: Option<f64>,
+    pub floor: f64,
+}
+
+impl Rule {
+    /// After `n` accepted pairs whose interval is `iv`: stop, and why, or `None` to add a pair.
+    /// With a target, the rule looks only at an even number of pairs, so as many pairs ran the
+    /// baseline first as the candidate first and an order effect cancels in the means.
+    pub fn check(&self, n: usize, iv: &Interval, out_of_time: bool) -> Option<Stop> {
+        if n < self.min_pairs {
+            return None;
+        }
+        let clear = iv.hi < self.floor || iv.lo >= self.floor;
+        if clear {
+            match self.target_half_width {
+                Some(h) if n.is_multiple_of(2) && iv.half_width <= h => {
+                    return Some(Stop::TargetReached)
+                }
+                None => return Some(Stop::PairsDone),
+                _ => {}
+            }
+        }
+        if n >= self.max_pairs {
+            Some(Stop::PairBudget)
+        } else if out_of_time {
+            Some(Stop::TimeBudget)
+        } else {
+            None
+        }
+    }
+}
+
+/// What an interval says: `passed`, `below_floor` (the whole interval below the floor) or
+/// `infra:inconclusive` (it straddles the floor: the noise, not the build, decides which side).
+pub fn verdict(iv: &Interval, floor: f64) -> &'static str {
+    if iv.hi < floor {
+        "below_floor"
+    } else if iv.lo < floor {
+        "infra:inconclusive"
+    } else {
+        "passed"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noise::{robust, Timing};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rand_distr::{Distribution, Exp, Normal};
+
+    /// A simulated machine: each phase runs in a fresh process whose speed differs from the
+    /// next by a log-normal factor (`process_sd`, what no number of windows in one process
+    /// averages away), on a machine whose speed wanders (an AR(1) walk per phase, `drift_sd`);
+    /// each window has a little symmetric jitter and, with probability `disturbed`, one-sided
+    /// extra time (exponential, mean `disturbance` of the window), and the parent reads `seeded`
+    /// late by a one-sided amount. `slowdown` multiplies the candidate's time.
+    struct Machine {
+        process_sd: f64,
+        drift_sd: f64,
+        disturbed: f64,
+        disturbance: f64,
+        windows: usize,
+        slowdown: f64,
+    }
+
+    impl Machine {
+        fn phase(&self, rng: &mut ChaCha8Rng, drift: &mut f64, slow: f64) -> Figures {
+            *drift = 0.7 * *drift + Normal::new(0.0, self.drift_sd).unwrap().sample(rng);
+            let speed = (Normal::new(0.0, self.process_sd).unwrap().sample(rng) + *drift).exp();
+            let jitter = Normal::new(0.0, 0.002).unwrap();
+            let extra = Exp::new(1.0 / self.disturbance).unwrap();
+            let late = Exp::new(1.0 / 0.02).unwrap();
+            let w: Vec<Timing> = (0..self.windows)
+                .map(|_| {
+                    let mut t = |base: f64| {
+                        let mut x = base * slow * speed * (1.0 + jitter.sample(rng));
+                        if rng.random::<f64>() < self.disturbed {
+                            x += base * extra.sample(rng);
+                        }
+                        x
+                    };
+                    let (p, d) = (t(0.4), t(0.6));
+                    let shift = 0.4 * late.sample(rng);
+                    Timing {
+                        prefill_seconds: p + shift,
+                        decode_seconds: d - shift,
+                    }
+                })
+                .collect();
+            robust(&w, 64, 64)
+        }
+
+        /// One pricing under `rule`: (final interval, pairs used).
+        fn price(&self, rule: &Rule, seed: u64) -> (Interval, usize) {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut drift = 0.0;
+            let mut pairs = vec![];
+            loop {
+                let candidate_first = pairs.len() % 2 == 1;
+                let (b, c) = if candidate_first {
+                    let c = self.phase(&mut rng, &mut drift, self.slowdown);
+                    (self.phase(&mut rng, &mut drift, 1.0), c)
+                } else {
+                    let b = self.phase(&mut rng, &mut drift, 1.0);
+                    (b, self.phase(&mut rng, &mut drift, self.slowdown))
+                };
+                pairs.push(PairFigures {
+                    baseline: b,
+                    candidate: c,
+                    noop: None,
+                });
+                if pairs.len() < rule.min_pairs {
+                    continue;
+                }
+                let iv = interval(Track::Serial, &pairs);
+                if rule.check(pairs.len(), &iv, false).is_some() {
+                    return (iv, pairs.len());
+                }
+            }
+        }
+    }
+
+    const NOISY: Machine = Machine {
+        process_sd: 0.02,
+        drift_sd: 0.01,
+        disturbed: 0.3,
+        disturbance: 0.2,
+        windows: 4,
+        slowdown: 1.0,
+    };
+
+    /// Coverage of the truth (1.0 for a no-op) by the final interval over `runs` pricings.
+    fn coverage(m: &Machine, rule: &Rule, runs: u64, truth: f64) -> (f64, f64) {
+        let mut covered = 0;
+        let mut pairs = 0;
+        for seed in 0..runs {
+            let (iv, n) = m.price(rule, seed);
+            covered += (iv.lo <= truth && truth <= iv.hi) as usize;
+            pairs += n;
+        }
+        (covered as f64 / runs as f64, pairs as f64 / runs as f64)
+    }
+
+    #[test]
+    fn the_interval_covers_95_percent_of_no_ops_at_small_n_and_when_stopping_on_width() {
+        // Nominal 95 % must cover 93-97 % of simulated no-ops: at the fewest pairs allowed (4),
+        // and under the precision-driven rule at the default target (1 %) and a coarse one (2 %,
+        // stopping at about 15 pairs), where stopping when the interval happens to be narrow is
+        // the way a sequential interval undercovers.
+        //
+        // The test's own false-failure rate: each coverage is a count over 20000 seeded runs, so
+        // the test is deterministic. Were the seeds other ones, a method whose true coverage p
+        // lies in [0.936, 0.964] would leave [0.93, 0.97] with probability at most
+        // P(|Z| > 0.006 / sqrt(0.936 * 0.064 / 20000) = 3.46) = 5e-4 per count; the coverages
+        // measured (0.954, 0.938, 0.943, each +- 0.0017) put p there, and the two counts nearest
+        // an edge are 4.6 and 7.5 standard errors inside, so below 1e-5 for the whole test.
+        let runs = 20_000;
+        let rule = |min_pairs, max_pairs, target| Rule {
+            min_pairs,
+            max_pairs,
+            target_half_width: target,
+            floor: 0.95,
+        };
+        let mut report = vec![];
+        for (name, r) in [
+            ("4 pairs", rule(4, 4, None)),
+            ("to 1 %", rule(10, 200, Some(0.01))),
+            ("to 2 %", rule(10, 200, Some(0.02))),
+        ] {
+            let (cov, n) = coverage(&NOISY, &r, runs, 1.0);
+            report.push(format!("{name}: coverage {cov:.4} at {n:.1} pairs"));
+            assert!((0.93..=0.97).contains(&cov), "{report:?}");
+        }
+        eprintln!("{report:?}");
+    }
+
+    #[test]
+    fn stopping_and_verdicts() {
+        let rule = Rule {
+            min_pairs: 8,
+            max_pairs: 20,
+            target_half_width: Some(0.01),
+            floor: 0.95,
+        };
+        let iv = |lo: f64, hi: f64| Interval {
+            score: (lo + hi) / 2.0,
+            lo,
+            hi,
+            half_width: (hi - lo) / (lo + hi),
+        };
+        // Narrow and clear: stop, but only at an even count and from min_pairs on.
+        assert_eq!(
+            rule.check(8, &iv(0.992, 1.008), false),
+            Some(Stop::TargetReached)
+        );
+        assert_eq!(rule.check(9, &iv(0.992, 1.008), false), None);
+        assert_eq!(rule.check(6, &iv(0.992, 1.008), true), None);
+        // Narrow but straddling the floor: more pairs, until the budget.
+        assert_eq!(rule.check(10, &iv(0.945, 0.96), false), None);
+        assert_eq!(
+            rule.check(20, &iv(0.945, 0.96), false),
+            Some(Stop::PairBudget)
+        );
+        assert_eq!(rule.check(12, &iv(0.9, 1.1), true), Some(Stop::TimeBudget));
+        assert_eq!(verdict(&iv(0.945, 0.96), 0.95), "infra:inconclusive");
+        assert_eq!(verdict(&iv(0.90, 0.949), 0.95), "below_floor");
+        assert_eq!(verdict(&iv(0.95, 1.2), 0.95), "passed");
+        // A fixed number of pairs stops there, and straddling then means inconclusive.
+        let fixed = Rule {
+            target_half_width: None,
+            max_pairs: 8,
+            ..rule
+        };
+        assert_eq!(fixed.check(7, &iv(0.9, 1.1), false), None);
+        assert_eq!(fixed.check(8, &iv(0.96, 1.1), false), Some(Stop::PairsDone));
+        assert_eq!(fixed.check(8, &iv(0.9, 1.1), false), Some(Stop::PairBudget));
+    }
+
+    #[test]
+    fn dflash_score_is_the_noop_over_the_candidate() {
+        let f = |d: f64| Figures {
+            prefill_seconds_per_token: 1.0,
+            decode_seconds_per_token: d,
+        };
+        let pairs = [PairFigures {
+            baseline: f(4.0),
+            candidate: f(1.0),
+            noop: Some(f(2.0)),
+        }];
+        let c = score(Track::Dflash, &pairs, &[0]);
+        assert_eq!((c.score, c.first, c.second), (2.0, 4.0, 2.0));
+        let c = score(Track::Serial, &pairs, &[0]);
+        assert!((c.score - 4f64.powf(0.75)).abs() < 1e-12);
+    }
+}
