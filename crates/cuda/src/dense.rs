@@ -103,12 +103,12 @@ impl Gpu {
 
     /// The GEMV kernel for `rows` rows (and its dynamic shared memory): one row with a small
     /// enough input stages it in shared memory (`gemv_bf16_1s`); several rows take the entry of
-    /// R = the next power of two, normed rows staged in shared memory when they fit (`Rs`), with
+    /// R = the next power of two, normed rows staged in shared memory when allowed and they fit (`Rs`), with
     /// weight rows in groups of G = 4, 2 or 1 per warp: the largest that still gives three
     /// quarters of the resident warps a group (an o_proj's 2048 outputs in fours would leave
     /// half of them idle). All give the same bits. `Gpu::gemv_group` forces G and
-    /// `Gpu::gemv_stage` turns staging off (from `FASTDECODE_GEMV_GROUP=1|2|4` and
-    /// `FASTDECODE_GEMV_STAGE=0` at open; tests set them).
+    /// `Gpu::gemv_stage` allows staging (from `FASTDECODE_GEMV_GROUP=1|2|4` and
+    /// `FASTDECODE_GEMV_STAGE=1` at open; tests set them).
     fn gemv_variant(&self, out: usize, inp: usize, rows: usize, normed: bool) -> (String, usize) {
         use std::sync::atomic::Ordering::Relaxed;
         let force_g = match self.gemv_group.load(Relaxed) {

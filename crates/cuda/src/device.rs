@@ -50,7 +50,8 @@ pub struct Gpu {
     /// The cuBLAS handle of the prefill GEMMs (`prefill.rs`), created on first use.
     pub(crate) blas: Mutex<Option<cudarc::cublas::CudaBlas>>,
     /// Multi-row GEMV variant knobs (`dense.rs`): weight rows per warp forced to 1, 2 or 4 (0:
-    /// chosen by output count), and whether normed rows may be staged in shared memory.
+    /// chosen by output count), and whether normed rows may be staged in shared memory (off
+    /// by default; `FASTDECODE_GEMV_STAGE=1`).
     pub gemv_group: std::sync::atomic::AtomicUsize,
     pub gemv_stage: std::sync::atomic::AtomicBool,
     /// Rows per gate/up block in multi-row steps (`ops.rs`; 0: the default).
@@ -156,8 +157,11 @@ impl Gpu {
                     .filter(|g| [1, 2, 4].contains(g))
                     .unwrap_or(0),
             ),
+            // Off unless asked for: with staging on, the XS 2.1 worker's start failed on the
+            // H200 (CUDA_ERROR_INVALID_VALUE, cause not yet found) while benches and kernel
+            // tests passed; off, the worker started and priced (BENCHMARKS).
             gemv_stage: std::sync::atomic::AtomicBool::new(
-                std::env::var("FASTDECODE_GEMV_STAGE").map_or(true, |v| v != "0"),
+                std::env::var("FASTDECODE_GEMV_STAGE").is_ok_and(|v| v == "1"),
             ),
             moe_rpb: std::sync::atomic::AtomicUsize::new(
                 std::env::var("FASTDECODE_MOE_RPB")

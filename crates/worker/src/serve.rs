@@ -95,6 +95,12 @@ struct DraftRequest<'a> {
 /// A request's target and draft source (none when serial).
 type Decoding<'a> = (&'a mut dyn TargetBackend, Option<Box<dyn DraftSource>>);
 
+/// Whether a CUDA worker loads the GPU drafter (developer knob `FASTDECODE_WORKER_DRAFTER=0`:
+/// serial and oracle windows need none, and the drafter's memory and warm-up are then spared).
+fn gpu_drafter_wanted() -> bool {
+    std::env::var("FASTDECODE_WORKER_DRAFTER").map_or(true, |v| v != "0")
+}
+
 /// Verifies and loads the model; returns the engine and the digest the worker reports.
 fn load(opts: &WorkerOptions) -> Result<(Engine, String)> {
     match (&opts.model, opts.backend) {
@@ -109,8 +115,13 @@ fn load(opts: &WorkerOptions) -> Result<(Engine, String)> {
                 Backend::Cuda => {
                     let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
                     let max_context = check_context(&cfg, opts.max_context)?;
-                    let target = CudaBackend::open_dir(dir, MAX_BLOCK_SIZE, max_context, true)
-                        .with_context(|| format!("{}: uploading to the GPU", dir.display()))?;
+                    let target = CudaBackend::open_dir(
+                        dir,
+                        MAX_BLOCK_SIZE,
+                        max_context,
+                        gpu_drafter_wanted(),
+                    )
+                    .with_context(|| format!("{}: uploading to the GPU", dir.display()))?;
                     Engine::Cuda {
                         target: Box::new(target),
                         max_context,
@@ -122,7 +133,13 @@ fn load(opts: &WorkerOptions) -> Result<(Engine, String)> {
         (ModelSource::Synthetic { preset, seed }, Backend::Cuda) => {
             let p = fastdecode_model::synth::preset(preset)?;
             let max_context = check_context(&p.target, opts.max_context)?;
-            let target = CudaBackend::synthetic(&p, *seed, MAX_BLOCK_SIZE, max_context, true)?;
+            let target = CudaBackend::synthetic(
+                &p,
+                *seed,
+                MAX_BLOCK_SIZE,
+                max_context,
+                gpu_drafter_wanted(),
+            )?;
             let digest = fastdecode_model::synth::synthetic_digest(preset, *seed)?;
             let engine = Engine::Cuda {
                 target: Box::new(target),
