@@ -7,6 +7,9 @@ use crate::device::{launch_cfg, Gpu};
 use crate::error::{check, Result};
 use crate::ops::MAX_ROWS;
 
+/// The most shared memory a staged multi-row GEMV takes (its rows of x').
+const STAGE_MAX_BYTES: usize = 200 * 1024;
+
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
 }
@@ -84,7 +87,12 @@ impl Gpu {
             let (name, shared) = self.gemv_variant(out, inp, n, norm.is_some());
             let f = self.function("dense", &name)?;
             if shared > 48 * 1024 {
-                crate::prefill::set_smem(&f, shared as u32)?;
+                // Always the same cap, never the launch's own size: the attribute is the
+                // function's, and a captured graph of a larger launch fails to replay
+                // (CUDA_ERROR_INVALID_VALUE) once a smaller launch has lowered it — the likely
+                // cause of the XS 2.1 worker's failed start with staging on (an 8-row verify
+                // graph replayed after a 7-row tail), not yet confirmed on a GPU.
+                crate::prefill::set_smem(&f, STAGE_MAX_BYTES as u32)?;
             }
             let grid = self.persistent_grid(&f, 256, shared, out.div_ceil(8))?;
             let cfg = launch_cfg((grid, 1), 256, shared as u32);
@@ -131,7 +139,7 @@ impl Gpu {
                 .find(|g| out / g * 4 >= warps * 3)
                 .unwrap_or(1)
         });
-        let staged = stage && normed && rows * inp * 4 <= 200 * 1024;
+        let staged = stage && normed && rows * inp * 4 <= STAGE_MAX_BYTES;
         let group = if g == 1 && !staged {
             String::new()
         } else {

@@ -158,8 +158,9 @@ impl Gpu {
                     .unwrap_or(0),
             ),
             // Off unless asked for: with staging on, the XS 2.1 worker's start failed on the
-            // H200 (CUDA_ERROR_INVALID_VALUE, cause not yet found) while benches and kernel
-            // tests passed; off, the worker started and priced (BENCHMARKS).
+            // H200 (CUDA_ERROR_INVALID_VALUE) while benches and kernel tests passed; off, the
+            // worker started and priced (BENCHMARKS). The likely cause is fixed in dense.rs
+            // (the shared-memory attribute is no longer lowered) but not yet run on a GPU.
             gemv_stage: std::sync::atomic::AtomicBool::new(
                 std::env::var("FASTDECODE_GEMV_STAGE").is_ok_and(|v| v == "1"),
             ),
