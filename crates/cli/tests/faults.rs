@@ -491,7 +491,8 @@ fn price_checks_its_options_before_any_worker_starts() {
         (&["--stall", "0"], "--stall 0"),
         (&["--quiet-wait", "inf"], "--quiet-wait inf"),
         (&["--outlier-factor", "1"], "--outlier-factor 1"),
-        (&["--timeout", "NaN"], "--timeout NaN"),
+        // Checked by clap (shared with the other worker-driving commands): its message.
+        (&["--timeout", "NaN"], "'NaN' for '--timeout"),
         (&["--draft", "junk"], "--draft junk"),
         (
             &[
