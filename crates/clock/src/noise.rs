@@ -8,8 +8,8 @@
 //! machine's load (Chen & Revels 2016, "Robust benchmarking in noisy environments", the basis of
 //! Julia's BenchmarkTools). So each phase runs several windows and reports their minimum (the
 //! mean is kept for the record). The minimum fails only when every window is disturbed, as when
-//! another process holds a CPU for the whole phase; so the minimum is taken over the windows
-//! whose worker did not wait on a run queue (`telemetry`), and a phase without one is re-run.
+//! another process holds a CPU for the whole phase; so a phase none of whose windows ran without
+//! its worker waiting on a run queue (`telemetry`) is re-run.
 //!
 //! One subtlety: the parent splits a window into prefill and decode where it reads the `seeded`
 //! line. A late read of that line (the parent's reader thread descheduled) moves time from decode

@@ -8,9 +8,9 @@
 //! the same order. The parent times only the windows, checks the machine is quiet before each
 //! phase and samples it during every window.
 //!
-//! Each phase's figure is the minimum over its windows whose worker never waited on a run queue
-//! (`noise`: under one-sided noise the minimum converges to the build's undisturbed time; a
-//! phase with no such window is re-run); the score is the ratio of the pairs' mean
+//! Each phase's figure is the minimum over its scored windows (`noise`: under one-sided noise the
+//! minimum converges to the build's undisturbed time); a phase none of whose windows ran without
+//! waiting on a run queue is re-run; the score is the ratio of the pairs' mean
 //! figures (`score`), with a jackknife-t 95 % interval over pairs (`stats`). Pairs are added until the
 //! interval's half-width reaches the target, clear of the floor, or a budget ends (`score::Rule`);
 //! the verdict is below the floor only when the whole interval is, and `infra:inconclusive` when
@@ -116,15 +116,15 @@ pub struct Phase {
     pub quiet: QuietCheck,
     /// Spawn to `ready` (never timed as part of a window).
     pub spawn_seconds: f64,
-    /// Scored windows that were not disturbed: the robust statistic is over these.
+    /// Scored windows that were not disturbed (none: the pair is re-run).
     pub undisturbed_windows: usize,
-    /// The robust statistic the score uses (`noise::robust` over the undisturbed windows).
+    /// The robust statistic the score uses (`noise::robust` over the scored windows).
     pub prefill_seconds_per_token: f64,
     pub decode_seconds_per_token: f64,
     /// The mean over the scored windows, for the record.
     pub mean_prefill_seconds_per_token: f64,
     pub mean_decode_seconds_per_token: f64,
-    /// Best undisturbed and mean whole scored window: mean / min − 1 is this phase's own noise.
+    /// Best and mean whole scored window: mean / min − 1 is this phase's own noise.
     pub min_window_seconds: f64,
     pub mean_window_seconds: f64,
     pub tokens_match_baseline: Option<bool>,
@@ -546,10 +546,13 @@ pub fn run(
                 pair.rejected_because
                     .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
             }
-            let best = if clean.is_empty() { &all } else { &clean };
-            let rob = noise::robust(best, p.prompt_tokens, p.decode_tokens);
+            // The minimum is over every scored window: a disturbed window can only be slower,
+            // so leaving it out can only raise the minimum; and a lone clean window can carry
+            // a late `seeded` stamp (the parent's reader descheduled), whose decode reads as 0.
+            // The clean count only decides whether the phase was disturbed throughout.
+            let rob = noise::robust(&all, p.prompt_tokens, p.decode_tokens);
             let avg = noise::means(&all, p.prompt_tokens, p.decode_tokens);
-            let min_window = best.iter().map(Timing::total).fold(f64::INFINITY, f64::min);
+            let min_window = all.iter().map(Timing::total).fold(f64::INFINITY, f64::min);
             let mean_window =
                 crate::stats::mean(&all.iter().map(Timing::total).collect::<Vec<_>>());
             let undisturbed = clean.len();

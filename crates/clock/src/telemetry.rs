@@ -11,10 +11,9 @@
 //! window (`/proc/PID/schedstat`, kept by the kernel): time it was ready to run but another
 //! process had the CPU. That is the dominant noise of a shared machine (measured on the 2-core
 //! development machine: a worker running 66 % of a window's wall time took 1.5 times as long),
-//! and a window that waited more than a sliver of its length is marked disturbed. Only the
-//! choice of windows uses it, never the time itself: dropping windows can only raise a phase's
-//! minimum, so a build that inflates its own waits (threads fighting its main thread) cannot
-//! gain by it.
+//! and a window that waited more than a sliver of its length is marked disturbed. It only decides
+//! whether a phase is re-run (none of its windows clean), never the time itself, so a build that
+//! inflates its own waits (threads fighting its main thread) cannot gain by it.
 
 use std::time::{Duration, Instant};
 
