@@ -88,10 +88,9 @@ impl Gpu {
             let f = self.function("dense", &name)?;
             if shared > 48 * 1024 {
                 // Always the same cap, never the launch's own size: the attribute is the
-                // function's, and a captured graph of a larger launch fails to replay
-                // (CUDA_ERROR_INVALID_VALUE) once a smaller launch has lowered it — the likely
-                // cause of the XS 2.1 worker's failed start with staging on (an 8-row verify
-                // graph replayed after a 7-row tail), not yet confirmed on a GPU.
+                // function's, and a captured graph of a larger launch would fail to replay once
+                // a smaller launch had lowered it. (Not the cause of the XS 2.1 worker's failed
+                // start with staging on: that still fails with this cap, H200, BENCHMARKS.)
                 crate::prefill::set_smem(&f, STAGE_MAX_BYTES as u32)?;
             }
             let grid = self.persistent_grid(&f, 256, shared, out.div_ceil(8))?;
