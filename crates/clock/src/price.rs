@@ -11,7 +11,7 @@
 //! Each phase's figure is the minimum over its scored windows (`noise`: under one-sided noise the
 //! minimum converges to the build's undisturbed time); a phase none of whose windows ran without
 //! waiting on a run queue is re-run; the score is the ratio of the pairs' mean
-//! figures (`score`), with a jackknife-t 95 % interval over pairs (`stats`). Pairs are added until the
+//! figures (`score`), with a jackknife-t 95 % interval over pairs in Stein's two-stage form (`stats`). Pairs are added until the
 //! interval's half-width reaches the target, clear of the floor, or a budget ends (`score::Rule`);
 //! the verdict is below the floor only when the whole interval is, and `infra:inconclusive` when
 //! the budget ends with the interval straddling it.
@@ -301,7 +301,7 @@ pub fn run(
         score: None,
         ci95: None,
         half_width: None,
-        ci_method: "jackknife-t over pairs on the log score (Student t, n - 1 degrees of freedom)",
+        ci_method: "jackknife-t over pairs on the log score, Stein two-stage (variance of the first min_pairs pairs, their degrees of freedom) when wider",
         robust_statistic: "per phase, the minimum over its scored windows: prefill, and whole window minus prefill for the decode",
         floor: r.floor,
         target_ci: r.target_half_width,
@@ -626,7 +626,7 @@ pub fn run(
         res.pairs.push(pair);
         attempt += 1;
         if robust_pairs.len() >= r.min_pairs {
-            let iv = score::interval(p.track, &robust_pairs);
+            let iv = score::interval(p.track, &robust_pairs, r.min_pairs);
             last = Some(iv);
             let out_of_time = start.elapsed().as_secs_f64() >= p.time_budget_seconds;
             if let Some(s) = r.check(robust_pairs.len(), &iv, out_of_time) {
@@ -689,7 +689,7 @@ pub fn run(
             }));
         }
     }
-    let miv = score::interval(p.track, &mean_pairs);
+    let miv = score::interval(p.track, &mean_pairs, r.min_pairs);
     res.mean_statistic = Some(MeanStatistic {
         score: miv.score,
         ci95: [miv.lo, miv.hi],
