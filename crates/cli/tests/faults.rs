@@ -471,6 +471,21 @@ fn price_checks_its_options_before_any_worker_starts() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let f = fixture();
     let dir = tempfile::tempdir().unwrap();
+    // `command` with the fixture's model, output into `dir` and `args`: must exit non-zero; its
+    // standard error.
+    let refused = |command: &[&str], args: &[&str]| {
+        let o = Command::new(BIN)
+            .args(command)
+            .arg("--model")
+            .arg(&f.model)
+            .arg("--out")
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{command:?} {args:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
     for (args, want) in [
         (&["--floor", "NaN"][..], "--floor NaN"),
         (&["--floor", "0"], "--floor 0"),
@@ -506,16 +521,7 @@ fn price_checks_its_options_before_any_worker_starts() {
             "--draft oracle:2",
         ),
     ] {
-        let o = Command::new(BIN)
-            .args(["price", "--baseline", "/nonexistent/build", "--model"])
-            .arg(&f.model)
-            .arg("--out")
-            .arg(dir.path())
-            .args(args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{args:?}");
+        let err = refused(&["price", "--baseline", "/nonexistent/build"], args);
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
         // Checked before the builds are even looked for, and nothing was priced.
@@ -533,16 +539,8 @@ fn price_checks_its_options_before_any_worker_starts() {
         ),
         (&["--target-ci", "2"], "--target-ci 2"),
     ] {
-        let o = Command::new(BIN)
-            .args(["price", "selftest", "--model"])
-            .arg(&f.model)
-            .arg("--out")
-            .arg(dir.path())
-            .args(args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && err.contains(want), "{args:?}: {err}");
+        let err = refused(&["price", "selftest"], args);
+        assert!(err.contains(want), "{args:?}: {err}");
         assert!(!dir.path().join("selftest.json").exists());
     }
 }
