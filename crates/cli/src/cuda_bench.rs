@@ -354,17 +354,19 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         if Some(&serial.tokens) != tokens0.as_ref() {
             bail!("cuda decoding is not deterministic across runs");
         }
-        dflash = dflash_table(
-            &mut target,
-            &prompt,
-            &serial.tokens,
-            dm,
-            step_ms,
-            &a.block_sizes,
-            a.draft,
-            a.seed,
-            a.repeats.min(3),
-        )?;
+        dflash = fastdecode_cuda::profile::profiled_range(|| {
+            dflash_table(
+                &mut target,
+                &prompt,
+                &serial.tokens,
+                dm,
+                step_ms,
+                &a.block_sizes,
+                a.draft,
+                a.seed,
+                a.repeats.min(3),
+            )
+        })?;
         if a.profile {
             let (_, per) = profile_rows(&mut target, &prompt, 16, &a.block_sizes)?;
             verify_breakdowns = a.block_sizes.iter().copied().zip(per).collect();

@@ -48,3 +48,15 @@ pub fn mark(prof: &mut Option<Profiler>, name: &'static str, stream: &CudaStream
         None => Ok(()),
     }
 }
+
+/// Runs `f` as the range that a profiler started with `--profile-from-start off` records (Nsight
+/// Compute: `ncu --profile-from-start off`), so a profile of the bench can take the DFlash rounds
+/// alone instead of the thousands of one-row launches before them. Without a profiler attached
+/// both calls do nothing, so their results are ignored.
+pub fn profiled_range<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: neither call takes arguments; they act on the current context, which `Gpu` made.
+    let _ = unsafe { cudarc::driver::sys::cuProfilerStart() };
+    let out = f();
+    let _ = unsafe { cudarc::driver::sys::cuProfilerStop() };
+    out
+}
