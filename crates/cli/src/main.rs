@@ -58,6 +58,14 @@ enum Cmd {
     Price(Box<price::PriceArgs>),
     /// Tabulate a decode-step timeline written by `bench --trace` (and draw it with --svg).
     Timeline(timeline::TimelineArgs),
+    /// The arena: its service, runners, status, operator commands and a local demo.
+    #[cfg(feature = "arena")]
+    #[command(subcommand)]
+    Arena(fastdecode_arena::cli::ArenaCmd),
+    /// Submit the working tree's changes on a track's surface to an arena and follow them to a
+    /// verdict (exit 0 only when it passed).
+    #[cfg(feature = "arena")]
+    Submit(fastdecode_arena::cli::SubmitArgs),
 }
 
 fn main() {
@@ -83,6 +91,15 @@ fn main() {
         Cmd::Price(a) => price::run(*a),
         Cmd::Check(a) => check::run(a),
         Cmd::Timeline(a) => timeline::run(a),
+        #[cfg(feature = "arena")]
+        Cmd::Arena(c) => {
+            // Runners drive workers, and every command here writes to sockets: a peer that
+            // closes must come back as an error, not kill the process through SIGPIPE.
+            common::parent_of_workers();
+            fastdecode_arena::cli::arena(c)
+        }
+        #[cfg(feature = "arena")]
+        Cmd::Submit(a) => fastdecode_arena::cli::submit(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

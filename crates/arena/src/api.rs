@@ -1,0 +1,275 @@
+//! The JSON the service, runners and clients exchange (the HTTP API's bodies).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::track::Track;
+
+/// `POST /api/submissions` (with `Authorization: Bearer <solver token>` and `Idempotency-Key`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NewSubmission {
+    pub track: String,
+    pub note: String,
+    pub model: Option<String>,
+    pub claimed_score: Option<f64>,
+    /// The gzip tar of changed files, base64.
+    pub bundle: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Accepted {
+    pub id: String,
+    /// True when the idempotency key had been used: this is the earlier submission.
+    pub duplicate: bool,
+}
+
+/// One attempt at a stage, as the public sees it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StageView {
+    pub stage: String,
+    pub runner: Option<String>,
+    pub started_ms: i64,
+    pub ended_ms: Option<i64>,
+    pub outcome: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// `GET /api/submissions/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmissionView {
+    pub id: String,
+    pub solver: String,
+    pub track: String,
+    pub model: Option<String>,
+    pub claimed_score: Option<f64>,
+    pub note: String,
+    pub base_commit: String,
+    pub reprice_of: Option<String>,
+    /// The submission that re-prices this one on a newer base.
+    pub repriced_as: Option<String>,
+    pub created_ms: i64,
+    /// `queued`, `running`, `held` (passed, not promoted), `promoted`, `repriced` (held, then
+    /// re-priced on a newer base as another submission), `failed`.
+    pub status: String,
+    /// Why an operator marked it as a cheat (it is then out of the ranking; its record stays).
+    pub cheat: Option<String>,
+    /// Submissions ahead of this one for the same kind of runner (while queued).
+    pub queue_position: Option<i64>,
+    pub next_stage: Option<String>,
+    pub verdict: Option<serde_json::Value>,
+    pub stages: Vec<StageView>,
+    /// Every pricing of this change: the first, then its re-pricings on later bases (each its
+    /// own submission), oldest first; earlier measurements are kept as they were.
+    pub pricings: Vec<PricingRow>,
+    /// The pairs of its latest pricing (what the pairs plot draws).
+    pub pairs: Vec<PairPoint>,
+    /// The change as a unified diff against its base, where the track publishes code
+    /// (`publish_code`: `always`, or `after_promotion` once it is promoted).
+    pub code: Option<String>,
+}
+
+impl SubmissionView {
+    pub fn finished(&self) -> bool {
+        self.next_stage.is_none()
+    }
+}
+
+/// One pricing of a change: the submission that made it, on which base, with what result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PricingRow {
+    pub submission: String,
+    pub base_commit: String,
+    pub status: String,
+    pub score: Option<f64>,
+    pub ci95: Option<[f64; 2]>,
+    pub created_ms: i64,
+}
+
+/// One pair of a pricing: its own score (candidate over baseline), whether the clock accepted
+/// it, and whether the candidate ran first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PairPoint {
+    pub score: f64,
+    pub accepted: bool,
+    pub candidate_first: bool,
+}
+
+/// `GET /api/submissions`: one page of submissions, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmissionList {
+    pub submissions: Vec<SubmissionSummary>,
+    pub page: u64,
+    pub per_page: u64,
+    /// How many match the filters, over all pages.
+    pub total: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmissionSummary {
+    pub id: String,
+    pub solver: String,
+    pub track: String,
+    pub model: Option<String>,
+    pub status: String,
+    pub cheat: Option<String>,
+    pub score: Option<f64>,
+    pub reprice_of: Option<String>,
+    pub created_ms: i64,
+}
+
+/// `GET /api/tracks` (one entry per track) and `GET /api/tracks/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrackView {
+    pub name: String,
+    pub description: String,
+    pub runner_kind: String,
+    pub clock_track: String,
+    pub surface: Vec<String>,
+    pub baseline: String,
+    pub current_base: String,
+    /// The pinned baseline's score: 1 by definition (every score is a speed ratio to it).
+    pub baseline_score: f64,
+    pub current_best_score: f64,
+    /// The verdict metrics of the submission that made the current base (none before the first
+    /// promotion): what the original's solvers found most useful.
+    pub current_best_metrics: Option<serde_json::Value>,
+    /// `always`, `after_promotion` or `never`: whose code the record shows.
+    pub publish_code: String,
+    pub rules: Rules,
+    /// Ranked by score; submissions marked as cheats are left out.
+    pub leaderboard: Vec<LeaderboardRow>,
+    /// The baseline, then each promotion: the record over time.
+    pub frontier: Vec<FrontierPoint>,
+    /// Unfinished submissions, oldest first: those waiting with their position, those running
+    /// with the runner that holds them.
+    pub queue: Vec<QueueRow>,
+}
+
+/// What a track measures and how, in a few numbers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rules {
+    pub prompt_tokens: usize,
+    pub decode_tokens: usize,
+    /// DFlash block size (dflash tracks).
+    pub block_size: Option<usize>,
+    pub floor: f64,
+    pub target_ci: f64,
+    pub min_pairs: usize,
+    pub max_pairs: usize,
+    /// Relative margin over the current best that a promotion needs (both pricings).
+    pub promotion_margin: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaderboardRow {
+    pub rank: usize,
+    pub submission: String,
+    pub solver: String,
+    pub model: Option<String>,
+    pub score: f64,
+    pub ci95: Option<[f64; 2]>,
+    /// Relative gain over the best score of the track when it was judged (for a promoted
+    /// submission: over the best before its own promotion).
+    pub gain: Option<f64>,
+    /// The score of the row above minus this one's (none for the first).
+    pub gap_to_above: Option<f64>,
+    pub status: String,
+    pub created_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontierPoint {
+    /// 0 for the baseline, then 1, 2, … for each promotion.
+    pub seq: i64,
+    pub submission: Option<String>,
+    pub solver: Option<String>,
+    pub score: f64,
+    pub created_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueRow {
+    pub submission: String,
+    pub solver: String,
+    pub stage: String,
+    /// The kind of runner the stage needs (`builder`, `cpu`, `cuda`).
+    pub kind: String,
+    /// Jobs ahead of it for that kind (while it waits).
+    pub position: Option<i64>,
+    /// The runner holding it (while it runs).
+    pub runner: Option<String>,
+    pub created_ms: i64,
+}
+
+/// `POST /api/runner/lease`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LeaseRequest {
+    /// Whether this runner can build (a CPU runner with the toolchain).
+    pub builder: bool,
+}
+
+/// A leased job: one submission at one stage.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    pub submission: String,
+    pub lease_id: String,
+    pub lease_seconds: u64,
+    pub stage: String,
+    pub track: Track,
+    pub base_commit: String,
+    pub bundle_digest: String,
+    /// Private results of the stages already finished, by stage (e.g. the build's artifacts).
+    pub results: BTreeMap<String, serde_json::Value>,
+}
+
+/// `POST /api/runner/report`: how a stage ended.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Report {
+    pub submission: String,
+    pub lease_id: String,
+    pub stage: String,
+    /// `ok`, or the failure category (`policy:…`, `gate:…`, `infra:…`, …).
+    pub outcome: String,
+    /// What the public may read.
+    pub detail: String,
+    /// What later stages need; never published.
+    pub result: serde_json::Value,
+    /// Whether the reporting runner builds (it may keep the job for a next build stage).
+    pub builder: bool,
+}
+
+/// The answer to a report: the next stage when this runner keeps the job.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ReportReply {
+    pub next: Option<Job>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub submission: String,
+    pub lease_id: String,
+}
+
+/// A built binary registered with the service: `build_key` → `artifact`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildRecord {
+    pub build_key: String,
+    pub artifact: String,
+}
+
+/// A bundle's bytes as `NewSubmission::bundle` carries them.
+pub fn encode_bundle(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// An error body: what went wrong, in one line.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}

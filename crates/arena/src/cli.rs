@@ -1,0 +1,471 @@
+//! The arguments of `fastdecode arena …` and `fastdecode submit`, and what each command does.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+
+use crate::db::{now_ms, sqlite_url, Db};
+use crate::server::Service;
+use crate::store::Store;
+use crate::track::{check_name, Hidden};
+use crate::{client, runner, server, tokens, track};
+
+#[derive(Subcommand)]
+pub enum ArenaCmd {
+    /// Run the service: the API, the queue and the record (SQLite by default, PostgreSQL by URL).
+    Serve(ServeArgs),
+    /// Run a runner: lease jobs of its kind from a service, build, gate and price them.
+    Runner(RunnerArgs),
+    /// Show a submission's stages and verdict.
+    Status(StatusArgs),
+    /// Operator commands on the service's database and stores (tokens, tracks, hidden material).
+    #[command(subcommand)]
+    Admin(AdminCmd),
+    /// Start a local arena (SQLite, one CPU runner, the bundled model), submit the bundled
+    /// examples (a no-op, an exact speed-up, a wrong-token change) and print the leaderboard.
+    Demo(DemoArgs),
+}
+
+/// Where the service keeps its state.
+#[derive(Args, Clone)]
+pub struct StateArgs {
+    /// Database URL: sqlite://FILE or postgres://USER:PASSWORD@HOST/DB (default: an SQLite file
+    /// in --data, created and migrated on first use).
+    #[arg(long)]
+    pub database: Option<String>,
+    /// The service's directory: the default database, the artifact store, the hidden store
+    /// (default: $FASTDECODE_HOME/arena or ~/.cache/fastdecode/arena).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+}
+
+impl StateArgs {
+    pub fn data(&self) -> PathBuf {
+        self.data.clone().unwrap_or_else(|| {
+            std::env::var_os("FASTDECODE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/fastdecode"))
+                })
+                .unwrap_or_else(|| std::env::temp_dir().join("fastdecode"))
+                .join("arena")
+        })
+    }
+
+    pub async fn db(&self) -> Result<Db> {
+        let data = self.data();
+        std::fs::create_dir_all(&data).with_context(|| format!("--data {}", data.display()))?;
+        let url = self.database.clone().unwrap_or_else(|| sqlite_url(&data));
+        Db::open(&url).await
+    }
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// The arena's git repository: holds the tracks' baselines; promotions are committed to its
+    /// branches arena-base/<track>.
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    /// The track files (default: tracks/ in --repo).
+    #[arg(long)]
+    pub tracks: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8417")]
+    pub listen: String,
+    /// Seconds a lease lasts without a heartbeat (runners beat every third of it).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    pub lease_seconds: u64,
+}
+
+#[derive(Args)]
+pub struct RunnerArgs {
+    /// The service's URL.
+    #[arg(long)]
+    pub server: String,
+    /// This runner's token (`fastdecode arena admin runner add`).
+    #[arg(long)]
+    pub token: String,
+    /// The kind of jobs it takes (a CPU runner with cargo also builds).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub kind: String,
+    /// Its working directory: trees, builds, artifacts, goldens (default:
+    /// $FASTDECODE_HOME/arena-runner or ~/.cache/fastdecode/arena-runner).
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// An external reviewer: a shell command given the added lines on stdin; exit 0 approves,
+    /// 1 is a finding (its first output line says why), anything else an outage.
+    #[arg(long)]
+    pub reviewer: Option<String>,
+    /// Seconds between lease requests while the queue is empty.
+    #[arg(long, default_value_t = 1.0)]
+    pub poll_seconds: f64,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The submission's id.
+    pub id: String,
+    /// The service's URL.
+    #[arg(long)]
+    pub server: String,
+    /// Print the submission as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum AdminCmd {
+    /// Solvers' tokens.
+    #[command(subcommand)]
+    Solver(TokenCmd),
+    /// Runners' tokens.
+    #[command(subcommand)]
+    Runner(TokenCmd),
+    /// List the track files with their current base and best score, checking each.
+    Tracks(TracksArgs),
+    /// Make new hidden material (random golden and timed-prompt seeds) in the hidden store and
+    /// print its digest, for a track file's goldens.hidden.
+    #[command(subcommand)]
+    Hidden(HiddenCmd),
+    /// Mark a submission as a cheat: it leaves the ranking, its page and evidence stay (with the
+    /// reason shown). `--clear` removes the mark. The track's base is not moved: revert a
+    /// promoted cheat's commit on arena-base/<track> by hand.
+    Cheat(CheatArgs),
+}
+
+#[derive(Args)]
+pub struct CheatArgs {
+    /// The submission's id.
+    pub id: String,
+    /// Why (shown on its page).
+    #[arg(long, required_unless_present = "clear", conflicts_with = "clear")]
+    pub reason: Option<String>,
+    /// Remove the mark instead.
+    #[arg(long)]
+    pub clear: bool,
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Subcommand)]
+pub enum TokenCmd {
+    /// Add one and print its token (shown once; only its hash is stored).
+    Add(AddArgs),
+    /// List them.
+    List(ListArgs),
+}
+
+#[derive(Args)]
+pub struct AddArgs {
+    pub name: String,
+    /// A runner's kind.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub kind: String,
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Args)]
+pub struct TracksArgs {
+    /// The track files.
+    #[arg(long, default_value = "tracks")]
+    pub tracks: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Subcommand)]
+pub enum HiddenCmd {
+    /// Make new hidden material.
+    New(HiddenNewArgs),
+}
+
+#[derive(Args)]
+pub struct HiddenNewArgs {
+    /// Seeds of timed prompts in the pool (one is drawn per pricing).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(8..=1024))]
+    pub pool: u64,
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Directory of the demo's arena (repository clone, database, stores, logs; default: a new
+    /// temporary directory, kept).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// The fastdecode checkout whose tracks and examples it uses (default: the one this binary
+    /// was built from).
+    #[arg(long)]
+    pub repo: Option<PathBuf>,
+    /// The runner's cache, kept between demos so later ones rebuild only what changed
+    /// (default: $FASTDECODE_HOME/arena-demo-runner).
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// Keep serving after the examples (until ctrl-c).
+    #[arg(long)]
+    pub serve: bool,
+}
+
+#[derive(Args)]
+pub struct SubmitArgs {
+    /// The service's URL.
+    #[arg(long)]
+    pub server: String,
+    /// Your solver token (`fastdecode arena admin solver add`); or $FASTDECODE_ARENA_TOKEN.
+    #[arg(long, env = "FASTDECODE_ARENA_TOKEN", hide_env_values = true)]
+    pub token: String,
+    /// The track to submit to.
+    #[arg(long)]
+    pub track: String,
+    /// The submission's note (Markdown): what the change does and why it is faster.
+    #[arg(long)]
+    pub note_file: PathBuf,
+    /// The model that made the change (published with it).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The score you measured (published beside the arena's).
+    #[arg(long, allow_negative_numbers = true)]
+    pub claimed_score: Option<f64>,
+    /// The working tree to bundle.
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    /// The idempotency key (default: a digest of track, base, bundle and note).
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Print the final submission as JSON (progress stays on stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+pub fn arena(cmd: ArenaCmd) -> Result<()> {
+    match cmd {
+        ArenaCmd::Serve(a) => runtime()?.block_on(serve(a)),
+        ArenaCmd::Runner(a) => {
+            if !(a.poll_seconds.is_finite() && a.poll_seconds > 0.0 && a.poll_seconds <= 3600.0) {
+                bail!("--poll-seconds {}: in (0, 3600]", a.poll_seconds);
+            }
+            let cache = a.cache.unwrap_or_else(|| home().join("arena-runner"));
+            runner::run(runner::Options {
+                server: a.server,
+                token: a.token,
+                kind: a.kind,
+                cache,
+                reviewer: a.reviewer,
+                poll: Duration::from_secs_f64(a.poll_seconds),
+            })
+        }
+        ArenaCmd::Status(a) => {
+            if !client::status(&a.server, &a.id, a.json)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        ArenaCmd::Admin(c) => runtime()?.block_on(admin(c)),
+        ArenaCmd::Demo(a) => crate::demo::run(a),
+    }
+}
+
+/// `$FASTDECODE_HOME`, or `~/.cache/fastdecode`.
+pub fn home() -> PathBuf {
+    std::env::var_os("FASTDECODE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/fastdecode")))
+        .unwrap_or_else(|| std::env::temp_dir().join("fastdecode"))
+}
+
+/// Opens everything the service needs and checks the tracks against the repository.
+pub async fn service(
+    state: &StateArgs,
+    repo: &Path,
+    tracks: &Path,
+    lease_seconds: u64,
+) -> Result<Service> {
+    let repo = std::path::absolute(repo).with_context(|| format!("--repo {}", repo.display()))?;
+    let tracks = track::load_dir(tracks)?;
+    let db = state.db().await?;
+    let store = Store::new(&state.data());
+    server::prepare(&db, &tracks, &store, &repo).await?;
+    Ok(Service {
+        db,
+        tracks,
+        store,
+        repo,
+        lease_ms: lease_seconds as i64 * 1000,
+    })
+}
+
+async fn serve(a: ServeArgs) -> Result<()> {
+    let tracks = a.tracks.clone().unwrap_or_else(|| a.repo.join("tracks"));
+    let s = service(&a.state, &a.repo, &tracks, a.lease_seconds).await?;
+    let names: Vec<String> = s.tracks.keys().cloned().collect();
+    server::serve(s, &a.listen, |addr| {
+        eprintln!(
+            "arena: listening on http://{addr} (tracks: {})",
+            names.join(", ")
+        );
+    })
+    .await
+}
+
+/// Adds a solver or runner and returns its token.
+pub async fn add_token(db: &Db, table: &str, name: &str, kind: &str) -> Result<String> {
+    check_name(name, "NAME")?;
+    let (token, hash) = tokens::issue(name);
+    let q = match table {
+        "solvers" => {
+            sqlx::query("INSERT INTO solvers (id, secret_hash, created_ms) VALUES ($1, $2, $3)")
+                .bind(name)
+                .bind(hash)
+                .bind(now_ms())
+        }
+        _ => sqlx::query(
+            "INSERT INTO runners (id, secret_hash, kind, created_ms) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(name)
+        .bind(hash)
+        .bind(kind)
+        .bind(now_ms()),
+    };
+    q.execute(&db.pool)
+        .await
+        .with_context(|| format!("{name}: already exists (or the database refused it)"))?;
+    Ok(token)
+}
+
+/// Writes new hidden material into the store of `data`; its digest.
+pub fn new_hidden(data: &Path, pool: usize) -> Result<String> {
+    let h = Hidden {
+        golden_seeds: vec![rand::random::<u64>() >> 16],
+        pool_seeds: (0..pool).map(|_| rand::random::<u64>() >> 16).collect(),
+    };
+    h.validate()?;
+    Store::new(data).put_hidden(serde_json::to_string(&h)?.as_bytes())
+}
+
+async fn admin(c: AdminCmd) -> Result<()> {
+    use sqlx::Row;
+    match c {
+        AdminCmd::Solver(TokenCmd::Add(a)) => {
+            println!(
+                "{}",
+                add_token(&a.state.db().await?, "solvers", &a.name, "").await?
+            )
+        }
+        AdminCmd::Runner(TokenCmd::Add(a)) => {
+            println!(
+                "{}",
+                add_token(&a.state.db().await?, "runners", &a.name, &a.kind).await?
+            )
+        }
+        AdminCmd::Solver(TokenCmd::List(a)) => {
+            let db = a.state.db().await?;
+            for r in sqlx::query("SELECT id FROM solvers ORDER BY id")
+                .fetch_all(&db.pool)
+                .await?
+            {
+                println!("{}", r.try_get::<String, _>("id")?);
+            }
+        }
+        AdminCmd::Runner(TokenCmd::List(a)) => {
+            let db = a.state.db().await?;
+            for r in sqlx::query("SELECT id, kind, last_seen_ms FROM runners ORDER BY id")
+                .fetch_all(&db.pool)
+                .await?
+            {
+                let seen: Option<i64> = r.try_get("last_seen_ms")?;
+                println!(
+                    "{} {} {}",
+                    r.try_get::<String, _>("id")?,
+                    r.try_get::<String, _>("kind")?,
+                    seen.map(|s| format!("last seen {} s ago", (now_ms() - s) / 1000))
+                        .unwrap_or("never seen".into())
+                );
+            }
+        }
+        AdminCmd::Tracks(a) => {
+            let tracks = track::load_dir(&a.tracks)?;
+            let db = a.state.db().await?;
+            let store = Store::new(&a.state.data());
+            for t in tracks.values() {
+                let base = server::current_base(&db, &t.name).await.ok();
+                let hidden = if store.hidden(&t.goldens.hidden)?.is_some() {
+                    "present"
+                } else {
+                    "MISSING"
+                };
+                println!(
+                    "{:<14} {:<5} {:<7} base {} best {} hidden {hidden}: {}",
+                    t.name,
+                    t.runner_kind,
+                    t.clock_track,
+                    base.as_ref()
+                        .map(|b| b.0[..12].to_string())
+                        .unwrap_or_else(|| t.baseline[..12].to_string()),
+                    base.map(|b| format!("{:.4}", b.1))
+                        .unwrap_or("1.0000".into()),
+                    t.description
+                );
+            }
+        }
+        AdminCmd::Hidden(HiddenCmd::New(a)) => {
+            println!("{}", new_hidden(&a.state.data(), a.pool as usize)?)
+        }
+        AdminCmd::Cheat(a) => {
+            let reason = a.reason.as_deref().map(str::trim);
+            if reason.is_some_and(|r| r.is_empty() || r.len() > 2000) {
+                bail!("--reason: 1 to 2000 characters");
+            }
+            let db = a.state.db().await?;
+            if !crate::record::mark_cheat(&db, &a.id, reason).await? {
+                bail!("{}: no such submission", a.id);
+            }
+            match reason {
+                Some(r) => println!("{}: marked as a cheat ({r}); out of the ranking", a.id),
+                None => println!("{}: the cheat mark is removed", a.id),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `fastdecode submit`; exits non-zero unless the submission passed.
+pub fn submit(a: SubmitArgs) -> Result<()> {
+    let v = client::submit(&client::SubmitOptions {
+        server: a.server,
+        token: a.token,
+        track: a.track,
+        note_file: a.note_file,
+        model: a.model,
+        claimed_score: a.claimed_score,
+        repo: a.repo,
+        idempotency_key: a.idempotency_key,
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", client::table(&v));
+    }
+    if !client::passed(&v) {
+        std::process::exit(1);
+    }
+    Ok(())
+}

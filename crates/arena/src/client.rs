@@ -1,0 +1,338 @@
+//! `fastdecode submit` and `fastdecode arena status`: bundle what the working tree changed on
+//! a track's surface against its current base, show it, upload it with an idempotency key,
+//! then follow the stages live to the verdict table.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::api::{Accepted, NewSubmission, SubmissionView, TrackView};
+use crate::bundle::{self, Content};
+use crate::http::Api;
+
+pub struct SubmitOptions {
+    pub server: String,
+    pub token: String,
+    pub track: String,
+    pub note_file: PathBuf,
+    pub model: Option<String>,
+    pub claimed_score: Option<f64>,
+    pub repo: PathBuf,
+    pub idempotency_key: Option<String>,
+}
+
+fn git(repo: &Path, args: &[&str]) -> Result<Vec<u8>> {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()
+        .context("running git")?;
+    if !o.status.success() {
+        bail!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(o.stdout)
+}
+
+fn nul_list(b: &[u8]) -> Vec<String> {
+    b.split(|&c| c == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+fn on_surface(globs: &[String], path: &str) -> bool {
+    let opts = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: false,
+    };
+    globs
+        .iter()
+        .filter_map(|g| glob::Pattern::new(g).ok())
+        .any(|p| p.matches_with(path, opts))
+}
+
+/// What a working tree changed against a base.
+pub struct Changes {
+    /// What the bundle carries.
+    pub entries: Vec<(String, Content)>,
+    /// Changed paths left out because they are off the surface.
+    pub off_surface: Vec<String>,
+}
+
+/// The bundle of what `repo`'s working tree changed against `base` on `surface`.
+pub fn changes(repo: &Path, base: &str, surface: &[String]) -> Result<Changes> {
+    git(repo, &["cat-file", "-e", &format!("{base}^{{commit}}")]).with_context(|| {
+        format!(
+            "the track's current base {base} is not in {}: fetch the arena's branch arena-base/<track> first",
+            repo.display()
+        )
+    })?;
+    let mut paths = nul_list(&git(
+        repo,
+        &["diff", "--name-only", "--no-renames", "-z", base, "--"],
+    )?);
+    paths.extend(nul_list(&git(
+        repo,
+        &["ls-files", "--others", "--exclude-standard", "-z"],
+    )?));
+    paths.sort();
+    paths.dedup();
+    let (mut entries, mut off) = (vec![], vec![]);
+    for p in paths {
+        if !on_surface(surface, &p) {
+            off.push(p);
+            continue;
+        }
+        let full = repo.join(&p);
+        let m = match std::fs::symlink_metadata(&full) {
+            Ok(m) => m,
+            Err(_) => bail!("{p}: deleted in the working tree; a bundle can change and add files, not delete them"),
+        };
+        if m.file_type().is_symlink() {
+            let t = std::fs::read_link(&full).with_context(|| p.clone())?;
+            entries.push((p, Content::Symlink(t.to_string_lossy().into_owned())));
+        } else if m.is_file() {
+            use std::os::unix::fs::PermissionsExt;
+            let data = std::fs::read(&full).with_context(|| full.display().to_string())?;
+            entries.push((p, Content::File(data, m.permissions().mode())));
+        } else {
+            bail!("{p}: not a regular file");
+        }
+    }
+    Ok(Changes {
+        entries,
+        off_surface: off,
+    })
+}
+
+/// Submits and follows; the final view (its status says whether it passed).
+pub fn submit(o: &SubmitOptions) -> Result<SubmissionView> {
+    let note = std::fs::read_to_string(&o.note_file)
+        .with_context(|| format!("--note-file {}", o.note_file.display()))?;
+    if note.trim().is_empty() {
+        bail!("--note-file {}: the note is empty", o.note_file.display());
+    }
+    if let Some(s) = o.claimed_score {
+        if !s.is_finite() {
+            bail!("--claimed-score {s}: a finite number");
+        }
+    }
+    let api = Api::new(&o.server, Some(&o.token))?;
+    let track: TrackView = api.get_json(&format!("/api/tracks/{}", o.track))?;
+    let Changes {
+        entries,
+        off_surface: off,
+    } = changes(&o.repo, &track.current_base, &track.surface)?;
+    let bytes = bundle::pack(&entries)?;
+    let digest = bundle::digest(&bytes);
+    let mut say = String::new();
+    say += &format!(
+        "track {} (base {}), surface {}\n",
+        track.name,
+        &track.current_base[..12],
+        track.surface.join(", ")
+    );
+    if entries.is_empty() {
+        say += "no changes on the surface: a no-op submission\n";
+    }
+    for (p, c) in &entries {
+        match c {
+            Content::File(d, _) => say += &format!("  send  {p} ({} bytes)\n", d.len()),
+            Content::Symlink(t) => say += &format!("  send  {p} (symbolic link to {t})\n"),
+        }
+    }
+    for p in &off {
+        say += &format!("  skip  {p} (off the surface)\n");
+    }
+    say += &format!("bundle {digest}, {} bytes\n", bytes.len());
+    eprint!("{say}");
+    // The same change, note and base make the same key: re-running after a lost answer is one
+    // submission, not two.
+    let key = o.idempotency_key.clone().unwrap_or_else(|| {
+        bundle::digest(format!("{}|{}|{digest}|{note}", track.name, track.current_base).as_bytes())
+    });
+    let req = NewSubmission {
+        track: track.name.clone(),
+        note,
+        model: o.model.clone(),
+        claimed_score: o.claimed_score,
+        bundle: crate::api::encode_bundle(&bytes),
+    };
+    let acc: Accepted = api
+        .post("/api/submissions", &req, &[("Idempotency-Key", &key)])?
+        .context("the service accepted nothing")?;
+    eprintln!(
+        "submission {}{} (its page: {}/submissions/{})",
+        acc.id,
+        if acc.duplicate {
+            " (already submitted with this key)"
+        } else {
+            ""
+        },
+        o.server.trim_end_matches('/'),
+        acc.id
+    );
+    follow(&api, &acc.id)
+}
+
+/// Polls a submission (twice a second) until its verdict, printing each stage as it starts and
+/// ends: the same record its page follows.
+pub fn follow(api: &Api, id: &str) -> Result<SubmissionView> {
+    let mut shown = 0usize;
+    let mut open: Option<String> = None;
+    let mut last_pos = None;
+    loop {
+        let v: SubmissionView = api.get_json(&format!("/api/submissions/{id}"))?;
+        if v.queue_position != last_pos {
+            if let Some(p) = v.queue_position {
+                eprintln!("  queued: {p} ahead");
+            }
+            last_pos = v.queue_position;
+        }
+        while shown < v.stages.len() {
+            let s = &v.stages[shown];
+            match &s.outcome {
+                Some(out) => {
+                    let secs = s.ended_ms.unwrap_or(s.started_ms) - s.started_ms;
+                    eprintln!(
+                        "  {:<8} {:<10} {:>7.1} s  {}",
+                        s.stage,
+                        out,
+                        secs as f64 / 1000.0,
+                        s.detail
+                            .as_deref()
+                            .unwrap_or("")
+                            .lines()
+                            .next()
+                            .unwrap_or("")
+                    );
+                    shown += 1;
+                    open = None;
+                }
+                None => {
+                    if open.as_deref() != Some(&s.stage) {
+                        eprintln!(
+                            "  {:<8} running on {}",
+                            s.stage,
+                            s.runner.as_deref().unwrap_or("?")
+                        );
+                        open = Some(s.stage.clone());
+                    }
+                    break;
+                }
+            }
+        }
+        if v.finished() && shown == v.stages.len() {
+            return Ok(v);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Whether a final status counts as passed.
+pub fn passed(v: &SubmissionView) -> bool {
+    matches!(v.status.as_str(), "held" | "promoted" | "repriced")
+}
+
+/// The verdict table.
+pub fn table(v: &SubmissionView) -> String {
+    let mut t = String::new();
+    let row = |t: &mut String, k: &str, val: String| *t += &format!("{k:<36} {val}\n");
+    row(&mut t, "submission", v.id.clone());
+    row(
+        &mut t,
+        "track",
+        format!(
+            "{} (base {})",
+            v.track,
+            &v.base_commit[..12.min(v.base_commit.len())]
+        ),
+    );
+    row(&mut t, "solver", v.solver.clone());
+    if let Some(r) = &v.reprice_of {
+        row(&mut t, "re-pricing of", r.clone());
+    }
+    row(&mut t, "status", v.status.clone());
+    if let Some(verdict) = &v.verdict {
+        if let Some(c) = verdict["category"].as_str() {
+            row(&mut t, "category", c.to_string());
+            row(
+                &mut t,
+                "stage",
+                verdict["stage"].as_str().unwrap_or("").to_string(),
+            );
+            row(
+                &mut t,
+                "detail",
+                verdict["detail"]
+                    .as_str()
+                    .unwrap_or("")
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string(),
+            );
+        }
+        if let Some(m) = verdict["metrics"].as_object() {
+            for (k, val) in m {
+                let s = match val {
+                    serde_json::Value::Number(n) => n
+                        .as_f64()
+                        .map(|f| format!("{f:.6}"))
+                        .unwrap_or(n.to_string()),
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                row(&mut t, k, s);
+            }
+        }
+        if let Some(w) = verdict["not_promoted"].as_str() {
+            row(&mut t, "not promoted", w.to_string());
+        }
+        if let Some(b) = verdict["base_commit"].as_str() {
+            row(&mut t, "new base", b.to_string());
+        }
+    }
+    t
+}
+
+pub fn status(server: &str, id: &str, json: bool) -> Result<bool> {
+    let api = Api::new(server, None)?;
+    let v: SubmissionView = api.get_json(&format!("/api/submissions/{id}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for s in &v.stages {
+            let secs = s
+                .ended_ms
+                .map(|e| format!("{:.1} s", (e - s.started_ms) as f64 / 1000.0))
+                .unwrap_or("running".into());
+            println!(
+                "{:<8} {:<22} {:<10} {:>9}  {}",
+                s.stage,
+                s.runner.as_deref().unwrap_or("service"),
+                s.outcome.as_deref().unwrap_or("-"),
+                secs,
+                s.detail
+                    .as_deref()
+                    .unwrap_or("")
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+            );
+        }
+        if let Some(p) = v.queue_position {
+            println!("queued: {p} ahead");
+        }
+        print!("{}", table(&v));
+    }
+    Ok(passed(&v))
+}

@@ -1,0 +1,121 @@
+//! The database: SQLite (a file, created and migrated on first use) or PostgreSQL (by URL),
+//! through sqlx's `Any` driver so one set of migrations and one set of queries serve both.
+//! Where the two differ (how a job is leased) `Backend` says which is in use.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use anyhow::{Context, Result};
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::AnyPool;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Clone)]
+pub struct Db {
+    pub pool: AnyPool,
+    pub backend: Backend,
+}
+
+/// Milliseconds since the Unix epoch: every time the arena stores.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A fresh random id with a readable prefix (`s-…` for submissions, …).
+pub fn new_id(prefix: &str) -> String {
+    let bytes: [u8; 8] = rand::random();
+    format!("{prefix}-{}", hex::encode(bytes))
+}
+
+/// The URL of the default database: an SQLite file in `data`.
+pub fn sqlite_url(data: &Path) -> String {
+    format!("sqlite://{}", data.join("arena.db").display())
+}
+
+impl Db {
+    /// Connects to `url` (`sqlite://PATH` or `postgres://…`), creating an SQLite file that does
+    /// not exist yet, and applies the migrations.
+    pub async fn open(url: &str) -> Result<Db> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            anyhow::bail!("--database {url}: not an sqlite:// or postgres:// URL");
+        };
+        let url = match backend {
+            // Created on first use; sqlx's default busy timeout (5 s) makes a second writer wait
+            // for the lock instead of failing.
+            Backend::Sqlite if !url.contains('?') => format!("{url}?mode=rwc"),
+            _ => url.to_string(),
+        };
+        let opts = AnyConnectOptions::from_str(&url)
+            .with_context(|| format!("--database {}: not a database URL", redact(&url)))?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
+            .connect_with(opts)
+            .await
+            .with_context(|| format!("--database {}: cannot connect", redact(&url)))?;
+        if backend == Backend::Sqlite {
+            // WAL lets readers (status requests) run beside the one writer; it is a property
+            // of the file, kept once set.
+            sqlx::query("PRAGMA journal_mode=WAL")
+                .execute(&pool)
+                .await?;
+        }
+        sqlx::migrate!("./migrations")
+            .run(&pool)
+            .await
+            .with_context(|| format!("migrating {}", redact(&url)))?;
+        Ok(Db { pool, backend })
+    }
+}
+
+impl Db {
+    /// A transaction that writes. On SQLite it takes the write lock at once (`BEGIN
+    /// IMMEDIATE`), so two writers never both read and then fail to upgrade; on PostgreSQL rows
+    /// are locked where the queries say so (`FOR UPDATE SKIP LOCKED` when leasing).
+    pub async fn write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>> {
+        Ok(match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.pool.begin().await?,
+        })
+    }
+}
+
+/// A database URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact("postgres://arena:hunter2@localhost/arena"),
+            "postgres://arena:***@localhost/arena"
+        );
+        assert_eq!(redact("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
+    }
+}

@@ -1,0 +1,33 @@
+//! The arena: a submission service, its runners and the pipeline that judges solvers' changes
+//! (`shared/spec/arena.md`). The service (`server`) owns the database (`db`), the tracks
+//! (`track`), the queue and the record; runners (`runner`) lease jobs (`lease`) and run a
+//! submission's stages (`stages`: `policy`, `review`, `build`, then the existing gate and clock
+//! driven as `fastdecode gate` / `fastdecode price`); the service writes the verdict
+//! (`verdict`) and promotes winners (`promotion`). `client` is `fastdecode submit` and
+//! `arena status`; `cli` holds every `arena` command's arguments. The public record is `record`
+//! (its queries), `pages` (HTML) and `plots` (SVG).
+
+pub mod api;
+pub mod builder;
+pub mod bundle;
+pub mod cli;
+pub mod client;
+pub mod db;
+pub mod demo;
+pub mod git;
+pub mod http;
+pub mod lease;
+pub mod pages;
+pub mod plots;
+pub mod policy;
+pub mod promotion;
+pub mod record;
+pub mod review;
+pub mod runner;
+pub mod sandbox;
+pub mod server;
+pub mod stages;
+pub mod store;
+pub mod tokens;
+pub mod track;
+pub mod verdict;

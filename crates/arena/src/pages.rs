@@ -1,0 +1,516 @@
+//! The public pages, rendered on the server (askama templates in `templates/`), readable without
+//! JavaScript: the tracks, a track's leaderboard (rules, best metrics, frontier plot, queue) and a
+//! submission (note, stages, metrics, pairs plot, verdict, re-pricings, code where published).
+//! They read the same queries as the JSON API (`record`). A page with a running job carries
+//! `data-live="1"`; `/static/live.js` then fetches the page again every 2 s and swaps the live
+//! part in (without the script, a `<noscript>` refresh does the same).
+
+use askama::Template;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+
+use crate::api::{StageView, SubmissionView, TrackView};
+use crate::db::now_ms;
+use crate::plots::{self, datetime, datetime_seconds};
+use crate::record;
+use crate::server::AppState;
+
+/// What a page may load: its own script and nothing from elsewhere; no inline script, so
+/// even a note that got past the sanitiser could not run one.
+const CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; \
+                   style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; \
+                   form-action 'none'; frame-ancestors 'none'";
+
+/// The script that follows a running job (see the module's comment).
+pub const LIVE_JS: &str = r#"// Follows a running job: fetches this page again every 2 s and swaps its live part in,
+// until the page says the job has finished.
+(function () {
+  function tick() {
+    fetch(location.href, { cache: "no-store" })
+      .then(function (r) { return r.text(); })
+      .then(function (text) {
+        var next = new DOMParser().parseFromString(text, "text/html").getElementById("live");
+        var cur = document.getElementById("live");
+        if (next && cur) { cur.replaceWith(next); }
+        if (next && next.dataset.live === "1") { setTimeout(tick, 2000); }
+      }, function () { setTimeout(tick, 3000); });
+  }
+  var live = document.getElementById("live");
+  if (live && live.dataset.live === "1") { setTimeout(tick, 2000); }
+})();
+"#;
+
+/// A note (untrusted Markdown) as HTML: rendered, then sanitised (no script, no event handler,
+/// no style; links get `rel="noopener noreferrer"`).
+pub fn note_html(markdown: &str) -> String {
+    use pulldown_cmark::{html, Options, Parser};
+    let mut raw = String::new();
+    html::push_html(
+        &mut raw,
+        Parser::new_ext(
+            markdown,
+            Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH,
+        ),
+    );
+    ammonia::clean(&raw)
+}
+
+fn page(status: StatusCode, body: Result<String, askama::Error>) -> Response {
+    match body {
+        Ok(html) => {
+            let mut r = (status, Html(html)).into_response();
+            r.headers_mut().insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(CSP),
+            );
+            r.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("rendering the page: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+fn error_page(status: StatusCode, what: String) -> Response {
+    page(
+        status,
+        ErrorPage {
+            title: status.canonical_reason().unwrap_or("error").to_string(),
+            live: false,
+            what,
+        }
+        .render(),
+    )
+}
+
+/// A failure of the service itself (the database), as a page.
+fn trouble(e: anyhow::Error) -> Response {
+    error_page(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+}
+
+/// The answer for a path that names nothing.
+pub fn not_found(what: String) -> Response {
+    error_page(StatusCode::NOT_FOUND, what)
+}
+
+fn f4(v: f64) -> String {
+    format!("{v:.4}")
+}
+
+fn ci(v: Option<[f64; 2]>) -> String {
+    v.map(|[a, b]| format!("[{a:.4}, {b:.4}]"))
+        .unwrap_or_else(|| "–".into())
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|g| format!("{:+.1} %", 100.0 * g))
+        .unwrap_or_else(|| "–".into())
+}
+
+fn short(commit: &str) -> String {
+    commit.chars().take(12).collect()
+}
+
+/// A metric's value as the verdict table prints it.
+fn metric(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Number(n) => n
+            .as_f64()
+            .map(|f| {
+                if f.fract() == 0.0 && f.abs() < 1e15 {
+                    format!("{f:.0}")
+                } else {
+                    format!("{f:.6}")
+                }
+            })
+            .unwrap_or_else(|| n.to_string()),
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(a) => a.iter().map(metric).collect::<Vec<_>>().join(", "),
+        other => other.to_string(),
+    }
+}
+
+fn metrics(v: Option<&serde_json::Value>) -> Vec<(String, String)> {
+    v.and_then(|m| m.as_object())
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), metric(v))).collect())
+        .unwrap_or_default()
+}
+
+struct TrackLine {
+    name: String,
+    description: String,
+    best: String,
+    entries: usize,
+    waiting: usize,
+}
+
+#[derive(Template)]
+#[template(path = "index.html")]
+struct IndexPage {
+    title: String,
+    live: bool,
+    tracks: Vec<TrackLine>,
+}
+
+pub async fn index(State(s): State<AppState>) -> Response {
+    let mut tracks = vec![];
+    for name in s.tracks.keys() {
+        match record::track_view(&s, name).await {
+            Ok(t) => tracks.push(TrackLine {
+                best: f4(t.current_best_score),
+                entries: t.leaderboard.len(),
+                waiting: t.queue.len(),
+                name: t.name,
+                description: t.description,
+            }),
+            Err(e) => return trouble(e),
+        }
+    }
+    page(
+        StatusCode::OK,
+        IndexPage {
+            title: "fastdecode arena".into(),
+            live: false,
+            tracks,
+        }
+        .render(),
+    )
+}
+
+struct RowOut {
+    rank: usize,
+    id: String,
+    solver: String,
+    model: String,
+    score: String,
+    ci: String,
+    gain: String,
+    gap: String,
+    status: String,
+    date: String,
+}
+
+struct QueueOut {
+    id: String,
+    solver: String,
+    stage: String,
+    kind: String,
+    position: String,
+    runner: String,
+    since: String,
+}
+
+#[derive(Template)]
+#[template(path = "track.html")]
+struct TrackPage {
+    title: String,
+    live: bool,
+    name: String,
+    description: String,
+    rules: Vec<String>,
+    surface: String,
+    best: String,
+    base: String,
+    best_metrics: Vec<(String, String)>,
+    rows: Vec<RowOut>,
+    frontier_svg: String,
+    queue: Vec<QueueOut>,
+}
+
+fn rules(t: &TrackView) -> Vec<String> {
+    let r = &t.rules;
+    let mut out = vec![format!(
+        "Window: a {}-token prompt, then {} decoded tokens ({} decoding{}).",
+        r.prompt_tokens,
+        r.decode_tokens,
+        t.clock_track,
+        r.block_size
+            .map(|k| format!(", blocks of {k}"))
+            .unwrap_or_default()
+    )];
+    out.push(format!(
+        "Score: speed-up over the pinned baseline {} (score 1), priced in {} to {} pairs to a \
+         ±{:.1} % interval; below the floor {} a change fails.",
+        short(&t.baseline),
+        r.min_pairs,
+        r.max_pairs,
+        100.0 * r.target_ci,
+        r.floor
+    ));
+    out.push(format!(
+        "Promotion: both pricings' intervals clear the current best by {:.1} %; the output must \
+         be exact (public and hidden goldens).",
+        100.0 * r.promotion_margin
+    ));
+    out.push(format!(
+        "Runner: {} (builds on a CPU builder). Code published: {}.",
+        t.runner_kind,
+        match t.publish_code.as_str() {
+            "always" => "always",
+            "after_promotion" => "after promotion",
+            _ => "never",
+        }
+    ));
+    out
+}
+
+pub async fn track(State(s): State<AppState>, Path(name): Path<String>) -> Response {
+    if !s.tracks.contains_key(&name) {
+        return not_found(format!("There is no track {name}."));
+    }
+    let t = match record::track_view(&s, &name).await {
+        Ok(t) => t,
+        Err(e) => return trouble(e),
+    };
+    let rows = t
+        .leaderboard
+        .iter()
+        .map(|r| RowOut {
+            rank: r.rank,
+            id: r.submission.clone(),
+            solver: r.solver.clone(),
+            model: r.model.clone().unwrap_or_else(|| "–".into()),
+            score: f4(r.score),
+            ci: ci(r.ci95),
+            gain: pct(r.gain),
+            gap: r.gap_to_above.map(f4).unwrap_or_else(|| "–".into()),
+            status: r.status.clone(),
+            date: datetime(r.created_ms),
+        })
+        .collect();
+    let queue = t
+        .queue
+        .iter()
+        .map(|q| QueueOut {
+            id: q.submission.clone(),
+            solver: q.solver.clone(),
+            stage: q.stage.clone(),
+            kind: q.kind.clone(),
+            position: match (q.position, &q.runner) {
+                (Some(p), _) => format!("{} (waiting)", p + 1),
+                (None, Some(_)) => "running".into(),
+                (None, None) => "–".into(),
+            },
+            runner: q.runner.clone().unwrap_or_else(|| "–".into()),
+            since: datetime(q.created_ms),
+        })
+        .collect();
+    page(
+        StatusCode::OK,
+        TrackPage {
+            title: format!("{name}: leaderboard"),
+            live: !t.queue.is_empty(),
+            rules: rules(&t),
+            surface: t.surface.join(", "),
+            best: f4(t.current_best_score),
+            base: short(&t.current_base),
+            best_metrics: metrics(t.current_best_metrics.as_ref()),
+            frontier_svg: plots::frontier(&t.frontier, &t.leaderboard, now_ms()),
+            name: t.name,
+            description: t.description,
+            rows,
+            queue,
+        }
+        .render(),
+    )
+}
+
+struct StageOut {
+    stage: String,
+    runner: String,
+    started: String,
+    duration: String,
+    outcome: String,
+    class: &'static str,
+    detail: String,
+}
+
+fn stage_out(st: &StageView) -> StageOut {
+    let outcome = st.outcome.clone().unwrap_or_else(|| "running".into());
+    let class = match outcome.as_str() {
+        "ok" | "held" | "promoted" | "queued" => "ok",
+        "running" => "running",
+        "skipped" => "muted",
+        _ => "bad",
+    };
+    StageOut {
+        stage: st.stage.clone(),
+        runner: st.runner.clone().unwrap_or_else(|| "service".into()),
+        // The day is the submission's (in its header); a stage's start needs the time.
+        started: datetime_seconds(st.started_ms)[11..19].to_string(),
+        duration: match st.ended_ms {
+            Some(e) => format!("{:.1} s", (e - st.started_ms) as f64 / 1000.0),
+            None => format!("{:.0} s so far", (now_ms() - st.started_ms) as f64 / 1000.0),
+        },
+        outcome,
+        class,
+        detail: st.detail.clone().unwrap_or_default(),
+    }
+}
+
+struct PricingOut {
+    id: String,
+    base: String,
+    status: String,
+    score: String,
+    ci: String,
+    date: String,
+    this: bool,
+}
+
+#[derive(Template)]
+#[template(path = "submission.html")]
+struct SubmissionPage {
+    title: String,
+    live: bool,
+    id: String,
+    solver: String,
+    track: String,
+    model: String,
+    claimed: String,
+    base: String,
+    created: String,
+    status: String,
+    cheat: Option<String>,
+    note_html: String,
+    queue_position: Option<String>,
+    stages: Vec<StageOut>,
+    outcome: String,
+    failure: Option<(String, String, String)>,
+    metrics: Vec<(String, String)>,
+    confirmation: Vec<(String, String)>,
+    pairs_svg: Option<String>,
+    pricings: Vec<PricingOut>,
+    code: Option<String>,
+    code_policy: String,
+}
+
+fn submission_page(v: SubmissionView, floor: f64, publish: &str) -> SubmissionPage {
+    let verdict = v.verdict.as_ref();
+    let failure = verdict.filter(|x| x["status"] == "failed").map(|x| {
+        (
+            x["category"].as_str().unwrap_or("").to_string(),
+            x["stage"].as_str().unwrap_or("").to_string(),
+            x["detail"].as_str().unwrap_or("").to_string(),
+        )
+    });
+    let outcome = v
+        .stages
+        .iter()
+        .rev()
+        .find(|s| s.stage == "verdict")
+        .and_then(|s| s.detail.clone())
+        .unwrap_or_default();
+    let score = verdict.and_then(|x| x["score"].as_f64());
+    let ci95 = verdict.and_then(|x| serde_json::from_value(x["ci95"].clone()).ok());
+    let pairs_svg = (!v.pairs.is_empty()).then(|| plots::pairs(&v.pairs, score, ci95, floor));
+    SubmissionPage {
+        title: format!("submission {}", v.id),
+        live: !v.finished(),
+        solver: v.solver.clone(),
+        track: v.track.clone(),
+        model: v.model.clone().unwrap_or_else(|| "–".into()),
+        claimed: v.claimed_score.map(f4).unwrap_or_else(|| "–".into()),
+        base: short(&v.base_commit),
+        created: datetime(v.created_ms),
+        status: v.status.clone(),
+        cheat: v.cheat.clone(),
+        note_html: note_html(&v.note),
+        queue_position: v
+            .queue_position
+            .map(|p| format!("{p} ahead of it in the queue for its next stage")),
+        stages: v.stages.iter().map(stage_out).collect(),
+        outcome,
+        failure,
+        metrics: metrics(verdict.map(|x| &x["metrics"])),
+        confirmation: metrics(verdict.map(|x| &x["confirmation"])),
+        pairs_svg,
+        pricings: v
+            .pricings
+            .iter()
+            .map(|p| PricingOut {
+                this: p.submission == v.id,
+                id: p.submission.clone(),
+                base: short(&p.base_commit),
+                status: p.status.clone(),
+                score: p.score.map(f4).unwrap_or_else(|| "–".into()),
+                ci: ci(p.ci95),
+                date: datetime(p.created_ms),
+            })
+            .collect(),
+        code: v.code.clone(),
+        code_policy: match publish {
+            "always" => "This track publishes every submission's code.".into(),
+            "after_promotion" => {
+                "This track publishes a submission's code once it is promoted.".into()
+            }
+            _ => "This track does not publish code.".into(),
+        },
+        id: v.id,
+    }
+}
+
+pub async fn submission(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+    let v = match record::submission_view(&s, &id).await {
+        Ok(Some(v)) => v,
+        Ok(None) => return not_found(format!("There is no submission {id}.")),
+        Err(e) => return trouble(e),
+    };
+    let (floor, publish) = s
+        .tracks
+        .get(&v.track)
+        .map(|t| (t.clock.floor, t.publish_code.clone()))
+        .unwrap_or((0.0, "never".into()));
+    page(StatusCode::OK, submission_page(v, floor, &publish).render())
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorPage {
+    title: String,
+    live: bool,
+    what: String,
+}
+
+pub async fn live_js() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/javascript; charset=utf-8"),
+        )],
+        LIVE_JS,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hostile_note_loses_its_script_and_keeps_its_text() {
+        let html = note_html(
+            "# Faster matvec\n\n**four rows** at a time.\n\n<script>document.title='pwned'</script>\n\n\
+             <img src=x onerror=\"alert(1)\">\n\n[link](javascript:alert(2)) <a href=\"https://example.invalid\" onclick=\"x()\">ok</a>\n",
+        );
+        assert!(html.contains("<h1>Faster matvec</h1>"), "{html}");
+        assert!(html.contains("<strong>four rows</strong>"), "{html}");
+        for bad in ["<script", "pwned", "onerror", "onclick", "javascript:"] {
+            assert!(!html.contains(bad), "{bad} survived: {html}");
+        }
+        assert!(html.contains("rel=\"noopener noreferrer\""), "{html}");
+    }
+
+    #[test]
+    fn metrics_print_as_the_verdict_table_does() {
+        assert_eq!(metric(&serde_json::json!(12)), "12");
+        assert_eq!(metric(&serde_json::json!(1.5)), "1.500000");
+        assert_eq!(metric(&serde_json::json!([0.9, 1.1])), "0.900000, 1.100000");
+        assert_eq!(metric(&serde_json::json!("budget")), "budget");
+    }
+}

@@ -1,0 +1,489 @@
+//! The record's two plots, as SVG written on the server (no script needed to read them): a
+//! track's frontier over time (the record line, each promotion a point, other ranked
+//! submissions beside it) and a pricing's pairs (each pair's score with the overall score, its
+//! interval, 1.0 and the floor). Both with axes, units and labels.
+
+use std::fmt::Write;
+
+use crate::api::{FrontierPoint, LeaderboardRow, PairPoint};
+
+const W: f64 = 760.0;
+const H: f64 = 340.0;
+/// Margins: left (room for the y labels), right, top (the title), bottom (x labels, axis name).
+const L: f64 = 70.0;
+const R: f64 = 110.0;
+const T: f64 = 40.0;
+const B: f64 = 50.0;
+
+/// Text for an SVG text node or attribute.
+pub fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+/// Round tick values covering [lo, hi], about `n` of them, and how many decimals they need.
+pub fn ticks(lo: f64, hi: f64, n: usize) -> (Vec<f64>, usize) {
+    let span = (hi - lo).max(1e-9);
+    let raw = span / n.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * mag);
+    let mut decimals = (-step.log10().floor()).max(0.0) as usize;
+    if (step / 10f64.powi(-(decimals as i32)) - 2.5).abs() < 1e-9 {
+        decimals += 1;
+    }
+    let mut out = vec![];
+    let mut k = (lo / step).ceil();
+    while k * step <= hi + step * 1e-9 && out.len() < 100 {
+        out.push(k * step);
+        k += 1.0;
+    }
+    (out, decimals)
+}
+
+/// (year, month, day) of a day count since 1970-01-01 (proleptic Gregorian).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = (if mp < 10 { mp + 3 } else { mp - 9 }) as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// `2026-12-01 22:15 UTC` of Unix milliseconds.
+pub fn datetime(ms: i64) -> String {
+    format!("{} UTC", &datetime_seconds(ms)[..16])
+}
+
+/// `2026-12-01 22:15:07` of Unix milliseconds (UTC).
+pub fn datetime_seconds(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (y, m, d) = civil(secs.div_euclid(86_400));
+    let s = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        s / 3600,
+        s % 3600 / 60,
+        s % 60
+    )
+}
+
+/// A time tick's label: the clock time when the plot spans under two days, else the date.
+fn time_label(ms: i64, span_ms: i64) -> String {
+    let full = datetime(ms);
+    if span_ms < 2 * 86_400_000 {
+        full[11..16].to_string()
+    } else {
+        full[5..10].to_string()
+    }
+}
+
+/// Ticks at round times (whole minutes, hours or days) covering [t0, t1], at most about 7.
+fn time_ticks(t0: i64, t1: i64) -> Vec<i64> {
+    const MIN: i64 = 60_000;
+    let steps = [
+        MIN,
+        2 * MIN,
+        5 * MIN,
+        10 * MIN,
+        15 * MIN,
+        30 * MIN,
+        60 * MIN,
+        120 * MIN,
+        360 * MIN,
+        720 * MIN,
+        1440 * MIN,
+        2 * 1440 * MIN,
+        7 * 1440 * MIN,
+        30 * 1440 * MIN,
+        365 * 1440 * MIN,
+    ];
+    let step = steps
+        .iter()
+        .copied()
+        .find(|s| (t1 - t0) / s <= 7)
+        .unwrap_or(365 * 1440 * MIN);
+    let mut out = vec![];
+    let mut t = t0.div_euclid(step) * step + step;
+    while t <= t1 && out.len() < 100 {
+        out.push(t);
+        t += step;
+    }
+    out
+}
+
+struct Frame {
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+}
+
+impl Frame {
+    fn x(&self, v: f64) -> f64 {
+        L + (W - L - R) * (v - self.x0) / (self.x1 - self.x0).max(1e-12)
+    }
+    fn y(&self, v: f64) -> f64 {
+        H - B - (H - T - B) * (v - self.y0) / (self.y1 - self.y0).max(1e-12)
+    }
+}
+
+fn open(s: &mut String, title: &str, label: &str) {
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{}" font-family="sans-serif" font-size="12">"#,
+        esc(label)
+    );
+    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{L}" y="22" font-size="14" font-weight="bold">{}</text>"#,
+        esc(title)
+    );
+}
+
+/// The y axis with its ticks, grid lines and name.
+fn y_axis(s: &mut String, f: &Frame, name: &str) {
+    let (ticks, dec) = ticks(f.y0, f.y1, 6);
+    for t in ticks {
+        let y = f.y(t);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{L}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{t:.dec$}</text>"##,
+            W - R,
+            L - 6.0,
+            y + 4.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<line x1="{L}" x2="{L}" y1="{T}" y2="{:.1}" stroke="black"/>"#,
+        H - B
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        (T + H - B) / 2.0,
+        esc(name)
+    );
+}
+
+/// The x axis line and its name.
+fn x_axis(s: &mut String, name: &str) {
+    let _ = writeln!(
+        s,
+        r#"<line x1="{L}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="black"/>"#,
+        W - R,
+        H - B,
+        H - B
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        (L + W - R) / 2.0,
+        H - 10.0,
+        esc(name)
+    );
+}
+
+/// A dashed horizontal reference line labelled at the right, the label moved by `dy` pixels
+/// (to keep two close lines' labels apart).
+fn reference(s: &mut String, f: &Frame, v: f64, color: &str, label: &str, dy: f64) {
+    let y = f.y(v);
+    let _ = writeln!(
+        s,
+        r#"<line x1="{L}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="{color}" stroke-dasharray="5 4"/><text x="{:.1}" y="{:.1}" fill="{color}">{} {v:.3}</text>"#,
+        W - R,
+        W - R + 6.0,
+        y + 4.0 + dy,
+        esc(label)
+    );
+}
+
+/// The frontier over time: the record line through the baseline and each promotion (labelled
+/// with its solver), the other ranked submissions as hollow grey points, up to `now_ms`.
+pub fn frontier(points: &[FrontierPoint], others: &[LeaderboardRow], now_ms: i64) -> String {
+    let mut s = String::new();
+    open(
+        &mut s,
+        "The record over time",
+        "frontier: best score over time, each promotion a point",
+    );
+    let times = points
+        .iter()
+        .map(|p| p.created_ms)
+        .chain(others.iter().map(|o| o.created_ms))
+        .chain([now_ms]);
+    let (t0, t1) = times.fold((i64::MAX, i64::MIN), |(a, b), t| (a.min(t), b.max(t)));
+    // At least a minute wide, so a young track's points do not sit on one line.
+    let t1 = t1.max(t0 + 60_000);
+    let pad = (t1 - t0) / 20;
+    let (t0, t1) = (t0 - pad, t1 + pad);
+    let scores = points
+        .iter()
+        .map(|p| p.score)
+        .chain(others.iter().map(|o| o.score))
+        .chain([1.0]);
+    let (lo, hi) = scores.fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+    let pad = ((hi - lo) * 0.1).max(0.05);
+    let f = Frame {
+        x0: t0 as f64,
+        x1: t1 as f64,
+        y0: (lo - pad).max(0.0),
+        y1: hi + pad,
+    };
+    y_axis(&mut s, &f, "score (speed-up over the pinned baseline, ×)");
+    x_axis(&mut s, "time (UTC)");
+    for t in time_ticks(t0, t1) {
+        let x = f.x(t as f64);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="black"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            H - B,
+            H - B + 5.0,
+            H - B + 18.0,
+            time_label(t, t1 - t0)
+        );
+    }
+    reference(&mut s, &f, 1.0, "#444", "baseline", 0.0);
+    for o in others {
+        let _ = writeln!(
+            s,
+            r##"<circle class="entry" cx="{:.1}" cy="{:.1}" r="3.5" fill="white" stroke="#999"><title>{} {:.4}</title></circle>"##,
+            f.x(o.created_ms as f64),
+            f.y(o.score),
+            esc(&o.submission),
+            o.score
+        );
+    }
+    // The record line: flat until the next promotion, then up to it; on to now.
+    let mut path = String::new();
+    for (i, p) in points.iter().enumerate() {
+        let (x, y) = (f.x(p.created_ms as f64), f.y(p.score));
+        if i == 0 {
+            let _ = write!(path, "M{x:.1},{y:.1}");
+        } else {
+            let _ = write!(path, " H{x:.1} V{y:.1}");
+        }
+    }
+    if !points.is_empty() {
+        let _ = write!(path, " H{:.1}", f.x(now_ms as f64));
+        let _ = writeln!(
+            s,
+            r##"<path d="{path}" fill="none" stroke="#06c" stroke-width="2"/>"##
+        );
+    }
+    for p in points {
+        let (x, y) = (f.x(p.created_ms as f64), f.y(p.score));
+        let who = match (&p.solver, p.seq) {
+            (_, 0) => "baseline".to_string(),
+            (Some(s), _) => s.clone(),
+            (None, _) => "?".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            r##"<circle class="promotion" cx="{x:.1}" cy="{y:.1}" r="5" fill="#06c"><title>{} {:.4}</title></circle><text x="{:.1}" y="{:.1}" fill="#06c">{} {:.3}</text>"##,
+            esc(p.submission.as_deref().unwrap_or("baseline")),
+            p.score,
+            x + 7.0,
+            y - 7.0,
+            esc(&who),
+            p.score
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<g transform="translate({:.1} {T})"><circle r="5" fill="#06c"/><text x="9" y="4">promotion</text><circle cy="18" r="3.5" fill="white" stroke="#999"/><text x="9" y="22">other entry</text></g>"##,
+        W - R + 8.0
+    );
+    s.push_str("</svg>\n");
+    s
+}
+
+/// One pricing's pairs: each pair's score in the order run (filled: baseline first; hollow:
+/// candidate first; grey: not accepted), the score with its 95 % interval, 1.0 and the floor.
+pub fn pairs(
+    pairs: &[PairPoint],
+    score: Option<f64>,
+    ci95: Option<[f64; 2]>,
+    floor: f64,
+) -> String {
+    let mut s = String::new();
+    open(
+        &mut s,
+        "Pairs of the pricing",
+        "pairs: each pair's score with the overall score and its interval",
+    );
+    let vals = pairs
+        .iter()
+        .map(|p| p.score)
+        .chain(score)
+        .chain(ci95.into_iter().flatten())
+        .chain([1.0, floor]);
+    let (lo, hi) = vals.fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+    let pad = ((hi - lo) * 0.08).max(0.02);
+    let n = pairs.len().max(1) as f64;
+    let f = Frame {
+        x0: 0.5,
+        x1: n + 0.5,
+        y0: lo - pad,
+        y1: hi + pad,
+    };
+    if let Some([a, b]) = ci95 {
+        let _ = writeln!(
+            s,
+            r##"<rect x="{L}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#cfe3ff"/>"##,
+            f.y(b),
+            W - L - R,
+            (f.y(a) - f.y(b)).max(1.0)
+        );
+    }
+    y_axis(&mut s, &f, "pair score (speed-up, ×)");
+    x_axis(&mut s, "pair (in the order run)");
+    for t in ticks(1.0, n, 8.min(pairs.len().max(1))).0 {
+        let x = f.x(t);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="black"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{t:.0}</text>"#,
+            H - B,
+            H - B + 5.0,
+            H - B + 18.0
+        );
+    }
+    reference(&mut s, &f, 1.0, "#444", "baseline", 0.0);
+    reference(&mut s, &f, floor, "#c00", "floor", 0.0);
+    if let Some(v) = score {
+        // Near 1.0 (a no-op) the two labels would print over each other.
+        let apart = f.y(v) - f.y(1.0);
+        let dy = if apart.abs() < 14.0 {
+            if apart <= 0.0 {
+                -14.0 - apart
+            } else {
+                14.0 - apart
+            }
+        } else {
+            0.0
+        };
+        reference(&mut s, &f, v, "#06c", "score", dy);
+    }
+    for (i, p) in pairs.iter().enumerate() {
+        let color = if p.accepted { "#06c" } else { "#999" };
+        let fill = if p.candidate_first { "white" } else { color };
+        let _ = writeln!(
+            s,
+            r#"<circle class="pair" cx="{:.1}" cy="{:.1}" r="4" stroke="{color}" fill="{fill}"><title>pair {} {:.4}</title></circle>"#,
+            f.x(i as f64 + 1.0),
+            f.y(p.score),
+            i + 1,
+            p.score
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<text x="{L}" y="{:.1}" fill="#555">filled: baseline ran first · hollow: candidate first · grey: not accepted · band: 95 % CI</text>"##,
+        T - 4.0
+    );
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round_and_cover_the_range() {
+        let (t, d) = ticks(0.93, 1.58, 6);
+        assert_eq!(d, 1);
+        assert!((t[0] - 1.0).abs() < 1e-12, "{t:?}");
+        assert!(t.iter().all(|v| (0.93..=1.58).contains(v)), "{t:?}");
+        let (t, d) = ticks(0.0, 1.0, 4);
+        assert_eq!((t.len(), d), (5, 2), "{t:?}");
+        assert!((t[1] - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn time_ticks_fall_on_whole_minutes_and_hours() {
+        let t0 = 1_000_000_000_000; // 2001-09-09 01:46:40 UTC
+        let t = time_ticks(t0, t0 + 5 * 60_000);
+        assert!(t.iter().all(|v| v % 60_000 == 0) && t.len() >= 4, "{t:?}");
+        let t = time_ticks(t0, t0 + 6 * 3_600_000);
+        assert!(
+            t.iter().all(|v| v % 3_600_000 == 0) && t.len() >= 5,
+            "{t:?}"
+        );
+    }
+
+    #[test]
+    fn dates_are_utc_calendar_dates() {
+        assert_eq!(datetime(0), "1970-01-01 00:00 UTC");
+        // 2000-02-29 12:34 UTC, a leap day.
+        assert_eq!(datetime(951_827_640_000), "2000-02-29 12:34 UTC");
+        assert_eq!(datetime(1_798_761_599_000), "2026-12-31 23:59 UTC");
+        assert_eq!(datetime_seconds(1_798_761_599_000), "2026-12-31 23:59:59");
+    }
+
+    #[test]
+    fn the_frontier_draws_each_promotion_and_escapes_names() {
+        let p = |seq, score, t, who: Option<&str>| FrontierPoint {
+            seq,
+            submission: who.map(|w| format!("s-{w}")),
+            solver: who.map(str::to_string),
+            score,
+            created_ms: t,
+        };
+        let pts = [
+            p(0, 1.0, 1_000_000, None),
+            p(1, 1.4, 2_000_000, Some("alice")),
+            p(2, 1.6, 3_000_000, Some("<b>")),
+        ];
+        let svg = frontier(&pts, &[], 4_000_000);
+        assert_eq!(svg.matches(r#"class="promotion""#).count(), 3);
+        assert!(svg.contains("alice 1.400"));
+        assert!(svg.contains("&lt;b&gt;") && !svg.contains("<b>"));
+        assert!(svg.contains("score (speed-up over the pinned baseline, ×)"));
+        assert!(svg.contains("time (UTC)"));
+        // The record line climbs twice: two vertical moves.
+        assert_eq!(svg.matches(" V").count(), 2, "{svg}");
+    }
+
+    #[test]
+    fn the_pairs_plot_marks_order_and_acceptance() {
+        let pp = |score, accepted, candidate_first| PairPoint {
+            score,
+            accepted,
+            candidate_first,
+        };
+        let svg = pairs(
+            &[
+                pp(1.02, true, false),
+                pp(0.98, true, true),
+                pp(0.5, false, false),
+            ],
+            Some(1.0),
+            Some([0.97, 1.03]),
+            0.95,
+        );
+        assert_eq!(svg.matches(r#"class="pair""#).count(), 3);
+        assert!(
+            svg.contains(r##"stroke="#06c" fill="white""##),
+            "hollow: candidate first"
+        );
+        assert!(
+            svg.contains(r##"stroke="#999" fill="#999""##),
+            "grey: not accepted"
+        );
+        assert!(svg.contains("floor 0.950") && svg.contains("score 1.000"));
+        assert!(svg.contains("pair (in the order run)"));
+    }
+}

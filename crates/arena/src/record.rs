@@ -1,0 +1,699 @@
+//! The public record: every query the JSON API and the pages read (one source of truth for the
+//! ranking, the frontier, the queue and a submission's history). Nothing here reads hidden
+//! material: stage results are private, and only the pairs' scores are taken from the pricing's
+//! (ratios of timings, what the clock's own pairs plot shows).
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use sqlx::Row;
+
+use crate::api::{
+    FrontierPoint, LeaderboardRow, PairPoint, PricingRow, QueueRow, Rules, SubmissionList,
+    SubmissionSummary, SubmissionView, TrackView,
+};
+use crate::db::{now_ms, Db};
+use crate::server::{current_base, Service};
+use crate::store::Store;
+use crate::{lease, promotion, stages};
+
+/// The statuses a submission can have (what `?status=` accepts, with `cheat`).
+pub const STATUSES: &[&str] = &[
+    "queued", "running", "held", "promoted", "repriced", "failed",
+];
+
+/// The statuses that rank: passed and priced (held, promoted, or held then re-priced).
+const RANKED: &str = "('held', 'promoted', 'repriced')";
+
+fn verdict_json(v: Option<String>) -> Option<Value> {
+    v.and_then(|v| serde_json::from_str(&v).ok())
+}
+
+fn ci_of(v: &Option<Value>) -> Option<[f64; 2]> {
+    v.as_ref()
+        .and_then(|v| serde_json::from_value(v["ci95"].clone()).ok())
+}
+
+/// The baseline row, then one per promotion, in order.
+pub async fn frontier(db: &Db, track: &str) -> Result<Vec<FrontierPoint>> {
+    let rows = sqlx::query(
+        "SELECT p.seq, p.submission, p.score, p.created_ms, s.solver FROM promotions p \
+         LEFT JOIN submissions s ON s.id = p.submission WHERE p.track = $1 ORDER BY p.seq",
+    )
+    .bind(track)
+    .fetch_all(&db.pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(FrontierPoint {
+                seq: r.try_get("seq")?,
+                submission: r.try_get("submission")?,
+                solver: r.try_get("solver")?,
+                score: r.try_get("score")?,
+                created_ms: r.try_get("created_ms")?,
+            })
+        })
+        .collect()
+}
+
+/// The best score before a submission: the one its own promotion replaced, or else the last
+/// promotion made before it was judged.
+fn best_before(frontier: &[FrontierPoint], id: &str, judged_ms: i64) -> Option<f64> {
+    if let Some(i) = frontier
+        .iter()
+        .position(|p| p.submission.as_deref() == Some(id))
+    {
+        return i.checked_sub(1).map(|j| frontier[j].score);
+    }
+    frontier
+        .iter()
+        .rev()
+        .find(|p| p.created_ms <= judged_ms)
+        .or(frontier.first())
+        .map(|p| p.score)
+}
+
+/// The ranking: passed submissions by score (ties: the earlier first), cheats left out.
+pub async fn leaderboard(
+    db: &Db,
+    track: &str,
+    frontier: &[FrontierPoint],
+) -> Result<Vec<LeaderboardRow>> {
+    let rows = sqlx::query(&format!(
+        "SELECT id, solver, model, score, status, created_ms, finished_ms, verdict \
+         FROM submissions WHERE track = $1 AND score IS NOT NULL AND status IN {RANKED} \
+         AND cheat_reason IS NULL ORDER BY score DESC, created_ms, id"
+    ))
+    .bind(track)
+    .fetch_all(&db.pool)
+    .await?;
+    let mut out: Vec<LeaderboardRow> = vec![];
+    for (i, r) in rows.into_iter().enumerate() {
+        let id: String = r.try_get("id")?;
+        let score: f64 = r.try_get("score")?;
+        let created: i64 = r.try_get("created_ms")?;
+        let judged: Option<i64> = r.try_get("finished_ms")?;
+        let gain = best_before(frontier, &id, judged.unwrap_or(created)).map(|b| score / b - 1.0);
+        out.push(LeaderboardRow {
+            rank: i + 1,
+            gap_to_above: out.last().map(|a| a.score - score),
+            solver: r.try_get("solver")?,
+            model: r.try_get("model")?,
+            score,
+            ci95: ci_of(&verdict_json(r.try_get("verdict")?)),
+            gain,
+            status: r.try_get("status")?,
+            created_ms: created,
+            submission: id,
+        });
+    }
+    Ok(out)
+}
+
+/// The track's unfinished submissions, oldest first.
+pub async fn queue(db: &Db, track: &str) -> Result<Vec<QueueRow>> {
+    let rows = sqlx::query(
+        "SELECT id, solver, next_stage, next_kind, lease_runner, lease_id, created_ms \
+         FROM submissions WHERE track = $1 AND next_stage IS NOT NULL ORDER BY created_ms, id",
+    )
+    .bind(track)
+    .fetch_all(&db.pool)
+    .await?;
+    let mut out = vec![];
+    for r in rows {
+        let id: String = r.try_get("id")?;
+        let lease: Option<String> = r.try_get("lease_id")?;
+        out.push(QueueRow {
+            position: lease::queue_position(db, &id).await?,
+            runner: if lease.is_some() {
+                r.try_get("lease_runner")?
+            } else {
+                None
+            },
+            solver: r.try_get("solver")?,
+            stage: r.try_get("next_stage")?,
+            kind: r
+                .try_get::<Option<String>, _>("next_kind")?
+                .unwrap_or_default(),
+            created_ms: r.try_get("created_ms")?,
+            submission: id,
+        });
+    }
+    Ok(out)
+}
+
+/// A track as the public sees it: rules, base, best score and metrics, ranking, frontier, queue.
+pub async fn track_view(s: &Service, name: &str) -> Result<TrackView> {
+    let t = s
+        .tracks
+        .get(name)
+        .with_context(|| format!("no track {name}"))?;
+    let (base, best, by) = current_base(&s.db, name).await?;
+    let mut metrics = None;
+    if let Some(id) = &by {
+        let r = sqlx::query("SELECT verdict FROM submissions WHERE id = $1")
+            .bind(id)
+            .fetch_one(&s.db.pool)
+            .await?;
+        metrics = verdict_json(r.try_get("verdict")?).map(|v| v["metrics"].clone());
+    }
+    let frontier = frontier(&s.db, name).await?;
+    Ok(TrackView {
+        name: t.name.clone(),
+        description: t.description.clone(),
+        runner_kind: t.runner_kind.clone(),
+        clock_track: t.clock_track.clone(),
+        surface: t.surface.clone(),
+        baseline: t.baseline.clone(),
+        current_base: base,
+        baseline_score: 1.0,
+        current_best_score: best,
+        current_best_metrics: metrics,
+        publish_code: t.publish_code.clone(),
+        rules: Rules {
+            prompt_tokens: t.window.prompt_tokens,
+            decode_tokens: t.window.decode_tokens,
+            block_size: (t.clock_track == "dflash").then_some(t.window.block_size),
+            floor: t.clock.floor,
+            target_ci: t.clock.target_ci,
+            min_pairs: t.clock.min_pairs,
+            max_pairs: t.clock.max_pairs,
+            promotion_margin: t.promotion.margin,
+        },
+        leaderboard: leaderboard(&s.db, name, &frontier).await?,
+        queue: queue(&s.db, name).await?,
+        frontier,
+    })
+}
+
+/// What `GET /api/submissions` filters on; every field checked before any query.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    pub track: Option<String>,
+    pub solver: Option<String>,
+    /// One of `STATUSES`, or `cheat` (marked by an operator, whatever its status).
+    pub status: Option<String>,
+    /// From 1.
+    pub page: u64,
+    pub per_page: u64,
+}
+
+/// The most a page may hold.
+pub const MAX_PER_PAGE: u64 = 200;
+
+impl Filter {
+    /// From the query string's values, naming the parameter at fault.
+    pub fn parse(
+        track: Option<String>,
+        solver: Option<String>,
+        status: Option<String>,
+        page: Option<String>,
+        per_page: Option<String>,
+    ) -> Result<Filter> {
+        let number = |v: Option<String>, name: &str, default: u64, max: u64| -> Result<u64> {
+            match v {
+                None => Ok(default),
+                Some(v) => match v.parse::<u64>() {
+                    Ok(n) if (1..=max).contains(&n) => Ok(n),
+                    _ => bail!("{name}={v:?}: a whole number from 1 to {max}"),
+                },
+            }
+        };
+        if let Some(s) = &status {
+            if s != "cheat" && !STATUSES.contains(&s.as_str()) {
+                bail!("status={s:?}: one of {}, cheat", STATUSES.join(", "));
+            }
+        }
+        Ok(Filter {
+            track,
+            solver,
+            status,
+            page: number(page, "page", 1, u64::MAX >> 1)?,
+            per_page: number(per_page, "per_page", 50, MAX_PER_PAGE)?,
+        })
+    }
+}
+
+/// One page of submissions matching `f`, newest first, and how many match in all.
+pub async fn submissions(db: &Db, f: &Filter) -> Result<SubmissionList> {
+    // Placeholders are numbered as the conditions are added; the values are bound in order.
+    let mut cond = vec![];
+    let mut vals: Vec<String> = vec![];
+    for (col, v) in [("track", &f.track), ("solver", &f.solver)] {
+        if let Some(v) = v {
+            vals.push(v.clone());
+            cond.push(format!("{col} = ${}", vals.len()));
+        }
+    }
+    match f.status.as_deref() {
+        Some("cheat") => cond.push("cheat_reason IS NOT NULL".into()),
+        Some(s) => {
+            vals.push(s.to_string());
+            cond.push(format!("status = ${}", vals.len()));
+        }
+        None => {}
+    }
+    let cond = if cond.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", cond.join(" AND "))
+    };
+    // A plain COUNT(*): both databases agree on its type (BIGINT).
+    let count_sql = format!("SELECT COUNT(*) FROM submissions{cond}");
+    let mut count = sqlx::query_scalar::<_, i64>(&count_sql);
+    for v in &vals {
+        count = count.bind(v.clone());
+    }
+    let total = count.fetch_one(&db.pool).await?;
+    let offset = (f.page - 1).saturating_mul(f.per_page).min(i64::MAX as u64) as i64;
+    let sql = format!(
+        "SELECT id, solver, track, model, status, cheat_reason, score, reprice_of, created_ms \
+         FROM submissions{cond} ORDER BY created_ms DESC, id DESC LIMIT {} OFFSET {offset}",
+        f.per_page
+    );
+    let mut q = sqlx::query(&sql);
+    for v in &vals {
+        q = q.bind(v.clone());
+    }
+    let rows = q.fetch_all(&db.pool).await?;
+    let submissions = rows
+        .into_iter()
+        .map(|r| {
+            Ok(SubmissionSummary {
+                id: r.try_get("id")?,
+                solver: r.try_get("solver")?,
+                track: r.try_get("track")?,
+                model: r.try_get("model")?,
+                status: r.try_get("status")?,
+                cheat: r.try_get("cheat_reason")?,
+                score: r.try_get("score")?,
+                reprice_of: r.try_get("reprice_of")?,
+                created_ms: r.try_get("created_ms")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(SubmissionList {
+        submissions,
+        page: f.page,
+        per_page: f.per_page,
+        total,
+    })
+}
+
+/// The chain of pricings of one change: back through `reprice_of` to the first submission, then
+/// forward through each re-pricing.
+async fn pricings(db: &Db, id: &str) -> Result<Vec<PricingRow>> {
+    let row = |r: sqlx::any::AnyRow| -> Result<(PricingRow, Option<String>)> {
+        let v = verdict_json(r.try_get("verdict")?);
+        Ok((
+            PricingRow {
+                submission: r.try_get("id")?,
+                base_commit: r.try_get("base_commit")?,
+                status: r.try_get("status")?,
+                score: r.try_get("score")?,
+                ci95: ci_of(&v),
+                created_ms: r.try_get("created_ms")?,
+            },
+            r.try_get("reprice_of")?,
+        ))
+    };
+    let cols = "id, base_commit, status, score, verdict, created_ms, reprice_of";
+    let mut first = id.to_string();
+    // Bounded: a chain is as long as the track's promotions, and never a cycle (each re-pricing
+    // is made after the one it names), but a damaged database must not hang a page.
+    for _ in 0..10_000 {
+        let r = sqlx::query(&format!("SELECT {cols} FROM submissions WHERE id = $1"))
+            .bind(&first)
+            .fetch_optional(&db.pool)
+            .await?;
+        match r.map(row).transpose()? {
+            Some((_, Some(up))) => first = up,
+            _ => break,
+        }
+    }
+    let mut out = vec![];
+    let mut next = Some(first);
+    while let Some(cur) = next.take() {
+        if out.len() >= 10_000 {
+            break;
+        }
+        let r = sqlx::query(&format!("SELECT {cols} FROM submissions WHERE id = $1"))
+            .bind(&cur)
+            .fetch_optional(&db.pool)
+            .await?;
+        let Some(r) = r else { break };
+        out.push(row(r)?.0);
+        next = sqlx::query(
+            "SELECT id FROM submissions WHERE reprice_of = $1 ORDER BY created_ms DESC, id LIMIT 1",
+        )
+        .bind(&cur)
+        .fetch_optional(&db.pool)
+        .await?
+        .map(|r| r.try_get("id"))
+        .transpose()?;
+    }
+    Ok(out)
+}
+
+/// The pairs of the latest pricing that ended `ok` (the confirmation's, when there was one).
+async fn pairs(db: &Db, id: &str) -> Result<Vec<PairPoint>> {
+    let results = stages::results(db, id).await?;
+    let price = results
+        .get(stages::CONFIRM)
+        .or(results.get(stages::PRICE))
+        .cloned()
+        .unwrap_or(Value::Null);
+    Ok(price["pairs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some(PairPoint {
+                score: p["score"].as_f64()?,
+                accepted: p["accepted"].as_bool().unwrap_or(false),
+                candidate_first: p["candidate_first"].as_bool().unwrap_or(false),
+            })
+        })
+        .collect())
+}
+
+/// The change as a unified diff of each file against its base.
+fn diff(store: &Store, repo: &Path, digest: &str, base: &str) -> Result<String> {
+    let mut out = String::new();
+    for (path, data, _) in promotion::bundle_files(store, digest)? {
+        let old = crate::git::contents(repo, base, &path)?.unwrap_or_default();
+        let (old, new) = (
+            String::from_utf8_lossy(&old),
+            String::from_utf8_lossy(&data),
+        );
+        let d = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
+        out += &d
+            .unified_diff()
+            .context_radius(3)
+            .header(&format!("a/{path}"), &format!("b/{path}"))
+            .to_string();
+    }
+    Ok(out)
+}
+
+/// `None` when there is no such submission.
+pub async fn submission_view(s: &Service, id: &str) -> Result<Option<SubmissionView>> {
+    let r = sqlx::query(
+        "SELECT id, solver, track, model, claimed_score, note, base_commit, reprice_of, \
+         created_ms, status, next_stage, verdict, cheat_reason, bundle_digest \
+         FROM submissions WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&s.db.pool)
+    .await?;
+    let Some(r) = r else { return Ok(None) };
+    let repriced_as = sqlx::query(
+        "SELECT id FROM submissions WHERE reprice_of = $1 ORDER BY created_ms DESC, id LIMIT 1",
+    )
+    .bind(id)
+    .fetch_optional(&s.db.pool)
+    .await?
+    .map(|r| r.try_get("id"))
+    .transpose()?;
+    let track: String = r.try_get("track")?;
+    let status: String = r.try_get("status")?;
+    let base: String = r.try_get("base_commit")?;
+    let digest: String = r.try_get("bundle_digest")?;
+    let published = match s.tracks.get(&track).map(|t| t.publish_code.as_str()) {
+        Some("always") => true,
+        Some("after_promotion") => status == "promoted",
+        _ => false,
+    };
+    let code = if published {
+        let (store, repo, b) = (s.store.clone(), s.repo.clone(), base.clone());
+        Some(
+            tokio::task::spawn_blocking(move || diff(&store, &repo, &digest, &b))
+                .await
+                .context("a blocking task")??,
+        )
+    } else {
+        None
+    };
+    Ok(Some(SubmissionView {
+        repriced_as,
+        id: r.try_get("id")?,
+        solver: r.try_get("solver")?,
+        model: r.try_get("model")?,
+        claimed_score: r.try_get("claimed_score")?,
+        note: r.try_get("note")?,
+        reprice_of: r.try_get("reprice_of")?,
+        created_ms: r.try_get("created_ms")?,
+        cheat: r.try_get("cheat_reason")?,
+        queue_position: lease::queue_position(&s.db, id).await?,
+        next_stage: r.try_get("next_stage")?,
+        verdict: verdict_json(r.try_get("verdict")?),
+        stages: stages::list(&s.db, id).await?,
+        pricings: pricings(&s.db, id).await?,
+        pairs: pairs(&s.db, id).await?,
+        code,
+        track,
+        status,
+        base_commit: base,
+    }))
+}
+
+/// Marks `id` as a cheat (or clears the mark with `None`); false when there is no such
+/// submission. Its rows stay: only the ranking leaves it out.
+pub async fn mark_cheat(db: &Db, id: &str, reason: Option<&str>) -> Result<bool> {
+    let r = sqlx::query("UPDATE submissions SET cheat_reason = $1, cheat_ms = $2 WHERE id = $3")
+        .bind(reason)
+        .bind(reason.map(|_| now_ms()))
+        .bind(id)
+        .execute(&db.pool)
+        .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use axum::extract::{Path as UrlPath, State};
+    use axum::http::StatusCode;
+
+    use super::*;
+    use crate::track::load_dir;
+
+    /// A service on a fresh SQLite file with the repository's tracks (nothing else of it is
+    /// read by these queries).
+    async fn service(dir: &Path) -> Service {
+        let db = Db::open(&crate::db::sqlite_url(dir)).await.unwrap();
+        let tracks = load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks")).unwrap();
+        Service {
+            db,
+            tracks,
+            store: Store::new(dir),
+            repo: dir.to_path_buf(),
+            lease_ms: 30_000,
+        }
+    }
+
+    async fn exec(db: &Db, sql: &str) {
+        sqlx::query(sql).execute(&db.pool).await.unwrap();
+    }
+
+    /// A finished submission of `solver` on serial-tiny with `score` (`None`: failed).
+    async fn submission(
+        db: &Db,
+        id: &str,
+        solver: &str,
+        created: i64,
+        status: &str,
+        score: Option<f64>,
+    ) {
+        let verdict =
+            score.map(|s| format!(r#"{{"score":{s},"ci95":[{},{}]}}"#, s - 0.01, s + 0.01));
+        sqlx::query(
+            "INSERT INTO submissions (id, solver, track, idempotency_key, note, bundle_digest, \
+             base_commit, created_ms, status, score, verdict, finished_ms) \
+             VALUES ($1, $2, 'serial-tiny', $1, 'a note', 'sha256:x', 'b', $3, $4, $5, $6, $7)",
+        )
+        .bind(id)
+        .bind(solver)
+        .bind(created)
+        .bind(status)
+        .bind(score)
+        .bind(verdict)
+        .bind(created + 10)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_ranking_the_frontier_the_queue_and_the_pages_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = service(dir.path()).await;
+        let db = &s.db;
+        exec(
+            db,
+            "INSERT INTO promotions (track, seq, submission, base_commit, score, created_ms) \
+             VALUES ('serial-tiny', 0, NULL, 'b0', 1.0, 100), ('serial-tiny', 1, 's-fast', 'b1', 1.5, 2010)",
+        )
+        .await;
+        submission(db, "s-noop", "alice", 1000, "held", Some(1.01)).await;
+        submission(db, "s-fast", "bob", 2000, "promoted", Some(1.5)).await;
+        submission(db, "s-later", "carol", 3000, "held", Some(1.6)).await;
+        submission(db, "s-cheat", "mallory", 3500, "held", Some(9.0)).await;
+        submission(db, "s-bad", "alice", 4000, "failed", None).await;
+        assert!(mark_cheat(db, "s-cheat", Some("timed a cached answer"))
+            .await
+            .unwrap());
+        assert!(!mark_cheat(db, "s-none", Some("x")).await.unwrap());
+        // Two unfinished: one waiting for a builder, one held by runner r1.
+        exec(
+            db,
+            "INSERT INTO submissions (id, solver, track, idempotency_key, note, bundle_digest, \
+             base_commit, created_ms, status, next_stage, next_kind, lease_runner, lease_id, \
+             lease_expires_ms) VALUES \
+             ('s-run', 'bob', 'serial-tiny', 'k1', 'n', 'd', 'b1', 5000, 'running', 'price', 'cpu', 'r1', 'l1', 99999999999999), \
+             ('s-wait', 'carol', 'serial-tiny', 'k2', 'n', 'd', 'b1', 6000, 'queued', 'policy', 'builder', NULL, NULL, NULL)",
+        )
+        .await;
+
+        let t = track_view(&s, "serial-tiny").await.unwrap();
+        let ids: Vec<&str> = t
+            .leaderboard
+            .iter()
+            .map(|r| r.submission.as_str())
+            .collect();
+        // By score; the cheat is out, the failed one never ranked.
+        assert_eq!(ids, ["s-later", "s-fast", "s-noop"]);
+        let gain = |i: usize| t.leaderboard[i].gain.unwrap();
+        // s-later was judged after the promotion to 1.5; s-fast's own promotion replaced 1.0.
+        assert!((gain(0) - (1.6 / 1.5 - 1.0)).abs() < 1e-9);
+        assert!((gain(1) - 0.5).abs() < 1e-9);
+        assert!((gain(2) - 0.01).abs() < 1e-9);
+        assert!((t.leaderboard[1].gap_to_above.unwrap() - 0.1).abs() < 1e-9);
+        assert_eq!(t.leaderboard[0].gap_to_above, None);
+        assert_eq!(t.current_best_score, 1.5);
+        assert_eq!(t.baseline_score, 1.0);
+        assert_eq!(t.frontier.len(), 2);
+        assert_eq!(t.frontier[1].solver.as_deref(), Some("bob"));
+        let q: Vec<(&str, Option<i64>, Option<&str>)> = t
+            .queue
+            .iter()
+            .map(|q| (q.submission.as_str(), q.position, q.runner.as_deref()))
+            .collect();
+        assert_eq!(q, [("s-run", None, Some("r1")), ("s-wait", Some(0), None)]);
+
+        // Filters and pages, newest first.
+        let f = |solver: Option<&str>, status: Option<&str>, page: u64, per_page: u64| Filter {
+            track: None,
+            solver: solver.map(String::from),
+            status: status.map(String::from),
+            page,
+            per_page,
+        };
+        let l = submissions(db, &f(Some("alice"), None, 1, 50))
+            .await
+            .unwrap();
+        let ids: Vec<&str> = l.submissions.iter().map(|x| x.id.as_str()).collect();
+        assert_eq!((ids, l.total), (vec!["s-bad", "s-noop"], 2));
+        let l = submissions(db, &f(None, None, 2, 3)).await.unwrap();
+        let ids: Vec<&str> = l.submissions.iter().map(|x| x.id.as_str()).collect();
+        assert_eq!((ids, l.total), (vec!["s-cheat", "s-later", "s-fast"], 7));
+        let l = submissions(db, &f(None, Some("cheat"), 1, 50))
+            .await
+            .unwrap();
+        assert_eq!(
+            l.submissions[0].cheat.as_deref(),
+            Some("timed a cached answer")
+        );
+        assert_eq!(l.total, 1);
+        let l = submissions(db, &f(Some("bob"), Some("held"), 1, 50))
+            .await
+            .unwrap();
+        assert_eq!(l.total, 0);
+
+        // The cheat keeps its page, with the reason; an unknown id is a 404 page.
+        let state = Arc::new(s);
+        let body = |r: axum::response::Response| async move {
+            let status = r.status();
+            let b = axum::body::to_bytes(r.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, String::from_utf8(b.to_vec()).unwrap())
+        };
+        let (st, html) =
+            body(crate::pages::submission(State(state.clone()), UrlPath("s-cheat".into())).await)
+                .await;
+        assert_eq!(st, StatusCode::OK);
+        assert!(html.contains("marked this submission as a cheat: timed a cached answer"));
+        let (st, html) =
+            body(crate::pages::submission(State(state.clone()), UrlPath("s-nope".into())).await)
+                .await;
+        assert_eq!(st, StatusCode::NOT_FOUND);
+        assert!(html.contains("There is no submission s-nope."), "{html}");
+        let (st, html) =
+            body(crate::pages::track(State(state.clone()), UrlPath("serial-tiny".into())).await)
+                .await;
+        assert_eq!(st, StatusCode::OK);
+        // The page ranks as the API does, and lists both unfinished jobs.
+        let at = |id: &str| {
+            html.find(&format!(">{id}</a>"))
+                .unwrap_or_else(|| panic!("{id}: {html}"))
+        };
+        assert!(at("s-later") < at("s-fast") && at("s-fast") < at("s-noop"));
+        assert!(!html.contains(">s-cheat</a>"));
+        assert!(html.contains("1 (waiting)") && html.contains(r#"<td class="runner">r1</td>"#));
+    }
+
+    #[tokio::test]
+    async fn a_change_keeps_each_of_its_pricings() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = service(dir.path()).await;
+        submission(&s.db, "s-a", "alice", 1000, "repriced", Some(1.01)).await;
+        submission(&s.db, "s-b", "alice", 2000, "repriced", Some(0.99)).await;
+        submission(&s.db, "s-c", "alice", 3000, "held", Some(1.02)).await;
+        exec(
+            &s.db,
+            "UPDATE submissions SET reprice_of = 's-a', base_commit = 'b1' WHERE id = 's-b'",
+        )
+        .await;
+        exec(
+            &s.db,
+            "UPDATE submissions SET reprice_of = 's-b', base_commit = 'b2' WHERE id = 's-c'",
+        )
+        .await;
+        // From any link of the chain: all three, oldest first, each with its own measurement.
+        for id in ["s-a", "s-b", "s-c"] {
+            let v = submission_view(&s, id).await.unwrap().unwrap();
+            let rows: Vec<(&str, &str, Option<f64>)> = v
+                .pricings
+                .iter()
+                .map(|p| (p.submission.as_str(), p.base_commit.as_str(), p.score))
+                .collect();
+            assert_eq!(
+                rows,
+                [
+                    ("s-a", "b", Some(1.01)),
+                    ("s-b", "b1", Some(0.99)),
+                    ("s-c", "b2", Some(1.02))
+                ],
+                "{id}"
+            );
+        }
+        assert!(submission_view(&s, "s-none").await.unwrap().is_none());
+    }
+
+    #[test]
+    fn the_list_filter_names_the_parameter_at_fault() {
+        let e = |r: Result<Filter>| format!("{:#}", r.unwrap_err());
+        let some = |s: &str| Some(s.to_string());
+        assert!(e(Filter::parse(None, None, some("won"), None, None)).starts_with("status=\"won\""));
+        assert!(e(Filter::parse(None, None, None, some("0"), None)).starts_with("page=\"0\""));
+        assert!(
+            e(Filter::parse(None, None, None, None, some("201"))).starts_with("per_page=\"201\"")
+        );
+        assert!(e(Filter::parse(None, None, None, None, some("x"))).contains("1 to 200"));
+        let f = Filter::parse(None, some("alice"), some("cheat"), None, None).unwrap();
+        assert_eq!((f.page, f.per_page), (1, 50));
+    }
+}

@@ -1,0 +1,603 @@
+//! The service (`fastdecode arena serve`): axum routes over the database, the tracks, the
+//! stores and the arena's repository. It holds no GPU and runs no candidate code; everything it
+//! knows is in the database and its stores, so it can be restarted at any moment.
+//!
+//! Public: the pages (`/`, `/tracks/{name}`, `/submissions/{id}`: `pages`) and their JSON
+//! (`GET /api/tracks`, `/api/tracks/{name}`, `/api/submissions`, `/api/submissions/{id}`:
+//! `docs/api.md`), both from the queries of `record`.
+//! Solvers: `POST /api/submissions`. Runners: `POST /api/runner/{lease,heartbeat,report}`,
+//! `GET /api/trees/{commit}`, `GET|PUT /api/artifacts/{digest}`, `GET /api/builds/{key}`,
+//! `GET /api/hidden/{digest}`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use sqlx::Row;
+
+use crate::api::{
+    Accepted, BuildRecord, ErrorBody, Heartbeat, Job, LeaseRequest, NewSubmission, Report,
+    ReportReply, SubmissionList, SubmissionView, TrackView,
+};
+use crate::db::{new_id, now_ms, Db};
+use crate::store::Store;
+use crate::track::Track;
+use crate::{bundle, lease, pages, record, stages, tokens, verdict};
+
+pub struct Service {
+    pub db: Db,
+    pub tracks: BTreeMap<String, Track>,
+    pub store: Store,
+    pub repo: PathBuf,
+    pub lease_ms: i64,
+}
+
+pub type AppState = Arc<Service>;
+
+/// An HTTP error with a one-line reason.
+pub struct ApiError(pub StatusCode, pub String, pub Option<u64>);
+
+impl ApiError {
+    pub fn new(code: StatusCode, msg: impl Into<String>) -> ApiError {
+        ApiError(code, msg.into(), None)
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("database: {e}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.0, Json(ErrorBody { error: self.1 })).into_response();
+        if let Some(s) = self.2 {
+            r.headers_mut()
+                .insert("retry-after", s.to_string().parse().expect("digits"));
+        }
+        r
+    }
+}
+
+type ApiResult<T> = std::result::Result<T, ApiError>;
+
+fn bearer(h: &HeaderMap) -> ApiResult<(String, String)> {
+    let v = h
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "no bearer token"))?;
+    let (id, secret) = tokens::split(v.trim())
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "a malformed token"))?;
+    Ok((id.to_string(), secret.to_string()))
+}
+
+fn unauthorized() -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "unknown token")
+}
+
+/// The solver a request's token belongs to.
+async fn solver(s: &Service, h: &HeaderMap) -> ApiResult<String> {
+    let (id, secret) = bearer(h)?;
+    let row = sqlx::query("SELECT secret_hash FROM solvers WHERE id = $1")
+        .bind(&id)
+        .fetch_optional(&s.db.pool)
+        .await?
+        .ok_or_else(unauthorized)?;
+    let stored: String = row.try_get("secret_hash")?;
+    if !tokens::matches(&secret, &stored) {
+        return Err(unauthorized());
+    }
+    Ok(id)
+}
+
+/// The runner a request's token belongs to, and its kind.
+async fn runner(s: &Service, h: &HeaderMap) -> ApiResult<(String, String)> {
+    let (id, secret) = bearer(h)?;
+    let row = sqlx::query("SELECT secret_hash, kind FROM runners WHERE id = $1")
+        .bind(&id)
+        .fetch_optional(&s.db.pool)
+        .await?
+        .ok_or_else(unauthorized)?;
+    let stored: String = row.try_get("secret_hash")?;
+    if !tokens::matches(&secret, &stored) {
+        return Err(unauthorized());
+    }
+    sqlx::query("UPDATE runners SET last_seen_ms = $1 WHERE id = $2")
+        .bind(now_ms())
+        .bind(&id)
+        .execute(&s.db.pool)
+        .await?;
+    Ok((id, row.try_get("kind")?))
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(pages::index))
+        .route("/tracks/{name}", get(pages::track))
+        .route("/submissions/{id}", get(pages::submission))
+        .route("/static/live.js", get(pages::live_js))
+        .route("/api/tracks", get(list_tracks))
+        .route("/api/tracks/{name}", get(one_track))
+        .route(
+            "/api/submissions",
+            post(intake).layer(DefaultBodyLimit::max(16 << 20)),
+        )
+        .route("/api/submissions", get(list_submissions))
+        .route("/api/submissions/{id}", get(one_submission))
+        .route("/api/runner/lease", post(take_lease))
+        .route("/api/runner/heartbeat", post(heartbeat))
+        .route("/api/runner/report", post(report))
+        .route("/api/trees/{commit}", get(tree))
+        .route(
+            "/api/artifacts/{digest}",
+            get(get_artifact)
+                .put(put_artifact)
+                .layer(DefaultBodyLimit::max(1 << 30)),
+        )
+        .route("/api/builds/{key}", get(get_build))
+        .route("/api/hidden/{digest}", get(get_hidden))
+        .fallback(nowhere)
+        .with_state(state)
+}
+
+/// A path that names nothing: a JSON error under /api/, else a page.
+async fn nowhere(uri: Uri) -> Response {
+    if uri.path().starts_with("/api/") {
+        ApiError::new(StatusCode::NOT_FOUND, format!("no route {}", uri.path())).into_response()
+    } else {
+        pages::not_found(format!("There is nothing at {}.", uri.path()))
+    }
+}
+
+/// The track's current base commit and best score (the last promotion, or the baseline).
+pub async fn current_base(db: &Db, track: &str) -> Result<(String, f64, Option<String>)> {
+    let r = sqlx::query(
+        "SELECT base_commit, score, submission FROM promotions WHERE track = $1 \
+         ORDER BY seq DESC LIMIT 1",
+    )
+    .bind(track)
+    .fetch_optional(&db.pool)
+    .await?
+    .context("a track without its baseline row")?;
+    Ok((
+        r.try_get("base_commit")?,
+        r.try_get("score")?,
+        r.try_get("submission")?,
+    ))
+}
+
+async fn list_tracks(State(s): State<AppState>) -> ApiResult<Json<Vec<TrackView>>> {
+    let mut out = vec![];
+    for name in s.tracks.keys() {
+        out.push(record::track_view(&s, name).await?);
+    }
+    Ok(Json(out))
+}
+
+async fn one_track(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<TrackView>> {
+    if !s.tracks.contains_key(&name) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no track {name}"),
+        ));
+    }
+    Ok(Json(record::track_view(&s, &name).await?))
+}
+
+/// `?track=&solver=&status=&page=&per_page=`; any other parameter is refused by name.
+async fn list_submissions(
+    State(s): State<AppState>,
+    Query(mut q): Query<BTreeMap<String, String>>,
+) -> ApiResult<Json<SubmissionList>> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, m);
+    let mut take = |k: &str| q.remove(k);
+    let f = record::Filter::parse(
+        take("track"),
+        take("solver"),
+        take("status"),
+        take("page"),
+        take("per_page"),
+    )
+    .map_err(|e| bad(format!("{e:#}")))?;
+    if let Some(k) = q.keys().next() {
+        return Err(bad(format!(
+            "{k}: not a parameter (track, solver, status, page, per_page)"
+        )));
+    }
+    if let Some(t) = &f.track {
+        if !s.tracks.contains_key(t) {
+            return Err(bad(format!("track={t:?}: no such track")));
+        }
+    }
+    Ok(Json(record::submissions(&s.db, &f).await?))
+}
+
+/// Attributable failures of `solver` on `track` in the last day, and when the oldest of them
+/// stops counting.
+async fn recent_failures(s: &Service, solver: &str, track: &str) -> Result<(i64, Option<i64>)> {
+    let since = now_ms() - 86_400_000;
+    let r = sqlx::query(
+        "SELECT COUNT(*) AS n, MIN(finished_ms) AS oldest FROM submissions \
+         WHERE solver = $1 AND track = $2 AND attributable = 1 AND finished_ms > $3",
+    )
+    .bind(solver)
+    .bind(track)
+    .bind(since)
+    .fetch_one(&s.db.pool)
+    .await?;
+    Ok((r.try_get("n")?, r.try_get("oldest")?))
+}
+
+async fn existing(s: &Service, solver: &str, key: &str) -> Result<Option<String>> {
+    Ok(
+        sqlx::query("SELECT id FROM submissions WHERE solver = $1 AND idempotency_key = $2")
+            .bind(solver)
+            .bind(key)
+            .fetch_optional(&s.db.pool)
+            .await?
+            .map(|r| r.try_get("id"))
+            .transpose()?,
+    )
+}
+
+async fn intake(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let solver = solver(&s, &headers).await?;
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, m);
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= 128)
+        .ok_or_else(|| bad("the Idempotency-Key header (1 to 128 characters) is required".into()))?
+        .to_string();
+    if let Some(id) = existing(&s, &solver, &key).await? {
+        return Ok((
+            StatusCode::OK,
+            Json(Accepted {
+                id,
+                duplicate: true,
+            }),
+        )
+            .into_response());
+    }
+    let req: NewSubmission =
+        serde_json::from_slice(&body).map_err(|e| bad(format!("the request body: {e}")))?;
+    let track = s
+        .tracks
+        .get(&req.track)
+        .ok_or_else(|| bad(format!("track {:?}: no such track", req.track)))?;
+    if req.note.trim().is_empty() || req.note.len() > 64 << 10 {
+        return Err(bad("note: 1 byte to 64 KiB of Markdown".into()));
+    }
+    if let Some(m) = &req.model {
+        if m.len() > 200 {
+            return Err(bad("model: at most 200 characters".into()));
+        }
+    }
+    if req.claimed_score.is_some_and(|c| !c.is_finite()) {
+        return Err(bad("claimed_score: a finite number".into()));
+    }
+    let cap = i64::from(track.caps.failures_per_day);
+    let (failures, oldest) = recent_failures(&s, &solver, &track.name).await?;
+    if failures >= cap {
+        let retry = oldest.map_or(86_400, |o| {
+            ((o + 86_400_000 - now_ms()) / 1000).max(1) as u64
+        });
+        return Err(ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "{failures} failures of yours on track {} in the last day (the cap is {cap}; \
+                 infra failures do not count); retry in {retry} s",
+                track.name
+            ),
+            Some(retry),
+        ));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(req.bundle.as_bytes())
+        .map_err(|e| bad(format!("bundle: not base64 ({e})")))?;
+    // Only whether it is a readable gzip tar within the caps is decided here; what is in it is
+    // the policy stage's to judge (and to record).
+    bundle::read(&bytes, track.caps.total_bytes).map_err(|e| bad(format!("bundle: {e:#}")))?;
+    let digest = s.store.put_artifact(&bytes)?;
+    let (base, _, _) = current_base(&s.db, &track.name).await?;
+    let id = new_id("s");
+    let now = now_ms();
+    let inserted = sqlx::query(
+        "INSERT INTO submissions (id, solver, track, idempotency_key, model, claimed_score, \
+         note, bundle_digest, base_commit, created_ms, status, next_stage, next_kind) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'queued', $11, $12)",
+    )
+    .bind(&id)
+    .bind(&solver)
+    .bind(&track.name)
+    .bind(&key)
+    .bind(&req.model)
+    .bind(req.claimed_score)
+    .bind(&req.note)
+    .bind(&digest)
+    .bind(&base)
+    .bind(now)
+    .bind(stages::POLICY)
+    .bind(stages::kind(stages::POLICY, track))
+    .execute(&s.db.pool)
+    .await;
+    if let Err(e) = inserted {
+        // Two requests with one key at once: the other one's insert won.
+        if let Some(id) = existing(&s, &solver, &key).await? {
+            return Ok((
+                StatusCode::OK,
+                Json(Accepted {
+                    id,
+                    duplicate: true,
+                }),
+            )
+                .into_response());
+        }
+        return Err(e.into());
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(Accepted {
+            id,
+            duplicate: false,
+        }),
+    )
+        .into_response())
+}
+
+async fn one_submission(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SubmissionView>> {
+    record::submission_view(&s, &id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no submission {id}")))
+}
+
+/// The job a runner receives for `submission` at `stage`.
+async fn job(s: &Service, submission: &str, lease_id: &str, stage: &str) -> ApiResult<Job> {
+    let r = sqlx::query("SELECT track, base_commit, bundle_digest FROM submissions WHERE id = $1")
+        .bind(submission)
+        .fetch_one(&s.db.pool)
+        .await?;
+    let track: String = r.try_get("track")?;
+    let track = s
+        .tracks
+        .get(&track)
+        .with_context(|| format!("submission {submission}: track {track} is no longer loaded"))?;
+    Ok(Job {
+        submission: submission.to_string(),
+        lease_id: lease_id.to_string(),
+        lease_seconds: (s.lease_ms / 1000) as u64,
+        stage: stage.to_string(),
+        track: track.clone(),
+        base_commit: r.try_get("base_commit")?,
+        bundle_digest: r.try_get("bundle_digest")?,
+        results: stages::results(&s.db, submission).await?,
+    })
+}
+
+async fn take_lease(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Json(req): Json<LeaseRequest>,
+) -> ApiResult<Response> {
+    let (runner, kind) = runner(&s, &headers).await?;
+    match lease::take(&s.db, &runner, &kind, req.builder, s.lease_ms).await? {
+        Some(l) => Ok(Json(job(&s, &l.submission, &l.lease_id, &l.stage).await?).into_response()),
+        None => Ok(StatusCode::NO_CONTENT.into_response()),
+    }
+}
+
+async fn heartbeat(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Json(h): Json<Heartbeat>,
+) -> ApiResult<StatusCode> {
+    runner(&s, &headers).await?;
+    if lease::heartbeat(&s.db, &h.submission, &h.lease_id, s.lease_ms).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::new(StatusCode::CONFLICT, "the lease is lost"))
+    }
+}
+
+async fn report(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Json(rep): Json<Report>,
+) -> ApiResult<Json<ReportReply>> {
+    let (runner, kind) = runner(&s, &headers).await?;
+    let next = verdict::on_report(&s, &runner, &kind, &rep).await?;
+    let next = match next {
+        Some((lease_id, stage)) => Some(job(&s, &rep.submission, &lease_id, &stage).await?),
+        None => None,
+    };
+    Ok(Json(ReportReply { next }))
+}
+
+/// Only the commits that are, or were, a track's base are served.
+async fn known_base(s: &Service, commit: &str) -> ApiResult<()> {
+    let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM promotions WHERE base_commit = $1")
+        .bind(commit)
+        .fetch_one(&s.db.pool)
+        .await?
+        .try_get("n")?;
+    if n == 0 {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("{commit}: not a base"),
+        ));
+    }
+    Ok(())
+}
+
+async fn tree(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(commit): Path<String>,
+) -> ApiResult<Vec<u8>> {
+    runner(&s, &headers).await?;
+    known_base(&s, &commit).await?;
+    let repo = s.repo.clone();
+    Ok(
+        tokio::task::spawn_blocking(move || crate::git::archive(&repo, &commit))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))??,
+    )
+}
+
+async fn get_artifact(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(d): Path<String>,
+) -> ApiResult<Vec<u8>> {
+    runner(&s, &headers).await?;
+    s.store
+        .artifact(&d)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{e:#}")))?
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no artifact {d}")))
+}
+
+async fn put_artifact(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(d): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    runner(&s, &headers).await?;
+    let got = bundle::digest(&body);
+    if got != d {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the body's digest is {got}, not {d}"),
+        ));
+    }
+    s.store.put_artifact(&body)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn get_build(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> ApiResult<Response> {
+    runner(&s, &headers).await?;
+    let r = sqlx::query("SELECT artifact FROM builds WHERE build_key = $1")
+        .bind(&key)
+        .fetch_optional(&s.db.pool)
+        .await?;
+    match r {
+        Some(r) => Ok(Json(BuildRecord {
+            build_key: key,
+            artifact: r.try_get("artifact")?,
+        })
+        .into_response()),
+        None => Ok(StatusCode::NOT_FOUND.into_response()),
+    }
+}
+
+async fn get_hidden(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(d): Path<String>,
+) -> ApiResult<Vec<u8>> {
+    runner(&s, &headers).await?;
+    if !s.tracks.values().any(|t| t.goldens.hidden == d) {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "no track names it"));
+    }
+    s.store.hidden(&d)?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("{d}: not in the hidden store"),
+        )
+    })
+}
+
+/// Loads the tracks into the database (their baseline row) and checks what each needs.
+pub async fn prepare(
+    db: &Db,
+    tracks: &BTreeMap<String, Track>,
+    store: &Store,
+    repo: &std::path::Path,
+) -> Result<()> {
+    for t in tracks.values() {
+        let resolved = crate::git::resolve(repo, &t.baseline)
+            .with_context(|| format!("track {}: baseline", t.name))?;
+        if resolved != t.baseline {
+            anyhow::bail!(
+                "track {}: baseline {} resolves to {resolved}",
+                t.name,
+                t.baseline
+            );
+        }
+        if store.hidden(&t.goldens.hidden)?.is_none() {
+            anyhow::bail!(
+                "track {}: its hidden material {} is not in the hidden store {} \
+                 (make it with `fastdecode arena hidden new` and name it in the track file)",
+                t.name,
+                t.goldens.hidden,
+                store.root.join("hidden").display()
+            );
+        }
+        sqlx::query(
+            "INSERT INTO promotions (track, seq, submission, base_commit, score, created_ms) \
+             VALUES ($1, 0, NULL, $2, 1.0, $3) ON CONFLICT (track, seq) DO NOTHING",
+        )
+        .bind(&t.name)
+        .bind(&t.baseline)
+        .bind(now_ms())
+        .execute(&db.pool)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Serves until ctrl-c / SIGTERM; `on_listen` gets the bound address.
+pub async fn serve(
+    service: Service,
+    listen: &str,
+    on_listen: impl FnOnce(std::net::SocketAddr),
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("--listen {listen}: cannot bind"))?;
+    on_listen(listener.local_addr()?);
+    axum::serve(listener, router(Arc::new(service)))
+        .with_graceful_shutdown(async {
+            let term = async {
+                if let Ok(mut s) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                {
+                    s.recv().await;
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term => {},
+            }
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! A submission's stages: their order, which kind of runner runs each, and their rows (one per
+//! attempt: start, end, runner, outcome, public detail, private result).
+//!
+//! policy → review → build run on a builder (a CPU runner with the toolchain); gate → price
+//! (and the confirmation pricing of a promotion candidate) on the track's runner kind. The
+//! verdict is the service's, written when the last stage reports (`verdict`).
+
+use anyhow::Result;
+use sqlx::Row;
+
+use crate::api::StageView;
+use crate::db::{new_id, Db};
+use crate::track::Track;
+
+pub const POLICY: &str = "policy";
+pub const REVIEW: &str = "review";
+pub const BUILD: &str = "build";
+pub const GATE: &str = "gate";
+pub const PRICE: &str = "price";
+/// A second pricing on another hidden prompt before a promotion.
+pub const CONFIRM: &str = "confirm";
+/// The service's own row: the verdict, written when the pipeline ends.
+pub const VERDICT: &str = "verdict";
+
+/// The runner kind that builds.
+pub const BUILDER: &str = "builder";
+
+/// The stage after `stage` in every submission's pipeline (`None` after pricing: the verdict
+/// decides whether a confirmation follows).
+pub fn next(stage: &str) -> Option<&'static str> {
+    match stage {
+        POLICY => Some(REVIEW),
+        REVIEW => Some(BUILD),
+        BUILD => Some(GATE),
+        GATE => Some(PRICE),
+        _ => None,
+    }
+}
+
+/// The kind of runner that runs `stage` of a submission on `track`.
+pub fn kind(stage: &str, track: &Track) -> String {
+    match stage {
+        POLICY | REVIEW | BUILD => BUILDER.to_string(),
+        _ => track.runner_kind.clone(),
+    }
+}
+
+/// Opens a stage row (inside the caller's transaction).
+pub async fn start(
+    tx: &mut sqlx::AnyConnection,
+    submission: &str,
+    stage: &str,
+    runner: Option<&str>,
+    now: i64,
+) -> Result<String> {
+    // Ids sort in the order the rows were opened (nanoseconds, then a random tail).
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let id = format!("{nanos:020}-{}", new_id("st"));
+    sqlx::query(
+        "INSERT INTO stages (id, submission, stage, runner, started_ms) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(&id)
+    .bind(submission)
+    .bind(stage)
+    .bind(runner)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    Ok(id)
+}
+
+/// Closes the open row of `stage` of `submission`.
+pub async fn finish(
+    tx: &mut sqlx::AnyConnection,
+    submission: &str,
+    stage: &str,
+    outcome: &str,
+    detail: &str,
+    result: &serde_json::Value,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE stages SET ended_ms = $1, outcome = $2, detail = $3, result = $4 \
+         WHERE submission = $5 AND stage = $6 AND ended_ms IS NULL",
+    )
+    .bind(now)
+    .bind(outcome)
+    .bind(detail)
+    .bind(result.to_string())
+    .bind(submission)
+    .bind(stage)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// Closes whatever row of `submission` is still open (its lease expired: the runner is gone).
+pub async fn abandon(tx: &mut sqlx::AnyConnection, submission: &str, now: i64) -> Result<()> {
+    sqlx::query(
+        "UPDATE stages SET ended_ms = $1, outcome = 'infra:lease_expired', \
+         detail = 'the runner stopped reporting; the stage runs again' \
+         WHERE submission = $2 AND ended_ms IS NULL",
+    )
+    .bind(now)
+    .bind(submission)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// A stage row written whole (the service's own, e.g. the verdict).
+pub async fn record(
+    tx: &mut sqlx::AnyConnection,
+    submission: &str,
+    stage: &str,
+    outcome: &str,
+    detail: &str,
+    now: i64,
+) -> Result<()> {
+    start(tx, submission, stage, None, now).await?;
+    finish(
+        tx,
+        submission,
+        stage,
+        outcome,
+        detail,
+        &serde_json::Value::Null,
+        now,
+    )
+    .await
+}
+
+/// The private results of the stages of `submission` that ended `ok`, the latest of each.
+pub async fn results(
+    db: &Db,
+    submission: &str,
+) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
+    let rows = sqlx::query(
+        "SELECT stage, result FROM stages WHERE submission = $1 AND outcome = 'ok' \
+         ORDER BY id",
+    )
+    .bind(submission)
+    .fetch_all(&db.pool)
+    .await?;
+    let mut out = std::collections::BTreeMap::new();
+    for r in rows {
+        let stage: String = r.try_get("stage")?;
+        let result: Option<String> = r.try_get("result")?;
+        let v = result
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or(serde_json::Value::Null);
+        out.insert(stage, v);
+    }
+    Ok(out)
+}
+
+/// Every stage row of `submission`, in order, as the public sees them.
+pub async fn list(db: &Db, submission: &str) -> Result<Vec<StageView>> {
+    let rows = sqlx::query(
+        "SELECT stage, runner, started_ms, ended_ms, outcome, detail FROM stages \
+         WHERE submission = $1 ORDER BY id",
+    )
+    .bind(submission)
+    .fetch_all(&db.pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(StageView {
+                stage: r.try_get("stage")?,
+                runner: r.try_get("runner")?,
+                started_ms: r.try_get("started_ms")?,
+                ended_ms: r.try_get("ended_ms")?,
+                outcome: r.try_get("outcome")?,
+                detail: r.try_get("detail")?,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,382 @@
+//! Tracks are files (`tracks/*.toml` in the repository): what a solver may edit, what it is
+//! measured against and how. The service loads them at start; runners receive them with each
+//! job. Hidden material (the seeds of the hidden goldens and of the timed-prompt pool) is named
+//! here only by its digest: the file itself lives in the service's hidden store, outside the
+//! repository, and is sent only to runners (the trusted parents).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Track {
+    pub name: String,
+    /// One line for listings.
+    pub description: String,
+    /// The clock's track: `serial` or `dflash` (`challenge.md`'s two scores).
+    pub clock_track: String,
+    /// Kind of runner that gates and prices (`cpu`, `cuda`); builds always run on a builder.
+    pub runner_kind: String,
+    /// Path globs a submission may change (`**` spans directories).
+    pub surface: Vec<String>,
+    /// The pinned baseline commit: the denominator of every score and the gate's reference.
+    pub baseline: String,
+    /// Whose code the public pages show as a diff: `always` (every submission's), `after_promotion`
+    /// (a promoted change's) or `never`; notes are always public.
+    pub publish_code: String,
+    pub model: ModelSpec,
+    pub goldens: Goldens,
+    pub window: Window,
+    pub clock: Clock,
+    pub caps: Caps,
+    pub promotion: Promotion,
+    pub build: Build,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// A model directory inside the baseline tree (`assets/laguna-tiny`) ...
+    pub dir: Option<String>,
+    /// ... or a synthetic preset generated in GPU memory (`xs2.1`) with its seed.
+    pub synthetic: Option<String>,
+    #[serde(default)]
+    pub seed: u64,
+    /// `sha256:…` of the directory (what `fastdecode verify` prints); checked by the runner.
+    pub digest: Option<String>,
+    /// Worker backend: `cpu` or `cuda`.
+    pub backend: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Goldens {
+    /// Seed of the public goldens (anyone can make them with `fastdecode golden make`): the
+    /// tripwire run before any hidden byte is touched.
+    pub public_seed: u64,
+    pub public_count: usize,
+    /// `sha256:…` of the hidden file (JSON: `golden_seeds`, `pool_seeds`).
+    pub hidden: String,
+    pub hidden_count: usize,
+    pub prompt_tokens: usize,
+    pub tokens: usize,
+    /// Random prompts tried per golden before the screen gives up (a trained model's
+    /// continuations of random prompts often loop).
+    pub attempts_per_golden: usize,
+    /// DFlash block size of the gate's forced-rejection exactness check.
+    pub block_size: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Window {
+    pub prompt_tokens: usize,
+    pub decode_tokens: usize,
+    /// DFlash block size K and draft source (dflash tracks).
+    pub block_size: usize,
+    pub draft: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Clock {
+    pub floor: f64,
+    /// Relative half-width the clock aims at.
+    pub target_ci: f64,
+    pub min_pairs: usize,
+    pub max_pairs: usize,
+    pub time_budget: f64,
+    /// More `fastdecode price` options, passed as they are (e.g. the quiet thresholds of a
+    /// shared machine).
+    #[serde(default)]
+    pub extra_args: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Caps {
+    pub total_bytes: u64,
+    pub file_bytes: u64,
+    /// How much the changed files may grow beyond their base versions, in all.
+    pub growth_bytes: u64,
+    /// Attributable failures a solver may have per day before intake answers 429.
+    pub failures_per_day: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Promotion {
+    /// A submission is promoted when the lower end of its interval, and of its confirmation
+    /// pricing's, beats the current best score by this relative margin.
+    pub margin: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Build {
+    /// `cargo` arguments that build the worker binary from the tree (offline, locked).
+    pub cargo_args: Vec<String>,
+    /// The binary they produce, relative to the target directory.
+    pub binary: String,
+}
+
+/// The hidden material: read only by the trusted parent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hidden {
+    pub golden_seeds: Vec<u64>,
+    pub pool_seeds: Vec<u64>,
+}
+
+impl Hidden {
+    pub fn validate(&self) -> Result<()> {
+        let mut pool = self.pool_seeds.clone();
+        pool.sort_unstable();
+        pool.dedup();
+        if pool.len() < 8 {
+            bail!(
+                "pool_seeds: {} distinct timed-prompt seeds, at least 8 needed",
+                pool.len()
+            );
+        }
+        if self.golden_seeds.is_empty() {
+            bail!("golden_seeds: empty");
+        }
+        Ok(())
+    }
+}
+
+fn name_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && !s.starts_with('.')
+}
+
+/// A name for solvers, runners and tracks: 1 to 64 of `[A-Za-z0-9._-]`, not starting with a dot.
+pub fn check_name(s: &str, what: &str) -> Result<()> {
+    if !name_ok(s) {
+        bail!("{what} {s:?}: use 1 to 64 letters, digits, '.', '_' or '-' (not starting with '.')");
+    }
+    Ok(())
+}
+
+fn is_commit(s: &str) -> bool {
+    s.len() == 40
+        && s.bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+pub fn is_digest(s: &str) -> bool {
+    s.strip_prefix("sha256:")
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+impl Track {
+    pub fn parse(text: &str, file: &Path) -> Result<Track> {
+        let t: Track = toml::from_str(text).with_context(|| file.display().to_string())?;
+        t.validate()
+            .with_context(|| format!("{}: track {}", file.display(), t.name))?;
+        Ok(t)
+    }
+
+    /// Every field checked, naming the field at fault.
+    pub fn validate(&self) -> Result<()> {
+        check_name(&self.name, "name")?;
+        if !["serial", "dflash"].contains(&self.clock_track.as_str()) {
+            bail!("clock_track {:?}: serial or dflash", self.clock_track);
+        }
+        if !["cpu", "cuda"].contains(&self.runner_kind.as_str()) {
+            bail!("runner_kind {:?}: cpu or cuda", self.runner_kind);
+        }
+        if self.surface.is_empty() {
+            bail!("surface: no path globs");
+        }
+        for g in &self.surface {
+            glob::Pattern::new(g).with_context(|| format!("surface: glob {g:?}"))?;
+            if g.starts_with('/') || g.split('/').any(|c| c == "..") {
+                bail!("surface: glob {g:?} must be relative, without '..'");
+            }
+        }
+        if !is_commit(&self.baseline) {
+            bail!("baseline {:?}: a full 40-digit commit hash", self.baseline);
+        }
+        if !["always", "after_promotion", "never"].contains(&self.publish_code.as_str()) {
+            bail!(
+                "publish_code {:?}: always, after_promotion or never",
+                self.publish_code
+            );
+        }
+        match (&self.model.dir, &self.model.synthetic) {
+            (Some(d), None) => {
+                if d.starts_with('/') || d.split('/').any(|c| c == "..") {
+                    bail!("model.dir {d:?}: a path inside the baseline tree");
+                }
+                match &self.model.digest {
+                    Some(x) if is_digest(x) => {}
+                    _ => bail!("model.digest: a model directory needs its sha256:… digest"),
+                }
+            }
+            (None, Some(_)) if self.model.backend == "cuda" => {}
+            (None, Some(p)) => bail!("model.synthetic {p:?}: synthetic weights need backend cuda"),
+            _ => bail!("model: give exactly one of dir and synthetic"),
+        }
+        if !["cpu", "cuda"].contains(&self.model.backend.as_str()) {
+            bail!("model.backend {:?}: cpu or cuda", self.model.backend);
+        }
+        if !is_digest(&self.goldens.hidden) {
+            bail!(
+                "goldens.hidden {:?}: a sha256:… digest",
+                self.goldens.hidden
+            );
+        }
+        for (v, f) in [
+            (self.goldens.public_count, "goldens.public_count"),
+            (self.goldens.hidden_count, "goldens.hidden_count"),
+            (self.goldens.prompt_tokens, "goldens.prompt_tokens"),
+            (self.goldens.tokens, "goldens.tokens"),
+            (
+                self.goldens.attempts_per_golden,
+                "goldens.attempts_per_golden",
+            ),
+            (self.window.prompt_tokens, "window.prompt_tokens"),
+            (self.window.decode_tokens, "window.decode_tokens"),
+        ] {
+            if v == 0 {
+                bail!("{f}: must be at least 1");
+            }
+        }
+        if !(1..=16).contains(&self.goldens.block_size) {
+            bail!("goldens.block_size {}: 1 to 16", self.goldens.block_size);
+        }
+        if self.clock_track == "dflash" && !(2..=16).contains(&self.window.block_size) {
+            bail!(
+                "window.block_size {}: 2 to 16 on a dflash track",
+                self.window.block_size
+            );
+        }
+        let c = &self.clock;
+        if !(c.floor.is_finite() && c.floor > 0.0) {
+            bail!("clock.floor {}: a positive number", c.floor);
+        }
+        if !(c.target_ci > 0.0 && c.target_ci < 1.0) {
+            bail!("clock.target_ci {}: in (0, 1)", c.target_ci);
+        }
+        if c.min_pairs < 4 || c.max_pairs < c.min_pairs {
+            bail!(
+                "clock.min_pairs {} / max_pairs {}: at least 4, and max at least min",
+                c.min_pairs,
+                c.max_pairs
+            );
+        }
+        if !(c.time_budget.is_finite() && c.time_budget > 0.0) {
+            bail!("clock.time_budget {}: positive seconds", c.time_budget);
+        }
+        if self.caps.file_bytes == 0 || self.caps.total_bytes < self.caps.file_bytes {
+            bail!("caps: file_bytes must be positive and at most total_bytes");
+        }
+        if !(self.promotion.margin.is_finite() && self.promotion.margin >= 0.0) {
+            bail!("promotion.margin {}: a number >= 0", self.promotion.margin);
+        }
+        if self.build.cargo_args.is_empty() || self.build.binary.is_empty() {
+            bail!("build: cargo_args and binary are required");
+        }
+        Ok(())
+    }
+
+    /// Whether `path` is on the editable surface.
+    pub fn on_surface(&self, path: &str) -> bool {
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
+        self.surface
+            .iter()
+            .filter_map(|g| glob::Pattern::new(g).ok())
+            .any(|p| p.matches_with(path, opts))
+    }
+
+    /// Whether `path` is part of the frozen model (weights, manifests): never changeable, even
+    /// by a surface that would cover it.
+    pub fn frozen(&self, path: &str) -> bool {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        let in_model = self
+            .model
+            .dir
+            .as_deref()
+            .is_some_and(|d| path == d || path.starts_with(&format!("{d}/")));
+        in_model || name == "MANIFEST" || name.ends_with(".safetensors")
+    }
+}
+
+/// Every `*.toml` in `dir`, by name; a malformed file is an error naming it.
+pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Track>> {
+    let mut out = BTreeMap::new();
+    let rd = std::fs::read_dir(dir).with_context(|| format!("--tracks {}", dir.display()))?;
+    let mut files: Vec<_> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f).with_context(|| f.display().to_string())?;
+        let t = Track::parse(&text, &f)?;
+        if let Some(old) = out.insert(t.name.clone(), t) {
+            bail!("{}: a second track named {}", f.display(), old.name);
+        }
+    }
+    if out.is_empty() {
+        bail!("--tracks {}: no *.toml track files", dir.display());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo_tracks() -> BTreeMap<String, Track> {
+        load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks")).unwrap()
+    }
+
+    #[test]
+    fn the_repository_tracks_load() {
+        let t = repo_tracks();
+        for name in ["serial-tiny", "dflash-tiny", "serial-xs2.1", "dflash-xs2.1"] {
+            assert!(t.contains_key(name), "{name}");
+        }
+        assert_eq!(t["serial-xs2.1"].runner_kind, "cuda");
+    }
+
+    #[test]
+    fn the_surface_spans_directories_but_not_siblings() {
+        let t = &repo_tracks()["serial-tiny"];
+        assert!(t.on_surface("crates/cpu/src/ops.rs"));
+        assert!(t.on_surface("crates/engine/src/decode.rs"));
+        assert!(!t.on_surface("crates/clock/src/price.rs"));
+        assert!(!t.on_surface("crates/cpu/src.rs"));
+        assert!(!t.on_surface("Cargo.lock"));
+        assert!(t.frozen("assets/laguna-tiny/model.safetensors"));
+        assert!(t.frozen("crates/cpu/src/MANIFEST"));
+        assert!(!t.frozen("crates/cpu/src/ops.rs"));
+    }
+
+    #[test]
+    fn a_bad_field_is_named() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks/serial-tiny.toml"),
+        )
+        .unwrap();
+        let bad = text.replace("runner_kind = \"cpu\"", "runner_kind = \"tpu\"");
+        let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("runner_kind"), "{e:#}");
+        let bad = text.replace("floor = 0.95", "floor = -1");
+        let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("clock.floor"), "{e:#}");
+    }
+}

@@ -1,0 +1,233 @@
+//! What the service does with a stage's report: record it, move the job on, and when the
+//! pipeline ends write the verdict (passed with score, interval and the original's metric
+//! names; or a failure category, the step already bucketed to 32 by the runner). A passed
+//! submission whose interval clears the current best by the track's margin gets a
+//! confirmation pricing, and is promoted when that clears it too (`promotion`).
+
+use anyhow::{Context, Result};
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+use sqlx::Row;
+
+use crate::api::Report;
+use crate::db::now_ms;
+use crate::server::{current_base, ApiError, Service};
+use crate::{lease, promotion, stages};
+
+/// The lower end of a pricing's interval, from its private result.
+fn ci_low(result: &Value) -> Option<f64> {
+    result["metrics"]["ci95"][0].as_f64()
+}
+
+/// Records `rep`; returns the (lease, stage) the reporting runner keeps, if any.
+pub async fn on_report(
+    s: &Service,
+    runner: &str,
+    kind: &str,
+    rep: &Report,
+) -> Result<Option<(String, String)>, ApiError> {
+    let now = now_ms();
+    let mut tx = s.db.write().await?;
+    if !lease::holds(&mut tx, &rep.submission, &rep.lease_id, &rep.stage).await? {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "the lease is lost (expired and taken by another runner, or finished)",
+        ));
+    }
+    stages::finish(
+        &mut tx,
+        &rep.submission,
+        &rep.stage,
+        &rep.outcome,
+        &rep.detail,
+        &rep.result,
+        now,
+    )
+    .await?;
+    if rep.stage == stages::BUILD && rep.outcome == "ok" {
+        for b in rep.result["builds"].as_array().into_iter().flatten() {
+            let (Some(k), Some(a)) = (b["build_key"].as_str(), b["artifact"].as_str()) else {
+                continue;
+            };
+            sqlx::query(
+                "INSERT INTO builds (build_key, artifact, created_ms) VALUES ($1, $2, $3) \
+                 ON CONFLICT (build_key) DO NOTHING",
+            )
+            .bind(k)
+            .bind(a)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+    }
+    let row = sqlx::query("SELECT track FROM submissions WHERE id = $1")
+        .bind(&rep.submission)
+        .fetch_one(&mut *tx)
+        .await?;
+    let track_name: String = row.try_get("track")?;
+    let track = s
+        .tracks
+        .get(&track_name)
+        .with_context(|| format!("track {track_name} is no longer loaded"))?;
+    // A confirmation that cannot confirm (inconclusive, a crashed worker) leaves a passed
+    // submission held, not failed: its first pricing stands.
+    let unconfirmed = rep.stage == stages::CONFIRM && rep.outcome != "ok";
+    if rep.outcome != "ok" && !unconfirmed {
+        fail(
+            &mut tx,
+            &rep.submission,
+            &rep.stage,
+            &rep.outcome,
+            &rep.detail,
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        return Ok(None);
+    }
+    let mut kept = None;
+    match stages::next(&rep.stage).filter(|_| !unconfirmed) {
+        Some(next) => {
+            let next_kind = stages::kind(next, track);
+            let can = next_kind == kind || (rep.builder && next_kind == stages::BUILDER);
+            lease::advance(
+                &mut tx,
+                &rep.submission,
+                next,
+                &next_kind,
+                can.then_some((runner, s.lease_ms)),
+                now,
+            )
+            .await?;
+            if can {
+                kept = Some((rep.lease_id.clone(), next.to_string()));
+            }
+        }
+        None => {
+            let (_, best, _) = current_base(&s.db, &track.name).await?;
+            let bar = best * (1.0 + track.promotion.margin);
+            let results = stages::results(&s.db, &rep.submission).await?;
+            let price = if rep.stage == stages::PRICE {
+                &rep.result
+            } else {
+                results.get(stages::PRICE).unwrap_or(&Value::Null)
+            };
+            let clears = |r: &Value| ci_low(r).is_some_and(|lo| lo > bar);
+            if rep.stage == stages::PRICE && clears(price) {
+                let k = stages::kind(stages::CONFIRM, track);
+                let can = k == kind;
+                lease::advance(
+                    &mut tx,
+                    &rep.submission,
+                    stages::CONFIRM,
+                    &k,
+                    can.then_some((runner, s.lease_ms)),
+                    now,
+                )
+                .await?;
+                if can {
+                    kept = Some((rep.lease_id.clone(), stages::CONFIRM.to_string()));
+                }
+            } else {
+                let confirmed = rep.stage == stages::CONFIRM && clears(&rep.result);
+                let mut v = json!({
+                    "status": "held",
+                    "score": price["metrics"]["score"],
+                    "ci95": price["metrics"]["ci95"],
+                    "metrics": price["metrics"],
+                });
+                if rep.stage == stages::CONFIRM {
+                    v["confirmation"] = rep.result["metrics"].clone();
+                }
+                let why = if confirmed {
+                    match promotion::promote(s, &mut tx, track, &rep.submission, &v, now).await? {
+                        Ok(commit) => {
+                            v["status"] = json!("promoted");
+                            v["base_commit"] = json!(commit);
+                            format!("promoted: the new base of {} is {commit}", track.name)
+                        }
+                        Err(why) => {
+                            v["not_promoted"] = json!(why);
+                            format!("passed, held: {why}")
+                        }
+                    }
+                } else if rep.stage == stages::CONFIRM {
+                    let w = if unconfirmed {
+                        format!(
+                            "passed, held: the confirmation pricing ended {}",
+                            rep.outcome
+                        )
+                    } else {
+                        format!(
+                            "passed, held: the confirmation pricing's interval does not clear \
+                             the current best {best:.4} by the margin {}",
+                            track.promotion.margin
+                        )
+                    };
+                    v["not_promoted"] = json!(w);
+                    w
+                } else {
+                    format!("passed, held: the interval does not clear the current best {best:.4}")
+                };
+                let status = v["status"].as_str().unwrap_or("held").to_string();
+                sqlx::query(
+                    "UPDATE submissions SET status = $1, score = $2, verdict = $3, \
+                     finished_ms = $4 WHERE id = $5",
+                )
+                .bind(&status)
+                .bind(price["metrics"]["score"].as_f64())
+                .bind(v.to_string())
+                .bind(now)
+                .bind(&rep.submission)
+                .execute(&mut *tx)
+                .await?;
+                stages::record(
+                    &mut tx,
+                    &rep.submission,
+                    stages::VERDICT,
+                    &status,
+                    &why,
+                    now,
+                )
+                .await?;
+                lease::end(&mut tx, &rep.submission).await?;
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(kept)
+}
+
+/// Ends `submission` as failed at `stage` with `category`.
+async fn fail(
+    tx: &mut sqlx::AnyConnection,
+    submission: &str,
+    stage: &str,
+    category: &str,
+    detail: &str,
+    now: i64,
+) -> Result<()> {
+    let attributable = !category.starts_with("infra:");
+    let v = json!({"status": "failed", "stage": stage, "category": category, "detail": detail});
+    sqlx::query(
+        "UPDATE submissions SET status = 'failed', category = $1, attributable = $2, \
+         verdict = $3, finished_ms = $4 WHERE id = $5",
+    )
+    .bind(category)
+    .bind(i64::from(attributable))
+    .bind(v.to_string())
+    .bind(now)
+    .bind(submission)
+    .execute(&mut *tx)
+    .await?;
+    stages::record(
+        tx,
+        submission,
+        stages::VERDICT,
+        "failed",
+        &format!("{category} at {stage}: {detail}"),
+        now,
+    )
+    .await?;
+    lease::end(tx, submission).await
+}

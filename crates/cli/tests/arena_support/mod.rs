@@ -1,0 +1,392 @@
+//! The arena harness the end-to-end tests share (`arena.rs`, `pages.rs`): a fresh arena (a clone
+//! of this checkout, its own database, stores and hidden material, the test track), its service
+//! and runners as real processes, and a solver's ways of submitting.
+//!
+//! Every arena is a fresh clone of this checkout (the baselines are commits of its history)
+//! with its own database, stores and fresh hidden material; the runners of all tests share one
+//! build cache (`target/tmp/arena-runner`), so cargo builds each tree once per machine and
+//! rebuilds only what a change touches. Tests run one at a time (`ONE_AT_A_TIME`): they share
+//! the machine's two cores with each other's pricings.
+
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use fastdecode_arena::api::{encode_bundle, Accepted, NewSubmission, SubmissionView, TrackView};
+use fastdecode_arena::bundle::{pack, Content};
+use fastdecode_arena::http::Api;
+use fastdecode_arena::track::Track;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_fastdecode");
+pub const TRACK: &str = "serial-tiny";
+pub static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The longest any wait here may take (a first build of the baseline on a busy 2-core machine
+/// included) before the test fails naming what it waited for.
+pub const PATIENCE: Duration = Duration::from_secs(1500);
+
+pub fn checkout() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+pub fn fd(args: &[&str]) -> String {
+    let o = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "fastdecode {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < PATIENCE, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A process this test started, killed (by its own id) when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub struct Arena {
+    pub dir: tempfile::TempDir,
+    /// `--database` (none: the SQLite file in the data directory).
+    pub database: Option<String>,
+    pub port: u16,
+    pub lease_seconds: u64,
+    pub service: Option<Proc>,
+    /// The solver alice's token.
+    pub solver: String,
+}
+
+impl Arena {
+    /// A new arena on SQLite: a clone of this checkout, fresh hidden material, the test track,
+    /// a solver.
+    pub fn new(lease_seconds: u64) -> Arena {
+        Arena::on(None, lease_seconds)
+    }
+
+    /// The same on the database at `database`.
+    pub fn on(database: Option<String>, lease_seconds: u64) -> Arena {
+        Arena::on_track(database, lease_seconds, |_| {})
+    }
+
+    /// The same with the test track changed by `edit` (after the harness's own settings).
+    pub fn on_track(
+        database: Option<String>,
+        lease_seconds: u64,
+        edit: impl FnOnce(&mut Track),
+    ) -> Arena {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        git(
+            d,
+            &["clone", "--quiet", &checkout().to_string_lossy(), "repo"],
+        );
+        let data = d.join("data");
+        let hidden = fd(&[
+            "arena",
+            "admin",
+            "hidden",
+            "new",
+            "--data",
+            &data.to_string_lossy(),
+        ]);
+        let file = checkout().join("tracks/serial-tiny.toml");
+        let mut t = Track::parse(&std::fs::read_to_string(&file).unwrap(), &file).unwrap();
+        t.goldens.hidden = hidden;
+        t.goldens.hidden_count = 1;
+        t.window.prompt_tokens = 32;
+        t.window.decode_tokens = 32;
+        t.clock.floor = 0.5;
+        t.clock.target_ci = 0.03;
+        t.clock.min_pairs = 10;
+        t.clock.max_pairs = 40;
+        t.clock.time_budget = 300.0;
+        // Other tests' builds may share the machine: quiet means "not saturated" here.
+        t.clock.extra_args = ["--quiet-cpu", "1.0", "--quiet-wait", "1"]
+            .map(String::from)
+            .to_vec();
+        t.caps.failures_per_day = 3;
+        edit(&mut t);
+        std::fs::create_dir(d.join("tracks")).unwrap();
+        std::fs::write(
+            d.join("tracks/serial-tiny.toml"),
+            toml::to_string(&t).unwrap(),
+        )
+        .unwrap();
+        let mut add = vec!["arena", "admin", "solver", "add", "alice", "--data"];
+        let data_arg = data.to_string_lossy();
+        add.push(&data_arg);
+        if let Some(db) = &database {
+            add.extend(["--database", db.as_str()]);
+        }
+        let solver = fd(&add);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut a = Arena {
+            dir,
+            database,
+            port,
+            lease_seconds,
+            service: None,
+            solver,
+        };
+        a.start_service();
+        a
+    }
+
+    /// `--data DIR [--database URL]` of the admin commands.
+    pub fn state(&self) -> Vec<String> {
+        let mut v = vec![
+            "--data".to_string(),
+            self.path("data").to_string_lossy().into_owned(),
+        ];
+        if let Some(db) = &self.database {
+            v.extend(["--database".to_string(), db.clone()]);
+        }
+        v
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts `arena serve` and waits for its listening line.
+    pub fn start_service(&mut self) {
+        let mut c = Command::new(BIN)
+            .args([
+                "arena",
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{}", self.port),
+            ])
+            .args(["--lease-seconds", &self.lease_seconds.to_string()])
+            .args(self.state())
+            .arg("--repo")
+            .arg(self.path("repo"))
+            .arg("--tracks")
+            .arg(self.path("tracks"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(c.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert!(line.contains("listening on"), "the service said: {line}");
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            while err.read_line(&mut rest).is_ok_and(|n| n > 0) {}
+        });
+        self.service = Some(Proc(c));
+    }
+
+    /// Kills the service the hard way (no shutdown of any kind), as a crash would.
+    pub fn kill_service(&mut self) {
+        self.service = None;
+    }
+
+    /// A CPU runner process with its own name and token, on the shared build cache.
+    pub fn runner(&self, name: &str) -> Proc {
+        self.runner_of_kind(name, "cpu")
+    }
+
+    /// A runner of `kind` (`cpu`: a builder too, as cargo is here; `cuda`: never a builder).
+    pub fn runner_of_kind(&self, name: &str, kind: &str) -> Proc {
+        let mut add = vec!["arena", "admin", "runner", "add", name, "--kind", kind]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>();
+        add.extend(self.state());
+        let token = fd(&add.iter().map(String::as_str).collect::<Vec<_>>());
+        // CPU runners share one build cache across tests (builds are minutes); others start
+        // empty, so what they run must come from the service's artifacts.
+        let cache = match kind {
+            "cpu" => Path::new(env!("CARGO_TARGET_TMPDIR")).join("arena-runner"),
+            _ => self.path(&format!("{name}-cache")),
+        };
+        let log = std::fs::File::create(self.path(&format!("{name}.log"))).unwrap();
+        Proc(
+            Command::new(BIN)
+                .args([
+                    "arena",
+                    "runner",
+                    "--server",
+                    &self.url(),
+                    "--token",
+                    &token,
+                ])
+                .args(["--kind", kind, "--poll-seconds", "0.2"])
+                .arg("--cache")
+                .arg(cache)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    pub fn api(&self) -> Api {
+        Api::new(&self.url(), Some(&self.solver)).unwrap()
+    }
+
+    pub fn view(&self, id: &str) -> SubmissionView {
+        self.api()
+            .get_json(&format!("/api/submissions/{id}"))
+            .unwrap()
+    }
+
+    pub fn track(&self) -> TrackView {
+        self.api()
+            .get_json(&format!("/api/tracks/{TRACK}"))
+            .unwrap()
+    }
+
+    /// Posts a bundle of `entries` directly (what `submit` would never send is sent this way).
+    pub fn post(&self, entries: &[(String, Content)], key: &str) -> Result<Accepted, String> {
+        self.post_note(entries, key, &format!("test submission {key}"))
+    }
+
+    /// The same with its note.
+    pub fn post_note(
+        &self,
+        entries: &[(String, Content)],
+        key: &str,
+        note: &str,
+    ) -> Result<Accepted, String> {
+        let req = NewSubmission {
+            track: TRACK.into(),
+            note: note.to_string(),
+            model: None,
+            claimed_score: None,
+            bundle: encode_bundle(&pack(entries).unwrap()),
+        };
+        self.api()
+            .post("/api/submissions", &req, &[("Idempotency-Key", key)])
+            .map(|a| a.unwrap())
+            .map_err(|e| format!("{e:#}"))
+    }
+
+    pub fn finished(&self, id: &str) -> SubmissionView {
+        wait_for(&format!("the verdict of {id}"), || {
+            Some(self.view(id)).filter(|v| v.finished())
+        })
+    }
+
+    /// A solver's working tree at the track's current base with `patch` (tracks/examples/)
+    /// applied.
+    pub fn working_tree(&self, name: &str, patch: Option<&str>) -> PathBuf {
+        let w = self.path(name);
+        git(
+            self.dir.path(),
+            &[
+                "clone",
+                "--quiet",
+                &self.path("repo").to_string_lossy(),
+                name,
+            ],
+        );
+        git(
+            &w,
+            &[
+                "fetch",
+                "--quiet",
+                "origin",
+                "+refs/heads/*:refs/remotes/origin/*",
+            ],
+        );
+        git(
+            &w,
+            &[
+                "checkout",
+                "--quiet",
+                "--detach",
+                &self.track().current_base,
+            ],
+        );
+        if let Some(p) = patch {
+            git(
+                &w,
+                &[
+                    "apply",
+                    &checkout().join("tracks/examples").join(p).to_string_lossy(),
+                ],
+            );
+        }
+        w
+    }
+
+    /// `fastdecode submit --json` from `tree`: (exit ok, the final view).
+    pub fn submit(&self, tree: &Path, note: &str) -> (bool, SubmissionView) {
+        let (ok, v, _) = self.submit_logged(tree, note);
+        (ok, v)
+    }
+
+    /// The same, with what it printed while it followed the job (its stderr).
+    pub fn submit_logged(&self, tree: &Path, note: &str) -> (bool, SubmissionView, String) {
+        let note_file = self.path(&format!("{note}.md"));
+        std::fs::write(&note_file, format!("# {note}\n")).unwrap();
+        let o = Command::new(BIN)
+            .args([
+                "submit",
+                "--server",
+                &self.url(),
+                "--track",
+                TRACK,
+                "--json",
+            ])
+            .arg("--note-file")
+            .arg(&note_file)
+            .arg("--repo")
+            .arg(tree)
+            .env("FASTDECODE_ARENA_TOKEN", &self.solver)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let v: SubmissionView =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+        (o.status.success(), v, err)
+    }
+}

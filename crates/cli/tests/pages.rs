@@ -1,0 +1,409 @@
+//! The arena's pages in a real browser: headless Chromium (Debian's `chromium`, driven through
+//! `chromedriver` started here on a free port, with fantoccini) against a running arena with
+//! real submissions: the bundled speed-up (followed by `fastdecode submit`), a
+//! no-op that waits in the queue while the speed-up runs and is then priced, and a hostile note on
+//! a change that fails at policy. It checks what a person would: the leaderboard in score order,
+//! the queue with a waiting job and the runner holding the other, a submission page that follows
+//! its job without a reload, the hostile note's script gone, the code diff, a frontier with one
+//! point per promotion,
+//! a cheat leaving the ranking. Each page's screenshot is written to `docs/screenshots/`.
+//!
+//! Nothing here decides on timing: waits have the harness's deadlines; both changes pass (the
+//! floor is 0.5), and the speed-up is promoted (it prices near 1.8 with an interval of about
+//! ±0.15, far above the 1 % margin it must clear).
+
+mod arena_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use arena_support::*;
+use fantoccini::{Client, ClientBuilder, Locator};
+use fastdecode_arena::api::{SubmissionList, TrackView};
+use fastdecode_arena::bundle::Content;
+use serde_json::{json, Value};
+
+/// chromedriver and the browser session it drives; both end with this value.
+struct Browser {
+    rt: tokio::runtime::Runtime,
+    client: Option<Client>,
+    _driver: Proc,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = Proc(
+            Command::new("chromedriver")
+                .arg(format!("--port={port}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect(
+                    "chromedriver is not on PATH: run the tests with tools/test.sh, which \
+                     installs Debian's chromium and chromium-driver",
+                ),
+        );
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "chromedriver did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let profile = tempfile::tempdir().unwrap();
+        let binary = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .expect("Debian's chromium (/usr/bin/chromium): tools/test.sh installs it");
+        // As root, with no network: without these Chromium waits on what it cannot reach.
+        let mut args: Vec<String> = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--window-size=1280,1000",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.push(format!("--user-data-dir={}", profile.path().display()));
+        let caps = json!({"goog:chromeOptions": {"binary": binary, "args": args}});
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(async {
+            let mut b =
+                ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
+            b.capabilities(caps.as_object().unwrap().clone());
+            b.connect(&format!("http://127.0.0.1:{port}"))
+                .await
+                .expect("a Chromium session")
+        });
+        Browser {
+            rt,
+            client: Some(client),
+            _driver: driver,
+            _profile: profile,
+        }
+    }
+
+    fn c(&self) -> &Client {
+        self.client.as_ref().unwrap()
+    }
+
+    fn goto(&self, url: &str) {
+        self.rt
+            .block_on(self.c().goto(url))
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+
+    /// A script's value (`return …`).
+    fn js(&self, script: &str) -> Value {
+        self.rt
+            .block_on(self.c().execute(script, vec![]))
+            .unwrap_or_else(|e| panic!("{script}: {e}"))
+    }
+
+    /// The text of the first element `css` selects, as the page shows it; read in one script
+    /// so that a live page swapping its content in cannot leave the element stale.
+    fn text(&self, css: &str) -> String {
+        let v = self
+            .rt
+            .block_on(self.c().execute(
+                "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;",
+                vec![json!(css)],
+            ))
+            .unwrap_or_else(|e| panic!("{css}: {e}"));
+        v.as_str()
+            .unwrap_or_else(|| panic!("no element {css} on {}", self.js("return location.href;")))
+            .trim()
+            .to_string()
+    }
+
+    fn count(&self, css: &str) -> usize {
+        self.rt
+            .block_on(self.c().find_all(Locator::Css(css)))
+            .unwrap()
+            .len()
+    }
+
+    /// The whole page as a PNG in docs/screenshots/: the window grown to the page's height.
+    fn screenshot(&self, name: &str) -> PathBuf {
+        let h = self
+            .js("return document.documentElement.scrollHeight;")
+            .as_u64()
+            .unwrap_or(1000)
+            .clamp(600, 6000) as u32;
+        self.rt
+            .block_on(self.c().set_window_size(1280, h + 120))
+            .unwrap();
+        let png = self.rt.block_on(self.c().screenshot()).unwrap();
+        assert_eq!(&png[1..4], b"PNG", "a PNG");
+        let dir = checkout().join("docs/screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(format!("{name}.png"));
+        std::fs::write(&p, png).unwrap();
+        p
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take() {
+            let _ = self.rt.block_on(c.close());
+        }
+    }
+}
+
+/// A note that tries to run script three ways, around Markdown that must survive.
+const HOSTILE: &str = "# A hostile note\n\nIt makes a **bold claim**.\n\n\
+    <script>document.title = 'pwned';</script>\n\n\
+    <img src=\"x\" onerror=\"document.title = 'pwned'\">\n\n\
+    [click me](javascript:document.title='pwned')\n";
+
+#[test]
+fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // A clock sized for a page test: fewer pairs, a 4 % interval (the speed-up's 1.8 clears the
+    // 1 % margin by far); every submission's code is published.
+    let a = Arena::on_track(None, 30, |t| {
+        t.clock.min_pairs = 8;
+        t.clock.max_pairs = 24;
+        t.clock.target_ci = 0.04;
+        t.publish_code = "always".into();
+    });
+    let _r1 = a.runner("r1");
+    let b = Browser::start();
+    let url = a.url();
+
+    // A hostile note on a change off the surface: refused at policy, in seconds.
+    let off = [(
+        "crates/clock/src/price.rs".to_string(),
+        Content::File(b"// faster\n".to_vec(), 0o644),
+    )];
+    let hostile = a.post_note(&off, "hostile", HOSTILE).unwrap().id;
+    assert_eq!(a.finished(&hostile).status, "failed");
+
+    // The speed-up, followed by `fastdecode submit` while the test watches the pages.
+    let tree = a.working_tree("speedup", Some("speedup.patch"));
+    std::thread::scope(|scope| {
+        let submit = scope.spawn(|| a.submit_logged(&tree, "speedup"));
+        let fast = wait_for("the speed-up's first stage", || {
+            let list: SubmissionList = a
+                .api()
+                .get_json("/api/submissions?solver=alice&status=running")
+                .unwrap();
+            list.submissions.first().map(|s| s.id.clone())
+        });
+        // The no-op waits behind it: the one runner keeps the speed-up to its verdict.
+        let noop = a
+            .post_note(
+                &[],
+                "noop",
+                "# No-op\n\nThe unmodified engine: the clock's own check.",
+            )
+            .unwrap()
+            .id;
+
+        // The queue: the speed-up held by r1, the no-op first in line.
+        b.goto(&format!("{url}/tracks/{TRACK}"));
+        assert_eq!(b.count("#queue tr.job"), 2, "{}", b.text("#queue"));
+        let rows = b.text("#queue");
+        let fast_row = rows.lines().find(|l| l.contains(&fast)).unwrap();
+        let noop_row = rows.lines().find(|l| l.contains(&noop)).unwrap();
+        assert!(
+            fast_row.contains("running") && fast_row.contains("r1"),
+            "{rows}"
+        );
+        assert!(noop_row.starts_with("1 (waiting)"), "{rows}");
+        b.screenshot("queue");
+
+        // The no-op's page while it waits.
+        b.goto(&format!("{url}/submissions/{noop}"));
+        assert_eq!(b.text("#status"), "queued");
+        assert!(b.text("#queue-position").starts_with("0 ahead"));
+        assert_eq!(
+            b.js(r#"return document.getElementById("live").dataset.live;"#),
+            json!("1")
+        );
+        // The browser idles while the speed-up is priced: on two cores a page that follows a
+        // job would take time from the pricing it measures.
+        b.goto("about:blank");
+
+        let (ok, v, said) = submit.join().unwrap();
+        assert!(ok, "{v:?}\n{said}");
+        assert_eq!(v.status, "promoted", "{v:?}");
+        // `submit` followed it stage by stage, as they started and ended.
+        for stage in v.stages.iter().map(|s| s.stage.as_str()) {
+            assert!(
+                said.lines().any(|l| l.trim_start().starts_with(stage)),
+                "{stage}: {said}"
+            );
+        }
+
+        // The no-op's page follows it to its verdict without a reload: a mark set on the
+        // window survives, and the stages and status it shows move on by themselves.
+        b.goto(&format!("{url}/submissions/{noop}"));
+        b.js("window.__kept = 'yes'; return null;");
+        let first_rows = b.count("#stages tr.stage");
+        let mut seen: Vec<String> = vec![];
+        let mut shot = false;
+        wait_for("the no-op's page to show its verdict", || {
+            let st = b.text("#status");
+            if seen.last() != Some(&st) {
+                seen.push(st.clone());
+            }
+            if st == "running" && !shot && b.count("#stages tr.stage") >= 4 {
+                b.screenshot("submission-running");
+                shot = true;
+            }
+            // Looked at about once a second, as a person would.
+            std::thread::sleep(Duration::from_secs(1));
+            (st == "held").then_some(())
+        });
+        assert_eq!(b.js("return window.__kept || null;"), json!("yes"));
+        assert!(seen.iter().any(|s| s == "running"), "{seen:?}");
+        assert_eq!(seen.last().map(String::as_str), Some("held"));
+        assert!(
+            b.count("#stages tr.stage") > first_rows,
+            "{first_rows} rows at first"
+        );
+        assert_eq!(
+            b.text("#stages tr.stage:last-child td:nth-child(5)"),
+            "held"
+        );
+        assert_eq!(
+            b.js(r#"return document.getElementById("live").dataset.live;"#),
+            json!("0")
+        );
+        assert!(said.contains("running on r1"), "{said}");
+        assert!(
+            said.contains(&format!("{url}/submissions/{fast}")),
+            "{said}"
+        );
+
+        // The leaderboard: in score order, as the API ranks them; the frontier: the baseline and
+        // each promotion.
+        let t: TrackView = a.track();
+        b.goto(&format!("{url}/tracks/{TRACK}"));
+        let ids: Vec<String> = t.leaderboard.iter().map(|r| r.submission.clone()).collect();
+        let mut both = ids.clone();
+        both.sort();
+        let mut want = vec![fast.clone(), noop.clone()];
+        want.sort();
+        assert_eq!(both, want);
+        let shown: Vec<f64> = b
+            .js(r##"return [...document.querySelectorAll("#leaderboard tr.entry")].map(r => parseFloat(r.dataset.score));"##)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(shown.len(), 2);
+        assert!(shown[0] > shown[1], "{shown:?}");
+        let order: Vec<Value> = ids.iter().map(|i| json!(i)).collect();
+        assert_eq!(
+            b.js(r##"return [...document.querySelectorAll("#leaderboard tr.entry a")].map(a => a.textContent);"##),
+            Value::Array(order)
+        );
+        assert_eq!(t.frontier.len(), 2);
+        assert_eq!(b.count("#frontier svg circle.promotion"), t.frontier.len());
+        assert_eq!(b.count("#queue tr.job"), 0);
+        assert_eq!(b.text("#best"), format!("{:.4}", t.current_best_score));
+        assert!(b.text("#rules").contains("Surface"));
+        b.screenshot("leaderboard");
+
+        // The speed-up's page: metrics under the original's names, pairs plotted, its code as a
+        // diff; the no-op's diff has no file.
+        b.goto(&format!("{url}/submissions/{fast}"));
+        assert_eq!(b.text("#status"), v.status);
+        let m = b.text("#metrics");
+        for name in [
+            "ratio_of_means",
+            "accepted_pair_count",
+            "ci95",
+            "baseline_seconds_per_token",
+        ] {
+            assert!(m.contains(name), "{name}: {m}");
+        }
+        let pairs = b.count("#pairs svg circle.pair");
+        assert!(pairs >= 8, "{pairs} pairs plotted");
+        assert!(b.text("#code").contains("+++ b/crates/cpu/src/ops.rs"));
+        let confirmed = v
+            .verdict
+            .as_ref()
+            .is_some_and(|x| !x["confirmation"].is_null());
+        assert_eq!(b.count("#confirmation tr") > 0, confirmed);
+        b.screenshot("submission");
+        b.goto(&format!("{url}/submissions/{noop}"));
+        assert!(!b.text("#code").contains("+++"));
+        assert!(b.count("#pairs svg circle.pair") >= 8);
+
+        // The hostile note: its Markdown rendered, every script gone, none ran.
+        b.goto(&format!("{url}/submissions/{hostile}"));
+        assert_eq!(b.text("#note strong"), "bold claim");
+        assert_eq!(b.count("#note script"), 0);
+        assert_eq!(b.count("#note [onerror]"), 0);
+        assert_eq!(b.count("#note a[href^='javascript']"), 0);
+        assert!(!b
+            .js("return document.title;")
+            .as_str()
+            .unwrap()
+            .contains("pwned"));
+        assert!(b.text("#failure").contains("policy:off_surface"));
+        b.screenshot("hostile-note");
+
+        // An unknown submission: a 404 page (and a 404 from the API).
+        b.goto(&format!("{url}/submissions/s-0000000000000000"));
+        assert!(b
+            .text("#error")
+            .contains("There is no submission s-0000000000000000"));
+        let e = a
+            .api()
+            .get_json::<Value>("/api/submissions/s-0000000000000000")
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("404"), "{e:#}");
+
+        // An operator marks the no-op as a cheat: it leaves the ranking, its page stays.
+        let mut cheat = vec![
+            "arena",
+            "admin",
+            "cheat",
+            noop.as_str(),
+            "--reason",
+            "a test's mark",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        cheat.extend(a.state());
+        fd(&cheat.iter().map(String::as_str).collect::<Vec<_>>());
+        b.goto(&format!("{url}/tracks/{TRACK}"));
+        assert_eq!(b.count("#leaderboard tr.entry"), 1);
+        assert_eq!(a.track().leaderboard.len(), 1);
+        b.goto(&format!("{url}/submissions/{noop}"));
+        assert!(b.text("#cheat").contains("a test's mark"));
+        assert!(b.count("#pairs svg circle.pair") >= 8, "its evidence stays");
+        let list: SubmissionList = a.api().get_json("/api/submissions?status=cheat").unwrap();
+        assert_eq!(list.total, 1);
+        assert_eq!(list.submissions[0].id, noop);
+        b.goto(&format!("{url}/"));
+        assert!(b.text("#tracks").contains(TRACK));
+        b.screenshot("tracks");
+    });
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The project's one test command (README, .ci/run): starts what the tests need, installing the
+# Debian packages when they are missing, then runs every test of the workspace.
+#
+# - bubblewrap: the arena's runners run candidates only inside its sandbox.
+# - chromium and chromium-driver: the arena's pages are tested in headless Chromium
+#   (crates/cli/tests/pages.rs starts chromedriver itself).
+# - PostgreSQL: the arena's tests run on it as well as on SQLite. A private cluster is made in a
+#   new temporary directory (owned by the `postgres` user when run as root: the server refuses
+#   to run as root), listens on a free port of 127.0.0.1 only, and is stopped and removed on exit.
+#   Its URL reaches the tests as FASTDECODE_TEST_POSTGRES; they fail, never skip, without it.
+#
+# Arguments, when given, replace `--workspace --features fastdecode-cli/fault-injection` as what
+# `cargo test` is told (e.g. `tools/test.sh -p fastdecode-cli --test arena`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+. tools/packages.sh
+need bwrap bubblewrap
+need chromedriver chromium chromium-driver
+# The newest server's binaries: the client package alone (psql, on many machines) has the same
+# directory without initdb or postgres.
+pg_bin() {
+    local d
+    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+        if [ -x "$d/initdb" ] && [ -x "$d/postgres" ]; then
+            echo "$d"
+            return
+        fi
+    done
+}
+[ -n "$(pg_bin)" ] || install postgresql
+PG=$(pg_bin)
+
+dir=$(mktemp -d /tmp/fastdecode-pg.XXXXXX)
+as_pg=()
+if [ "$(id -u)" -eq 0 ]; then
+    chown postgres:postgres "$dir"
+    as_pg=(runuser -u postgres --)
+fi
+stop() {
+    "${as_pg[@]}" "$PG/pg_ctl" -D "$dir/data" -m fast stop >/dev/null 2>&1 || true
+    rm -rf "$dir"
+}
+trap stop EXIT
+"${as_pg[@]}" "$PG/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 >"$dir/initdb.log" 2>&1 ||
+    { cat "$dir/initdb.log" >&2; exit 1; }
+started=
+for _ in 1 2 3 4 5; do
+    port=$((20000 + RANDOM % 30000))
+    if "${as_pg[@]}" "$PG/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir" start >/dev/null 2>&1; then
+        started=1
+        break
+    fi
+done
+if [ -z "$started" ]; then
+    echo "tools/test.sh: PostgreSQL did not start:" >&2
+    cat "$dir/server.log" >&2
+    exit 1
+fi
+"${as_pg[@]}" "$PG/createdb" -h 127.0.0.1 -p "$port" -U postgres arena
+export FASTDECODE_TEST_POSTGRES="postgres://postgres@127.0.0.1:$port/arena"
+
+if [ $# -gt 0 ]; then
+    cargo test "$@"
+else
+    cargo test --workspace --features fastdecode-cli/fault-injection
+fi
