@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .gpu
-cargo build --release
+cargo build --release -p fastdecode-cli --no-default-features  # the engine only: the arena stays here
 cp target/release/fastdecode .gpu/fastdecode
 # The GPU tests (each `#[ignore]`d without a GPU): package:test-target pairs.
 for pt in fastdecode-cuda:kernels fastdecode-cuda:prefill fastdecode-cuda:drafter fastdecode-engine:cuda_dflash; do
@@ -19,7 +19,7 @@ for l in sys.stdin:
     cp "$exe" ".gpu/$t-test"
 done
 # The fault build (a slowed candidate for the clock's checks on the GPU).
-cargo build --release --features fastdecode-cli/fault-injection
+cargo build --release -p fastdecode-cli --no-default-features --features fault-injection
 cp target/release/fastdecode-faulty .gpu/fastdecode-faulty
 # Symbols stripped: what travels to the GPU machine is capped (64 MiB with the tree).
 strip -s .gpu/fastdecode .gpu/fastdecode-faulty .gpu/*-test

@@ -243,7 +243,7 @@ fn dflash_table(
     Ok(out)
 }
 
-/// A timeline of two decode steps after the prompt, as CSV (`fastdecode_cuda::timeline`), and
+/// A timeline of two serial decode steps after the prompt, as CSV (`fastdecode_cuda::timeline`), and
 /// its per-kernel table on stderr: needs kernels built with `FASTDECODE_NVRTC_DEFINES=-DFD_TRACE`.
 fn trace(
     gpu: &Gpu,
@@ -254,15 +254,15 @@ fn trace(
     target.reset();
     let positions: Vec<usize> = (0..prompt.len()).collect();
     let mut tok = target.forward_greedy(prompt, &positions, &[], true)?.tokens[0];
-    // Graphs are captured on a step's first use: only steps 2 and 3, graph replays, are kept.
-    for i in 0..4 {
-        if i == 2 {
-            gpu.trace_take()?;
-        }
+    // Graphs are captured on a step's first use: only steps 2 and 3, graph replays run as serial
+    // decoding runs them (each launched before the previous one's token is read), are kept.
+    for i in 0..2 {
         tok = target
             .forward_greedy(&[tok], &[prompt.len() + i], &[], true)?
             .tokens[0];
     }
+    gpu.trace_take()?;
+    target.serial_greedy(tok, 2, &[], &mut |_| {})?;
     let recs = gpu.trace_take()?;
     if recs.is_empty() {
         bail!("--trace: no records; build the kernels with FASTDECODE_NVRTC_DEFINES=-DFD_TRACE");

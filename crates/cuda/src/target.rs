@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice, CudaView, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaView, PinnedHostSlice};
 
 use fastdecode_cpu::ForwardOut;
 
@@ -71,6 +71,12 @@ struct Scratch {
     /// asynchronous (from pageable memory the driver would synchronise the stream first).
     host_tok: PinnedHostSlice<i32>,
     host_pos: PinnedHostSlice<i32>,
+    /// Page-locked landing slots of `serial_greedy`'s choices, used in turn: one is read while
+    /// the next step's choice is already on its way into the other. Each has its own event,
+    /// recorded after the copy into it: cudarc records a page-locked slice's own event only when
+    /// it tracks events, which this single-stream context turns off, so the slice's own
+    /// synchronisation would not wait for the copy.
+    host_next: [(PinnedHostSlice<i32>, CudaEvent); 2],
     rows: Rows,
     /// The attention output (the prefill's attention writes the o_proj GEMM's split instead).
     att: CudaSlice<f32>,
@@ -172,9 +178,25 @@ impl CudaTarget {
             unsafe { (ctx.alloc_pinned::<i32>(n)?, ctx.alloc_pinned::<i32>(n)?) };
         host_tok.as_mut_slice()?.fill(0);
         host_pos.as_mut_slice()?.fill(0);
+        // SAFETY: each slot is read only after a copy into it has completed (its event). Not
+        // write-combined (the default): the host reads these, and reads of write-combined
+        // memory bypass the cache.
+        let host_next = unsafe {
+            [
+                (
+                    ctx.alloc_pinned_with_flags::<i32>(1, 0)?,
+                    ctx.new_event(None)?,
+                ),
+                (
+                    ctx.alloc_pinned_with_flags::<i32>(1, 0)?,
+                    ctx.new_event(None)?,
+                ),
+            ]
+        };
         let s = Scratch {
             host_tok,
             host_pos,
+            host_next,
             rows: Rows::new(c, st, n)?,
             att: st.alloc_zeros(n * hmax * d)?,
             logits: st.alloc_zeros(n * c.vocab_size)?,
@@ -357,6 +379,69 @@ impl CudaTarget {
         Ok((chosen, tap_rows))
     }
 
+    /// Serial greedy decoding from the end of the cache: runs `first` at position `len()`, then
+    /// each step's own choice, until `steps` choices are made or one is in `stop`; `on_token`
+    /// hears each choice as it reaches the host. Returns how many were made; the cache then holds
+    /// one more position per choice made.
+    ///
+    /// Each step is enqueued before the previous step's choice is read: the choice goes from the
+    /// argmax to the next step's token buffer by a device copy, and the positions are known
+    /// ahead, so the host's read of a choice, its checks and the next launch overlap the GPU's
+    /// work instead of leaving it idle between steps. The tokens are those of one-row
+    /// `forward_greedy` steps (the same graph runs on the same inputs). A step run ahead past a
+    /// stop token leaves the cache (its position is written again by whatever runs next).
+    pub fn serial_greedy(
+        &mut self,
+        first: u32,
+        steps: usize,
+        stop: &[u32],
+        on_token: &mut dyn FnMut(u32),
+    ) -> Result<usize> {
+        if steps == 0 {
+            return Ok(0);
+        }
+        let p0 = self.len;
+        self.validate(&[first], &[p0], &[])?;
+        if p0 + steps > self.max_positions {
+            return Err(CudaError::Shape(format!(
+                "serial decoding: {steps} steps from position {p0} exceed this session's {} positions",
+                self.max_positions
+            )));
+        }
+        let st = self.model.gpu.stream.clone();
+        // The positions of the steps after the first, on the device for the whole run.
+        let later: Vec<i32> = (p0 + 1..p0 + steps).map(|p| p as i32).collect();
+        let later = if later.is_empty() {
+            None
+        } else {
+            Some(st.clone_htod(&later)?)
+        };
+        self.step(&[first], p0, &[], Logits::All)?;
+        let mut made = 0;
+        loop {
+            let slot = made % 2;
+            let (host, copied) = &mut self.s.host_next[slot];
+            st.memcpy_dtoh(&self.s.rows.next.slice(0..1), host)?;
+            copied.record(&st)?;
+            if let Some(later) = later.as_ref().filter(|_| made + 1 < steps) {
+                let r = &mut self.s.rows;
+                st.memcpy_dtod(&r.next.slice(0..1), &mut r.tok.slice_mut(0..1))?;
+                st.memcpy_dtod(&later.slice(made..made + 1), &mut r.pos.slice_mut(0..1))?;
+                self.run_step(1, p0 + made + 1, &[], Logits::All)?;
+            }
+            // Waits for this slot's copy only: the step behind it keeps the GPU busy.
+            let (host, copied) = &self.s.host_next[slot];
+            copied.synchronize()?;
+            let t = host.as_slice()?[0] as u32;
+            made += 1;
+            on_token(t);
+            if made == steps || stop.contains(&t) {
+                self.len = p0 + made;
+                return Ok(made);
+            }
+        }
+    }
+
     /// The buffer the last step (or prefill chunk) wrote its taps to.
     fn taps_of(&self, prefill: bool) -> &CudaSlice<f32> {
         if prefill {
@@ -444,6 +529,13 @@ impl CudaTarget {
         }
         st.memcpy_htod(&self.s.host_tok, &mut self.s.rows.tok)?;
         st.memcpy_htod(&self.s.host_pos, &mut self.s.rows.pos)?;
+        self.run_step(n, p0, taps, mode)
+    }
+
+    /// The launch sequence of one step whose token ids and positions are already in the device
+    /// buffers, replayed from a CUDA graph when possible.
+    fn run_step(&mut self, n: usize, p0: usize, taps: &[usize], mode: Logits) -> Result<()> {
+        let st = self.model.gpu.stream.clone();
         let graphable = self.use_graphs && self.profiler.is_none() && self.expert_trace.is_none();
         let key = (n, mode, taps.to_vec());
         if !graphable {

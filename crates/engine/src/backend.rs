@@ -46,6 +46,29 @@ pub trait TargetBackend {
             taps: out.taps,
         })
     }
+    /// Serial greedy decoding from the end of the cache: runs `first`, then each step's own
+    /// choice, until `steps` choices are made or one is in `stop`, telling `on_token` each as it
+    /// is known; returns how many were made (the cache holds one more position per choice).
+    /// This is one-row `forward_greedy` steps; the GPU backend enqueues each step before the
+    /// host reads the previous step's choice, so the GPU does not idle between steps.
+    fn serial_greedy(
+        &mut self,
+        first: u32,
+        steps: usize,
+        stop: &[u32],
+        on_token: &mut dyn FnMut(u32),
+    ) -> Result<usize> {
+        let mut t = first;
+        for made in 1..=steps {
+            let p = self.kv_len();
+            t = self.forward_greedy(&[t], &[p], &[], false)?.tokens[0];
+            on_token(t);
+            if stop.contains(&t) {
+                return Ok(made);
+            }
+        }
+        Ok(steps)
+    }
     /// Checks, before a run starts, that a sequence of `positions` positions whose prefill is
     /// `prefill_rows` rows fits this backend's memory. Backends that size their memory when they
     /// are made (and check it then) have nothing more to check.

@@ -127,6 +127,17 @@ impl TargetBackend for CudaBackend {
             .map_err(backend_err)?;
         Ok(Greedy { tokens, taps })
     }
+    fn serial_greedy(
+        &mut self,
+        first: u32,
+        steps: usize,
+        stop: &[u32],
+        on_token: &mut dyn FnMut(u32),
+    ) -> Result<usize> {
+        self.target
+            .serial_greedy(first, steps, stop, on_token)
+            .map_err(backend_err)
+    }
     fn kv_len(&self) -> usize {
         self.target.len()
     }

@@ -136,6 +136,31 @@ pub fn generate_observed(
     let t1 = Instant::now();
     g.tokens.push(bonus);
     g.stopped = opts.stop_tokens.contains(&bonus);
+    if k_max == 1 && taps.is_empty() && !g.stopped {
+        // Serial decoding without a draft source is one call, which a GPU backend pipelines;
+        // every step is reported as the one-row round it is.
+        let o = target.kv_len();
+        let steps = opts.max_new_tokens - g.tokens.len();
+        let tv = Instant::now();
+        let tokens = &mut g.tokens;
+        let made = target.serial_greedy(bonus, steps, opts.stop_tokens, &mut |t| {
+            tokens.push(t);
+            let emitted = [t];
+            on_round(&RoundReport {
+                block_size: 1,
+                accepted_drafts: 0,
+                emitted: &emitted,
+                kv_len: o + tokens.len() - 1,
+                committed: prompt.len() + tokens.len() - 1,
+            });
+        })?;
+        g.verify_seconds += tv.elapsed().as_secs_f64();
+        g.rounds += made;
+        g.stopped = g
+            .tokens
+            .last()
+            .is_some_and(|t| opts.stop_tokens.contains(t));
+    }
     while g.tokens.len() < opts.max_new_tokens && !g.stopped {
         let o = target.kv_len();
         // No point verifying rows past the requested length; output is the same either way.

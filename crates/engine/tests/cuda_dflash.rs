@@ -116,3 +116,47 @@ fn a_k_row_verify_is_bit_identical_to_k_serial_steps() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn serial_decoding_run_ahead_equals_one_row_steps_and_stops_where_it_should() {
+    let mut gpu = CudaBackend::open_dir(&bundled(), 16, 1024, false).unwrap();
+    let prompt = &prompts(1)[0];
+    let p0 = prompt.len();
+    // Serial decoding runs each step ahead of the host (`serial_greedy`)...
+    let run = session::run(&mut gpu, None, prompt, NEW, 1, &[]).unwrap();
+    assert_eq!(run.tokens.len(), NEW);
+    assert_eq!(run.rounds, NEW - 1);
+    assert_eq!(gpu.kv_len(), p0 + NEW - 1);
+    // ...and makes the tokens of one-row steps, each read before the next is launched.
+    gpu.reset();
+    let pos: Vec<usize> = (0..p0).collect();
+    let mut t = gpu.forward_greedy(prompt, &pos, &[], true).unwrap().tokens[0];
+    let mut steps = vec![t];
+    for i in 0..NEW - 1 {
+        t = gpu
+            .forward_greedy(&[t], &[p0 + i], &[], false)
+            .unwrap()
+            .tokens[0];
+        steps.push(t);
+    }
+    assert!(
+        run.tokens == steps,
+        "run-ahead decoding differs from one-row steps"
+    );
+    // A stop token ends it there, though the GPU had already started the step after it: the
+    // cache holds the stop's position no further, and what runs next sees that cache.
+    // The stop: the run's last token that does not occur earlier (a small model's greedy run
+    // soon loops), so the stop comes where it first occurs.
+    let at = (1..NEW - 1)
+        .rev()
+        .find(|&i| !run.tokens[..i].contains(&run.tokens[i]))
+        .expect("a token of the run that does not occur before it");
+    let stop = run.tokens[at];
+    let g = session::run(&mut gpu, None, prompt, NEW, 1, &[stop]).unwrap();
+    assert!(g.stopped);
+    assert_eq!(g.tokens, run.tokens[..=at]);
+    assert_eq!(gpu.kv_len(), p0 + at);
+    let next = gpu.forward_greedy(&[stop], &[p0 + at], &[], false).unwrap();
+    assert_eq!(next.tokens, [run.tokens[at + 1]]);
+}
