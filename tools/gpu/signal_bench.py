@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""The cost of one point-to-point signal between two SMs of this GPU (issue 20, "measure
+first"): a persistent decode kernel replaces kernel boundaries and grid barriers by a producer
+releasing a flag that a consumer on another SM acquires, so its schedule is priced in these.
+
+Two single-thread blocks play ping-pong through two flags in global memory, each on its own
+128-byte line: block 0 releases `ping = i` and waits to acquire `pong == i`, block 1 the mirror.
+One round trip is two signals; the figure is the one-way time, nanoseconds from %globaltimer over
+many rounds. Variants: release/acquire at GPU scope (`st.release.gpu` / `ld.acquire.gpu`, what a
+monotonic counter between blocks uses), relaxed volatile stores with a `__threadfence()`, and a
+counter bumped by `atomicAdd` (the "n producers done" form) polled by the consumer. A third block
+on an idle SM does not matter; the SMs of the two blocks are reported (%smid).
+
+Runs on the GPU machine with the driver and NVRTC of the CUDA toolkit, no build:
+    python3 tools/gpu/signal_bench.py [--rounds N] [--json FILE]
+"""
+import argparse
+import ctypes
+import glob
+import json
+import os
+import statistics
+import sys
+
+SRC = r"""
+__device__ unsigned long long now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ unsigned smid() {
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+__device__ void release(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ unsigned acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// flags: ping at [0], pong at [32] (separate 128-byte lines); out: [ns, sm of block 0, sm of 1].
+extern "C" __global__ void pingpong_acquire(unsigned* flags, int rounds, unsigned long long* out) {
+    if (threadIdx.x != 0 || blockIdx.x > 1) return;
+    unsigned* ping = flags;
+    unsigned* pong = flags + 32;
+    unsigned long long t0 = now();
+    for (unsigned i = 1; i <= (unsigned)rounds; i++) {
+        if (blockIdx.x == 0) {
+            release(ping, i);
+            while (acquire(pong) != i) {}
+        } else {
+            while (acquire(ping) != i) {}
+            release(pong, i);
+        }
+    }
+    if (blockIdx.x == 0) out[0] = now() - t0;
+    out[1 + blockIdx.x] = smid();
+}
+extern "C" __global__ void pingpong_fence(unsigned* flags, int rounds, unsigned long long* out) {
+    if (threadIdx.x != 0 || blockIdx.x > 1) return;
+    volatile unsigned* ping = flags;
+    volatile unsigned* pong = flags + 32;
+    unsigned long long t0 = now();
+    for (unsigned i = 1; i <= (unsigned)rounds; i++) {
+        if (blockIdx.x == 0) {
+            __threadfence();
+            *ping = i;
+            while (*pong != i) {}
+        } else {
+            while (*ping != i) {}
+            __threadfence();
+            *pong = i;
+        }
+    }
+    if (blockIdx.x == 0) out[0] = now() - t0;
+    out[1 + blockIdx.x] = smid();
+}
+extern "C" __global__ void pingpong_atomic(unsigned* flags, int rounds, unsigned long long* out) {
+    if (threadIdx.x != 0 || blockIdx.x > 1) return;
+    unsigned* ping = flags;
+    unsigned* pong = flags + 32;
+    unsigned long long t0 = now();
+    for (unsigned i = 1; i <= (unsigned)rounds; i++) {
+        if (blockIdx.x == 0) {
+            __threadfence();
+            atomicAdd(ping, 1u);
+            while (acquire(pong) < i) {}
+        } else {
+            while (acquire(ping) < i) {}
+            __threadfence();
+            atomicAdd(pong, 1u);
+        }
+    }
+    if (blockIdx.x == 0) out[0] = now() - t0;
+    out[1 + blockIdx.x] = smid();
+}
+"""
+
+KERNELS = ["pingpong_acquire", "pingpong_fence", "pingpong_atomic"]
+
+
+def lib(names):
+    """The first of `names` (globs, or bare names the dynamic loader searches for) that loads."""
+    for n in names:
+        for path in glob.glob(n) or [n]:
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
+    sys.exit(f"none of {names} could be loaded")
+
+
+def check(rc, what):
+    if rc != 0:
+        sys.exit(f"{what} failed with CUDA error {rc}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=20000, help="round trips per launch")
+    ap.add_argument("--launches", type=int, default=5, help="timed launches per variant")
+    ap.add_argument("--json", help="also write the figures to this file")
+    a = ap.parse_args()
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    cu = lib(["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1", "libcuda.so.1"])
+    nvrtc = lib([os.path.join(cuda_home, "lib64", "libnvrtc.so*")])
+
+    check(cu.cuInit(0), "cuInit")
+    dev = ctypes.c_int()
+    check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    check(cu.cuDeviceGetAttribute(ctypes.byref(major), 75, dev), "compute capability")
+    check(cu.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev), "compute capability")
+    ctx = ctypes.c_void_p()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+    prog = ctypes.c_void_p()
+    check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), SRC.encode(), b"signal.cu", 0, None, None), "nvrtcCreateProgram")
+    opts = [f"-arch=compute_{major.value}{minor.value}".encode(), b"--std=c++17"]
+    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    n = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(n.value)
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    check(rc, "NVRTC compile:\n" + log.value.decode())
+    nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(n))
+    ptx = ctypes.create_string_buffer(n.value)
+    nvrtc.nvrtcGetPTX(prog, ptx)
+    mod = ctypes.c_void_p()
+    check(cu.cuModuleLoadData(ctypes.byref(mod), ptx), "cuModuleLoadData")
+
+    flags, out = ctypes.c_uint64(), ctypes.c_uint64()
+    check(cu.cuMemAlloc_v2(ctypes.byref(flags), 256), "cuMemAlloc")
+    check(cu.cuMemAlloc_v2(ctypes.byref(out), 24), "cuMemAlloc")
+    results = {}
+    for k in KERNELS:
+        f = ctypes.c_void_p()
+        check(cu.cuModuleGetFunction(ctypes.byref(f), mod, k.encode()), f"cuModuleGetFunction {k}")
+        one_way = []
+        sms = None
+        for launch in range(a.launches + 1):  # the first launch warms up
+            check(cu.cuMemsetD32_v2(flags, 0, 64), "cuMemsetD32")
+            rounds = ctypes.c_int(a.rounds)
+            args = (ctypes.c_void_p * 3)(
+                ctypes.cast(ctypes.byref(flags), ctypes.c_void_p),
+                ctypes.cast(ctypes.byref(rounds), ctypes.c_void_p),
+                ctypes.cast(ctypes.byref(out), ctypes.c_void_p),
+            )
+            # Two blocks of one warp: they cannot share an SM's scheduler slot with each other's
+            # spin loop unnoticed, and %smid says where they ran.
+            check(cu.cuLaunchKernel(f, 2, 1, 1, 32, 1, 1, 0, None, args, None), f"launch {k}")
+            check(cu.cuCtxSynchronize(), f"run {k}")
+            host = (ctypes.c_uint64 * 3)()
+            check(cu.cuMemcpyDtoH_v2(host, out, 24), "cuMemcpyDtoH")
+            if launch:
+                one_way.append(host[0] / (2 * a.rounds))
+            sms = (host[1], host[2])
+        results[k] = {
+            "one_way_ns_median": statistics.median(one_way),
+            "one_way_ns_min": min(one_way),
+            "one_way_ns_max": max(one_way),
+            "sms": sms,
+        }
+        print(f"{k:<18} one-way signal {statistics.median(one_way):7.1f} ns median "
+              f"({min(one_way):.1f}-{max(one_way):.1f}, {a.launches} launches of {a.rounds} round trips), "
+              f"blocks on SMs {sms[0]} and {sms[1]}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"rounds": a.rounds, "launches": a.launches, "variants": results}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
