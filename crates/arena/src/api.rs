@@ -170,11 +170,14 @@ pub struct LeaderboardRow {
     pub solver: String,
     pub model: Option<String>,
     pub score: f64,
+    /// What it ranks by: its score when promoted; when held, its score capped by its
+    /// confirmation's and by the best it was judged against (it did not beat that best).
+    pub rank_score: f64,
     pub ci95: Option<[f64; 2]>,
     /// Relative gain over the best score of the track when it was judged (for a promoted
     /// submission: over the best before its own promotion).
     pub gain: Option<f64>,
-    /// The score of the row above minus this one's (none for the first).
+    /// The rank score of the row above minus this one's (none for the first).
     pub gap_to_above: Option<f64>,
     pub status: String,
     pub created_ms: i64,

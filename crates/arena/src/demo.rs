@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::api::{SubmissionView, TrackView};
+use crate::api::{SubmissionList, SubmissionView, TrackView};
 use crate::cli::{add_token, home, new_hidden, service, DemoArgs, StateArgs};
 use crate::client;
 use crate::http::Api;
@@ -266,9 +266,10 @@ fn examples(url: &str, token: &str, solver: &Path, checkout: &Path, dir: &Path) 
         )?;
     }
     // A promotion re-prices what was held: follow each re-pricing to its verdict.
-    let t: TrackView = api.get_json(&format!("/api/tracks/{TRACK}"))?;
-    for r in t.leaderboard.iter().filter(|r| r.status == "repriced") {
-        let v: SubmissionView = api.get_json(&format!("/api/submissions/{}", r.submission))?;
+    let held: SubmissionList =
+        api.get_json(&format!("/api/submissions?track={TRACK}&status=repriced"))?;
+    for r in &held.submissions {
+        let v: SubmissionView = api.get_json(&format!("/api/submissions/{}", r.id))?;
         if let Some(id) = v.repriced_as {
             eprintln!("\ndemo: {} is re-priced on the new base as {id}", v.id);
             let done = client::follow(&api, &id)?;
@@ -277,7 +278,7 @@ fn examples(url: &str, token: &str, solver: &Path, checkout: &Path, dir: &Path) 
     }
     let t: TrackView = api.get_json(&format!("/api/tracks/{TRACK}"))?;
     let mut out = format!(
-        "\nleaderboard of {} (base {}, best score {:.4})\n{:<5} {:<20} {:<14} {:>8} {:>20} {:<9}\n",
+        "\nleaderboard of {} (base {}, best score {:.4})\n{:<5} {:<20} {:<14} {:>8} {:>20} {:>9} {:<9}\n",
         t.name,
         &t.current_base[..12],
         t.current_best_score,
@@ -286,6 +287,7 @@ fn examples(url: &str, token: &str, solver: &Path, checkout: &Path, dir: &Path) 
         "solver",
         "score",
         "95 % CI",
+        "ranks at",
         "status"
     );
     for r in &t.leaderboard {
@@ -294,9 +296,11 @@ fn examples(url: &str, token: &str, solver: &Path, checkout: &Path, dir: &Path) 
             .map(|c| format!("[{:.3}, {:.3}]", c[0], c[1]))
             .unwrap_or_default();
         out += &format!(
-            "{:<5} {:<20} {:<14} {:>8.4} {:>20} {:<9}\n",
-            r.rank, r.submission, r.solver, r.score, ci, r.status
+            "{:<5} {:<20} {:<14} {:>8.4} {:>20} {:>9.4} {:<9}\n",
+            r.rank, r.submission, r.solver, r.score, ci, r.rank_score, r.status
         );
     }
+    out += "(a held change ranks at no more than the best it was judged against: it did not \
+            show that it beats it)\n";
     Ok(out)
 }

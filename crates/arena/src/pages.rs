@@ -188,6 +188,10 @@ struct RowOut {
     solver: String,
     model: String,
     score: String,
+    /// What the row ranks by, for the page's order check (`data-rank-score`).
+    rank_score: String,
+    /// Set when a held row ranks below its own score (`record::rank_score`).
+    capped: Option<String>,
     ci: String,
     gain: String,
     gap: String,
@@ -276,6 +280,8 @@ pub async fn track(State(s): State<AppState>, Path(name): Path<String>) -> Respo
             solver: r.solver.clone(),
             model: r.model.clone().unwrap_or_else(|| "–".into()),
             score: f4(r.score),
+            rank_score: format!("{}", r.rank_score),
+            capped: (r.rank_score < r.score).then(|| f4(r.rank_score)),
             ci: ci(r.ci95),
             gain: pct(r.gain),
             gap: r.gap_to_above.map(f4).unwrap_or_else(|| "–".into()),

@@ -211,8 +211,17 @@ fn reference(s: &mut String, f: &Frame, v: f64, color: &str, label: &str, dy: f6
 }
 
 /// The frontier over time: the record line through the baseline and each promotion (labelled
-/// with its solver), the other ranked submissions as hollow grey points, up to `now_ms`.
-pub fn frontier(points: &[FrontierPoint], others: &[LeaderboardRow], now_ms: i64) -> String {
+/// with its solver), the other ranked submissions as hollow grey points (a promoted one is its
+/// promotion's point only), up to `now_ms`.
+pub fn frontier(points: &[FrontierPoint], ranked: &[LeaderboardRow], now_ms: i64) -> String {
+    let others: Vec<&LeaderboardRow> = ranked
+        .iter()
+        .filter(|o| {
+            !points
+                .iter()
+                .any(|p| p.submission.as_deref() == Some(o.submission.as_str()))
+        })
+        .collect();
     let mut s = String::new();
     open(
         &mut s,
@@ -256,7 +265,7 @@ pub fn frontier(points: &[FrontierPoint], others: &[LeaderboardRow], now_ms: i64
         );
     }
     reference(&mut s, &f, 1.0, "#444", "baseline", 0.0);
-    for o in others {
+    for o in &others {
         let _ = writeln!(
             s,
             r##"<circle class="entry" cx="{:.1}" cy="{:.1}" r="3.5" fill="white" stroke="#999"><title>{} {:.4}</title></circle>"##,
@@ -447,8 +456,29 @@ mod tests {
             p(1, 1.4, 2_000_000, Some("alice")),
             p(2, 1.6, 3_000_000, Some("<b>")),
         ];
-        let svg = frontier(&pts, &[], 4_000_000);
+        let row = |id: &str, score, status: &str| LeaderboardRow {
+            rank: 0,
+            submission: id.to_string(),
+            solver: "x".into(),
+            model: None,
+            score,
+            rank_score: score,
+            ci95: None,
+            gain: None,
+            gap_to_above: None,
+            status: status.into(),
+            created_ms: 2_500_000,
+        };
+        // The promoted ones are their promotions' points only; the held one is an entry.
+        let ranked = [
+            row("s-<b>", 1.6, "promoted"),
+            row("s-held", 1.3, "held"),
+            row("s-alice", 1.4, "promoted"),
+        ];
+        let svg = frontier(&pts, &ranked, 4_000_000);
         assert_eq!(svg.matches(r#"class="promotion""#).count(), 3);
+        assert_eq!(svg.matches(r#"class="entry""#).count(), 1, "{svg}");
+        assert!(svg.contains("<title>s-held 1.3000</title>"));
         assert!(svg.contains("alice 1.400"));
         assert!(svg.contains("&lt;b&gt;") && !svg.contains("<b>"));
         assert!(svg.contains("score (speed-up over the pinned baseline, ×)"));

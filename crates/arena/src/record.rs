@@ -74,41 +74,85 @@ fn best_before(frontier: &[FrontierPoint], id: &str, judged_ms: i64) -> Option<f
         .map(|p| p.score)
 }
 
-/// The ranking: passed submissions by score (ties: the earlier first), cheats left out.
+/// What a passed submission ranks by: a promoted one by its score (confirmed by a second
+/// pricing); a held one by the least of its score, its confirmation's and the best it was judged
+/// against, since it did not show that it beats that best (a held change re-priced on a new base
+/// whose score came out above the current best by noise must not outrank it).
+fn rank_score(status: &str, score: f64, verdict: &Option<Value>, best: Option<f64>) -> f64 {
+    if status == "promoted" {
+        return score;
+    }
+    let confirmation = verdict
+        .as_ref()
+        .and_then(|v| v["confirmation"]["score"].as_f64());
+    [confirmation, best]
+        .into_iter()
+        .flatten()
+        .fold(score, f64::min)
+}
+
+/// The ranking: one row per change, its latest passed pricing (a `repriced` submission leaves
+/// the ranking to its re-pricing once that passed too), by rank score (`rank_score`; ties: a
+/// promoted one first, then the earlier), cheats left out.
 pub async fn leaderboard(
     db: &Db,
     track: &str,
     frontier: &[FrontierPoint],
 ) -> Result<Vec<LeaderboardRow>> {
     let rows = sqlx::query(&format!(
-        "SELECT id, solver, model, score, status, created_ms, finished_ms, verdict \
+        "SELECT id, solver, model, score, status, created_ms, finished_ms, verdict, reprice_of \
          FROM submissions WHERE track = $1 AND score IS NOT NULL AND status IN {RANKED} \
-         AND cheat_reason IS NULL ORDER BY score DESC, created_ms, id"
+         AND cheat_reason IS NULL"
     ))
     .bind(track)
     .fetch_all(&db.pool)
     .await?;
-    let mut out: Vec<LeaderboardRow> = vec![];
-    for (i, r) in rows.into_iter().enumerate() {
+    let mut superseded = std::collections::HashSet::new();
+    for r in &rows {
+        if let Some(of) = r.try_get::<Option<String>, _>("reprice_of")? {
+            superseded.insert(of);
+        }
+    }
+    let mut ranked: Vec<LeaderboardRow> = vec![];
+    for r in rows {
         let id: String = r.try_get("id")?;
+        if superseded.contains(&id) {
+            continue;
+        }
         let score: f64 = r.try_get("score")?;
+        let status: String = r.try_get("status")?;
         let created: i64 = r.try_get("created_ms")?;
         let judged: Option<i64> = r.try_get("finished_ms")?;
-        let gain = best_before(frontier, &id, judged.unwrap_or(created)).map(|b| score / b - 1.0);
-        out.push(LeaderboardRow {
-            rank: i + 1,
-            gap_to_above: out.last().map(|a| a.score - score),
+        let verdict = verdict_json(r.try_get("verdict")?);
+        let best = best_before(frontier, &id, judged.unwrap_or(created));
+        ranked.push(LeaderboardRow {
+            rank: 0,
+            gap_to_above: None,
             solver: r.try_get("solver")?,
             model: r.try_get("model")?,
             score,
-            ci95: ci_of(&verdict_json(r.try_get("verdict")?)),
-            gain,
-            status: r.try_get("status")?,
+            rank_score: rank_score(&status, score, &verdict, best),
+            ci95: ci_of(&verdict),
+            gain: best.map(|b| score / b - 1.0),
+            status,
             created_ms: created,
             submission: id,
         });
     }
-    Ok(out)
+    ranked.sort_by(|a, b| {
+        b.rank_score
+            .total_cmp(&a.rank_score)
+            .then_with(|| (b.status == "promoted").cmp(&(a.status == "promoted")))
+            .then_with(|| a.created_ms.cmp(&b.created_ms))
+            .then_with(|| a.submission.cmp(&b.submission))
+    });
+    let mut above: Option<f64> = None;
+    for (i, r) in ranked.iter_mut().enumerate() {
+        r.rank = i + 1;
+        r.gap_to_above = above.map(|a| a - r.rank_score);
+        above = Some(r.rank_score);
+    }
+    Ok(ranked)
 }
 
 /// The track's unfinished submissions, oldest first.
@@ -537,9 +581,20 @@ mod tests {
              VALUES ('serial-tiny', 0, NULL, 'b0', 1.0, 100), ('serial-tiny', 1, 's-fast', 'b1', 1.5, 2010)",
         )
         .await;
-        submission(db, "s-noop", "alice", 1000, "held", Some(1.01)).await;
+        submission(db, "s-noop", "alice", 1000, "repriced", Some(1.01)).await;
         submission(db, "s-fast", "bob", 2000, "promoted", Some(1.5)).await;
+        // The no-op re-priced on the promoted base: above the best by noise, and its
+        // confirmation below it.
+        submission(db, "s-noop2", "alice", 2500, "held", Some(1.53)).await;
+        exec(
+            db,
+            "UPDATE submissions SET reprice_of = 's-noop', verdict = \
+             '{\"score\":1.53,\"ci95\":[1.51,1.55],\"confirmation\":{\"score\":1.49}}' \
+             WHERE id = 's-noop2'",
+        )
+        .await;
         submission(db, "s-later", "carol", 3000, "held", Some(1.6)).await;
+        submission(db, "s-slow", "dave", 3200, "held", Some(1.2)).await;
         submission(db, "s-cheat", "mallory", 3500, "held", Some(9.0)).await;
         submission(db, "s-bad", "alice", 4000, "failed", None).await;
         assert!(mark_cheat(db, "s-cheat", Some("timed a cached answer"))
@@ -558,20 +613,32 @@ mod tests {
         .await;
 
         let t = track_view(&s, "serial-tiny").await.unwrap();
-        let ids: Vec<&str> = t
+        let rows: Vec<(&str, f64)> = t
             .leaderboard
             .iter()
-            .map(|r| r.submission.as_str())
+            .map(|r| (r.submission.as_str(), r.rank_score))
             .collect();
-        // By score; the cheat is out, the failed one never ranked.
-        assert_eq!(ids, ["s-later", "s-fast", "s-noop"]);
+        // The promoted change first: held ones scoring above it did not show they beat it
+        // (s-later judged against 1.5, s-noop2's confirmation 1.49). One row per change (the
+        // no-op's re-pricing stands for it), the cheat out, the failed one never ranked.
+        assert_eq!(
+            rows,
+            [
+                ("s-fast", 1.5),
+                ("s-later", 1.5),
+                ("s-noop2", 1.49),
+                ("s-slow", 1.2)
+            ]
+        );
+        assert_eq!(t.leaderboard[1].score, 1.6);
         let gain = |i: usize| t.leaderboard[i].gain.unwrap();
         // s-later was judged after the promotion to 1.5; s-fast's own promotion replaced 1.0.
-        assert!((gain(0) - (1.6 / 1.5 - 1.0)).abs() < 1e-9);
-        assert!((gain(1) - 0.5).abs() < 1e-9);
-        assert!((gain(2) - 0.01).abs() < 1e-9);
-        assert!((t.leaderboard[1].gap_to_above.unwrap() - 0.1).abs() < 1e-9);
+        assert!((gain(0) - 0.5).abs() < 1e-9);
+        assert!((gain(1) - (1.6 / 1.5 - 1.0)).abs() < 1e-9);
+        assert!((gain(3) - (1.2 / 1.5 - 1.0)).abs() < 1e-9);
         assert_eq!(t.leaderboard[0].gap_to_above, None);
+        assert_eq!(t.leaderboard[1].gap_to_above, Some(0.0));
+        assert!((t.leaderboard[3].gap_to_above.unwrap() - 0.29).abs() < 1e-9);
         assert_eq!(t.current_best_score, 1.5);
         assert_eq!(t.baseline_score, 1.0);
         assert_eq!(t.frontier.len(), 2);
@@ -595,10 +662,10 @@ mod tests {
             .await
             .unwrap();
         let ids: Vec<&str> = l.submissions.iter().map(|x| x.id.as_str()).collect();
-        assert_eq!((ids, l.total), (vec!["s-bad", "s-noop"], 2));
+        assert_eq!((ids, l.total), (vec!["s-bad", "s-noop2", "s-noop"], 3));
         let l = submissions(db, &f(None, None, 2, 3)).await.unwrap();
         let ids: Vec<&str> = l.submissions.iter().map(|x| x.id.as_str()).collect();
-        assert_eq!((ids, l.total), (vec!["s-cheat", "s-later", "s-fast"], 7));
+        assert_eq!((ids, l.total), (vec!["s-cheat", "s-slow", "s-later"], 9));
         let l = submissions(db, &f(None, Some("cheat"), 1, 50))
             .await
             .unwrap();
@@ -640,9 +707,22 @@ mod tests {
             html.find(&format!(">{id}</a>"))
                 .unwrap_or_else(|| panic!("{id}: {html}"))
         };
-        assert!(at("s-later") < at("s-fast") && at("s-fast") < at("s-noop"));
+        assert!(at("s-fast") < at("s-later") && at("s-later") < at("s-noop2"));
+        assert!(at("s-noop2") < at("s-slow") && !html.contains(">s-noop</a>"));
+        assert!(html.contains("1.6000 <span class=\"capped\""), "{html}");
         assert!(!html.contains(">s-cheat</a>"));
         assert!(html.contains("1 (waiting)") && html.contains(r#"<td class="runner">r1</td>"#));
+        // Without JavaScript a page with a running job reloads itself; a finished one does not.
+        let refresh = r#"<noscript><meta http-equiv="refresh""#;
+        assert!(html.contains(refresh) && html.contains(r#"data-live="1""#));
+        let (_, html) =
+            body(crate::pages::submission(State(state.clone()), UrlPath("s-run".into())).await)
+                .await;
+        assert!(html.contains(refresh), "{html}");
+        let (_, html) =
+            body(crate::pages::submission(State(state.clone()), UrlPath("s-later".into())).await)
+                .await;
+        assert!(!html.contains(refresh) && html.contains(r#"data-live="0""#));
     }
 
     #[tokio::test]

@@ -181,7 +181,7 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // A clock sized for a page test: fewer pairs, a 4 % interval (the speed-up's 1.8 clears the
     // 1 % margin by far); every submission's code is published.
-    let a = Arena::on_track(None, 30, |t| {
+    let a = Arena::on_track(Database::Sqlite, 30, |t| {
         t.clock.min_pairs = 8;
         t.clock.max_pairs = 24;
         t.clock.target_ci = 0.04;
@@ -297,7 +297,7 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
             "{said}"
         );
 
-        // The leaderboard: in score order, as the API ranks them; the frontier: the baseline and
+        // The leaderboard: in rank-score order, as the API ranks them; the frontier: the baseline and
         // each promotion.
         let t: TrackView = a.track();
         b.goto(&format!("{url}/tracks/{TRACK}"));
@@ -308,7 +308,7 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
         want.sort();
         assert_eq!(both, want);
         let shown: Vec<f64> = b
-            .js(r##"return [...document.querySelectorAll("#leaderboard tr.entry")].map(r => parseFloat(r.dataset.score));"##)
+            .js(r##"return [...document.querySelectorAll("#leaderboard tr.entry")].map(r => parseFloat(r.dataset.rankScore));"##)
             .as_array()
             .unwrap()
             .iter()
