@@ -59,7 +59,8 @@ if [ -z "$started" ]; then
     cat "$dir/server.log" >&2
     exit 1
 fi
-"${as_pg[@]}" "$PG/createdb" -h 127.0.0.1 -p "$port" -U postgres arena
+# The database is not made here: the arena creates the one its URL names on first use, and
+# each test names one of its own on this server.
 export FASTDECODE_TEST_POSTGRES="postgres://postgres@127.0.0.1:$port/arena"
 
 if [ $# -gt 0 ]; then

@@ -1,5 +1,5 @@
-//! The database: SQLite (a file, created and migrated on first use) or PostgreSQL (by URL),
-//! through sqlx's `Any` driver so one set of migrations and one set of queries serve both.
+//! The database: SQLite (a file, created and migrated on first use) or PostgreSQL (by URL; the
+//! database created on first use too when the server has none of that name), through sqlx's `Any` driver so one set of migrations and one set of queries serve both.
 //! Where the two differ (how a job is leased) `Backend` says which is in use.
 
 use std::path::Path;
@@ -41,8 +41,8 @@ pub fn sqlite_url(data: &Path) -> String {
 }
 
 impl Db {
-    /// Connects to `url` (`sqlite://PATH` or `postgres://…`), creating an SQLite file that does
-    /// not exist yet, and applies the migrations.
+    /// Connects to `url` (`sqlite://PATH` or `postgres://…`), creating an SQLite file or a
+    /// PostgreSQL database that does not exist yet, and applies the migrations.
     pub async fn open(url: &str) -> Result<Db> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
@@ -58,6 +58,9 @@ impl Db {
             Backend::Sqlite if !url.contains('?') => format!("{url}?mode=rwc"),
             _ => url.to_string(),
         };
+        if backend == Backend::Postgres {
+            create_postgres_database(&url).await?;
+        }
         let opts = AnyConnectOptions::from_str(&url)
             .with_context(|| format!("--database {}: not a database URL", redact(&url)))?;
         let pool = AnyPoolOptions::new()
@@ -89,6 +92,51 @@ impl Db {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         })
+    }
+}
+
+/// Creates the PostgreSQL database `url` names when its server has none of that name (SQLSTATE
+/// 3D000), through the server's `postgres` database: an operator's first `arena serve` needs
+/// only a role allowed to create databases, as SQLite's first run needs only a directory.
+async fn create_postgres_database(url: &str) -> Result<()> {
+    use sqlx::postgres::PgConnectOptions;
+    use sqlx::{ConnectOptions, Connection};
+    let code = |e: &sqlx::Error| match e {
+        sqlx::Error::Database(d) => d.code().map(|c| c.to_string()),
+        _ => None,
+    };
+    let opts = PgConnectOptions::from_str(url)
+        .with_context(|| format!("--database {}: not a PostgreSQL URL", redact(url)))?;
+    let Some(name) = opts.get_database().map(str::to_string) else {
+        return Ok(());
+    };
+    match opts.connect().await {
+        Ok(c) => {
+            let _ = c.close().await;
+            return Ok(());
+        }
+        Err(e) if code(&e).as_deref() == Some("3D000") => {}
+        // The pool's own connect says what is wrong, with its context.
+        Err(_) => return Ok(()),
+    }
+    let mut admin = opts
+        .clone()
+        .database("postgres")
+        .connect()
+        .await
+        .with_context(|| {
+            format!(
+                "--database {}: database {name:?} does not exist, and the server's `postgres` \
+                 database to create it from cannot be reached",
+                redact(url)
+            )
+        })?;
+    let create = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+    match sqlx::query(&create).execute(&mut admin).await {
+        // 42P04: another process created it meanwhile.
+        Err(e) if code(&e).as_deref() != Some("42P04") => Err(e)
+            .with_context(|| format!("--database {}: creating database {name:?}", redact(url))),
+        _ => Ok(()),
     }
 }
 

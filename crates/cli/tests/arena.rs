@@ -50,10 +50,38 @@ const PASSED: &[(&str, &str)] = &[
     ("verdict", "held"),
 ];
 
-#[test]
-fn a_no_op_holds_a_speed_up_is_promoted_a_held_one_is_repriced_a_wrong_token_fails() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let a = Arena::new(30);
+/// Every scenario runs on both databases: `SCENARIO::on_sqlite` and `SCENARIO::on_postgresql`,
+/// one test at a time (they share the machine's cores with each other's pricings).
+macro_rules! on_both_databases {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            use super::*;
+
+            #[test]
+            fn on_sqlite() {
+                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+                super::$scenario(Database::Sqlite);
+            }
+
+            #[test]
+            fn on_postgresql() {
+                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+                super::$scenario(Database::Postgres);
+            }
+        }
+    )*};
+}
+
+on_both_databases!(
+    a_no_op_holds_a_speed_up_is_promoted_a_held_one_is_repriced_a_wrong_token_fails,
+    policy_refuses_what_is_off_the_surface_or_not_a_file_and_keys_and_caps_hold,
+    a_killed_runner_and_a_restarted_service_lose_no_stage,
+    stages_are_routed_by_kind_and_builds_travel_as_artifacts,
+    two_runners_drain_a_queue_of_six_in_parallel,
+);
+
+fn a_no_op_holds_a_speed_up_is_promoted_a_held_one_is_repriced_a_wrong_token_fails(db: Database) {
+    let a = Arena::on(db, 30);
     let _r = a.runner("r1");
 
     // A no-op passes near 1.0 and is held (it beats nothing).
@@ -116,6 +144,27 @@ fn a_no_op_holds_a_speed_up_is_promoted_a_held_one_is_repriced_a_wrong_token_fai
     assert_eq!(again.reprice_of.as_deref(), Some(noop.id.as_str()));
     assert_eq!(again.base_commit, base);
     assert_eq!(outcomes(&again), pairs(PASSED), "{again:?}");
+    // One row per change: the promoted one first, the no-op once, as its re-pricing, below it
+    // (on the new base it is the speed-up's tree, so its score is the best's give or take
+    // noise, and a held change ranks at no more than the best it did not beat).
+    let t = a.track();
+    let ranked: Vec<(&str, &str)> = t
+        .leaderboard
+        .iter()
+        .map(|r| (r.submission.as_str(), r.status.as_str()))
+        .collect();
+    assert_eq!(
+        ranked,
+        [
+            (fast.id.as_str(), "promoted"),
+            (again.id.as_str(), again.status.as_str())
+        ]
+    );
+    assert!(t.leaderboard[1].rank_score <= t.leaderboard[0].rank_score);
+    // This track publishes code after promotion: the promoted change's diff, nobody else's.
+    let code = a.view(&fast.id).code.unwrap_or_default();
+    assert!(code.contains("+++ b/crates/cpu/src/ops.rs"), "{code}");
+    assert_eq!(a.view(&noop.id).code, None);
 
     // A change emitting a wrong token fails at the gate, its step bucketed to 32, and the
     // public record names no token.
@@ -133,10 +182,8 @@ fn a_no_op_holds_a_speed_up_is_promoted_a_held_one_is_repriced_a_wrong_token_fai
     );
 }
 
-#[test]
-fn policy_refuses_what_is_off_the_surface_or_not_a_file_and_keys_and_caps_hold() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let a = Arena::new(30);
+fn policy_refuses_what_is_off_the_surface_or_not_a_file_and_keys_and_caps_hold(db: Database) {
+    let a = Arena::on(db, 30);
     let _r = a.runner("r1");
     let file = |p: &str| {
         (
@@ -191,10 +238,8 @@ fn policy_refuses_what_is_off_the_surface_or_not_a_file_and_keys_and_caps_hold()
     assert_eq!(a.post(&[], "k1").unwrap().id, first.id);
 }
 
-#[test]
-fn a_killed_runner_and_a_restarted_service_lose_no_stage() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut a = Arena::new(5);
+fn a_killed_runner_and_a_restarted_service_lose_no_stage(db: Database) {
+    let mut a = Arena::on_track(db, 5, quick_clock);
     let mut r1 = a.runner("r1");
     let s1 = a.post(&[], "killed-runner").unwrap().id;
     wait_for("r1 pricing", || {
@@ -255,10 +300,11 @@ fn a_killed_runner_and_a_restarted_service_lose_no_stage() {
 /// from the service's artifacts (a GPU machine has no toolchain). The track here asks for
 /// `cuda` runners while its model runs on the CPU backend, so a runner of that kind serves it
 /// on a machine without a GPU.
-#[test]
-fn stages_are_routed_by_kind_and_builds_travel_as_artifacts() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let a = Arena::on_track(None, 30, |t| t.runner_kind = "cuda".into());
+fn stages_are_routed_by_kind_and_builds_travel_as_artifacts(db: Database) {
+    let a = Arena::on_track(db, 30, |t| {
+        quick_clock(t);
+        t.runner_kind = "cuda".into();
+    });
     let _gpu = a.runner_of_kind("gpu-1", "cuda");
     let s = a.post(&[], "routed").unwrap().id;
     // The cuda runner polls (every 0.2 s) but takes nothing: every first stage is a builder's.
@@ -293,24 +339,12 @@ fn stages_are_routed_by_kind_and_builds_travel_as_artifacts() {
     );
 }
 
-#[test]
-fn two_runners_drain_a_queue_of_six_in_parallel() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    drain_six(&Arena::new(30));
-}
-
-/// The same on PostgreSQL, where leases are taken `FOR UPDATE SKIP LOCKED`; with the
-/// idempotency key and the queue positions on that database too.
-#[test]
-fn on_postgresql_two_runners_drain_a_queue_of_six_in_parallel() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let url = std::env::var("FASTDECODE_TEST_POSTGRES").expect(
-        "FASTDECODE_TEST_POSTGRES is not set: run the tests with tools/test.sh (the README's \
-         test command), which starts a PostgreSQL server for them",
-    );
-    let a = Arena::on(Some(url), 30);
-    let first = a.post(&[], "pg-key").unwrap();
-    let again = a.post(&[], "pg-key").unwrap();
+/// Six no-ops queued before any runner drain through two runners (on PostgreSQL leases are
+/// taken `FOR UPDATE SKIP LOCKED`), after the same idempotency key twice gave one submission.
+fn two_runners_drain_a_queue_of_six_in_parallel(db: Database) {
+    let a = Arena::on_track(db, 30, quick_clock);
+    let first = a.post(&[], "twice").unwrap();
+    let again = a.post(&[], "twice").unwrap();
     assert!(again.duplicate && again.id == first.id);
     drain_six(&a);
     let v = a.finished(&first.id);

@@ -79,6 +79,46 @@ impl Drop for Proc {
     }
 }
 
+/// Where an arena keeps its records in a test.
+#[derive(Debug, Clone, Copy)]
+pub enum Database {
+    /// The SQLite file in the arena's data directory (what `arena serve` makes by default).
+    Sqlite,
+    /// A database of its own, new, on the PostgreSQL server `tools/test.sh` started (the
+    /// service creates it on its first start, as it would for an operator).
+    Postgres,
+}
+
+impl Database {
+    /// `--database`: none for SQLite.
+    pub fn url(self) -> Option<String> {
+        match self {
+            Database::Sqlite => None,
+            Database::Postgres => {
+                let server = std::env::var("FASTDECODE_TEST_POSTGRES").expect(
+                    "FASTDECODE_TEST_POSTGRES is not set: run the tests with tools/test.sh (the \
+                     README's test command), which starts a PostgreSQL server for them",
+                );
+                let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+                let unique: u64 = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64;
+                Some(format!("{base}/arena_{}_{unique:x}", std::process::id()))
+            }
+        }
+    }
+}
+
+/// A clock for tests that need a pricing to pass, not a precise score: four pairs and a 20 %
+/// interval. A no-op still passes (the floor is 0.5) and cannot be promoted by chance (a wider
+/// interval only lowers its lower end below the best).
+pub fn quick_clock(t: &mut Track) {
+    t.clock.min_pairs = 4;
+    t.clock.max_pairs = 6;
+    t.clock.target_ci = 0.2;
+}
+
 pub struct Arena {
     pub dir: tempfile::TempDir,
     /// `--database` (none: the SQLite file in the data directory).
@@ -94,20 +134,21 @@ impl Arena {
     /// A new arena on SQLite: a clone of this checkout, fresh hidden material, the test track,
     /// a solver.
     pub fn new(lease_seconds: u64) -> Arena {
-        Arena::on(None, lease_seconds)
+        Arena::on(Database::Sqlite, lease_seconds)
     }
 
-    /// The same on the database at `database`.
-    pub fn on(database: Option<String>, lease_seconds: u64) -> Arena {
+    /// The same on `database`.
+    pub fn on(database: Database, lease_seconds: u64) -> Arena {
         Arena::on_track(database, lease_seconds, |_| {})
     }
 
     /// The same with the test track changed by `edit` (after the harness's own settings).
     pub fn on_track(
-        database: Option<String>,
+        database: Database,
         lease_seconds: u64,
         edit: impl FnOnce(&mut Track),
     ) -> Arena {
+        let database = database.url();
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         git(
