@@ -48,10 +48,44 @@ pub struct Entry {
 }
 
 /// What `pack` puts in a bundle: a file's contents and mode, or a symbolic link's target
-/// (sent as it is, for policy to refuse with its reason).
+/// (sent as it is, for policy to refuse with its reason). The other kinds are what `submit`
+/// never sends and a hostile client can: the red-team corpus sends them (`redteam`).
+#[derive(Debug)]
 pub enum Content {
     File(Vec<u8>, u32),
     Symlink(String),
+    Hardlink(String),
+    /// A character device (1, 3: what /dev/null is).
+    Device,
+    Fifo,
+}
+
+impl Content {
+    /// What it is, for a listing of a bundle.
+    pub fn describe(&self) -> String {
+        match self {
+            Content::File(d, _) => format!("{} bytes", d.len()),
+            Content::Symlink(t) => format!("symbolic link to {t}"),
+            Content::Hardlink(t) => format!("hard link to {t}"),
+            Content::Device => Kind::Device.name().to_string(),
+            Content::Fifo => Kind::Fifo.name().to_string(),
+        }
+    }
+}
+
+/// Sets the header's path; a path tar itself refuses to write (absolute, or with `..`) is
+/// written as it is, as a hostile client's own tar would.
+fn set_path(h: &mut tar::Header, path: &str) -> Result<()> {
+    if h.set_path(path).is_ok() {
+        return Ok(());
+    }
+    let name = &mut h.as_old_mut().name;
+    if path.len() > name.len() {
+        bail!("{path}: longer than a plain tar name, and tar refuses it as a path");
+    }
+    name.fill(0);
+    name[..path.len()].copy_from_slice(path.as_bytes());
+    Ok(())
 }
 
 /// A gzip tar of `(path, content)`, deterministic (no times, no owners).
@@ -60,22 +94,38 @@ pub fn pack(entries: &[(String, Content)]) -> Result<Vec<u8>> {
     for (path, c) in entries {
         let mut h = tar::Header::new_gnu();
         h.set_mtime(0);
+        h.set_size(0);
+        h.set_mode(0o644);
+        let mut data: &[u8] = &[];
         match c {
-            Content::File(data, mode) => {
-                h.set_size(data.len() as u64);
+            Content::File(d, mode) => {
+                h.set_size(d.len() as u64);
                 // Setuid, setgid and sticky bits travel too: policy refuses them by name.
                 h.set_mode(*mode & 0o7777);
                 h.set_entry_type(tar::EntryType::Regular);
-                b.append_data(&mut h, path, data.as_slice())
+                data = d;
             }
-            Content::Symlink(target) => {
-                h.set_size(0);
+            Content::Symlink(target) | Content::Hardlink(target) => {
                 h.set_mode(0o777);
-                h.set_entry_type(tar::EntryType::Symlink);
-                b.append_link(&mut h, path, target)
+                h.set_entry_type(if matches!(c, Content::Symlink(_)) {
+                    tar::EntryType::Symlink
+                } else {
+                    tar::EntryType::Link
+                });
+                h.set_link_name(target)
+                    .with_context(|| format!("bundling {path}: link target {target}"))?;
             }
+            Content::Device => {
+                h.set_entry_type(tar::EntryType::Char);
+                h.set_device_major(1)?;
+                h.set_device_minor(3)?;
+            }
+            Content::Fifo => h.set_entry_type(tar::EntryType::Fifo),
         }
-        .with_context(|| format!("bundling {path}"))?;
+        set_path(&mut h, path).with_context(|| format!("bundling {path}"))?;
+        h.set_cksum();
+        b.append(&h, data)
+            .with_context(|| format!("bundling {path}"))?;
     }
     Ok(b.into_inner()?.finish()?)
 }
@@ -157,6 +207,34 @@ mod tests {
         assert_eq!(digest(&a), digest(&pack(&files()).unwrap()));
         let e = read(&a, 1 << 20).unwrap();
         assert_eq!(e.len(), 3);
+        // What a hostile client sends comes back as it was sent, for policy to judge.
+        let odd = pack(&[
+            (
+                "../escape.rs".to_string(),
+                Content::File(b"x".to_vec(), 0o644),
+            ),
+            ("/etc/cron.d/x".to_string(), Content::File(vec![], 0o644)),
+            (
+                "crates/cpu/src/h.rs".to_string(),
+                Content::Hardlink("Cargo.toml".into()),
+            ),
+            ("crates/cpu/src/d".to_string(), Content::Device),
+            ("crates/cpu/src/f".to_string(), Content::Fifo),
+        ])
+        .unwrap();
+        let o = read(&odd, 1 << 20).unwrap();
+        let got: Vec<(&str, Kind)> = o.iter().map(|e| (e.path.as_str(), e.kind)).collect();
+        assert_eq!(
+            got,
+            [
+                ("../escape.rs", Kind::File),
+                ("/etc/cron.d/x", Kind::File),
+                ("crates/cpu/src/h.rs", Kind::Hardlink),
+                ("crates/cpu/src/d", Kind::Device),
+                ("crates/cpu/src/f", Kind::Fifo),
+            ]
+        );
+        assert_eq!(o[0].data, b"x");
         assert_eq!(e[2].kind, Kind::Symlink);
         assert_eq!(e[0].path, "crates/cpu/src/ops.rs");
         assert_eq!(e[0].kind, Kind::File);

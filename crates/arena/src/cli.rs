@@ -26,6 +26,10 @@ pub enum ArenaCmd {
     /// Start a local arena (SQLite, one CPU runner, the bundled model), submit the bundled
     /// examples (a no-op, an exact speed-up, a wrong-token change) and print the leaderboard.
     Demo(DemoArgs),
+    /// Run the red-team corpus (`redteam/`: cheating submissions and two honest controls)
+    /// against a service and print what stopped each; exit 0 only when every case ended as its
+    /// file says.
+    Redteam(RedteamArgs),
 }
 
 /// Where the service keeps its state.
@@ -219,6 +223,29 @@ pub struct DemoArgs {
 }
 
 #[derive(Args)]
+pub struct RedteamArgs {
+    /// The service's URL.
+    #[arg(long)]
+    pub server: String,
+    /// A solver token whose failures the tracks' daily cap allows (the corpus fails on
+    /// purpose, once a case); or $FASTDECODE_ARENA_TOKEN.
+    #[arg(long, env = "FASTDECODE_ARENA_TOKEN", hide_env_values = true)]
+    pub token: String,
+    /// The corpus: a directory of case files.
+    #[arg(long, default_value = "redteam")]
+    pub cases: PathBuf,
+    /// The repository whose commits the tracks' bases are (the edits apply to their files).
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    /// Only the cases whose names contain this.
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Print the rows as JSON on stdout (the table stays on stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
 pub struct SubmitArgs {
     /// The service's URL.
     #[arg(long)]
@@ -281,7 +308,48 @@ pub fn arena(cmd: ArenaCmd) -> Result<()> {
         }
         ArenaCmd::Admin(c) => runtime()?.block_on(admin(c)),
         ArenaCmd::Demo(a) => crate::demo::run(a),
+        ArenaCmd::Redteam(a) => redteam(a),
     }
+}
+
+fn redteam(a: RedteamArgs) -> Result<()> {
+    let mut cases = crate::redteam::load(&a.cases)?;
+    if let Some(o) = &a.only {
+        cases.retain(|(n, _)| n.contains(o.as_str()));
+        if cases.is_empty() {
+            bail!(
+                "--only {o}: no case of {} has it in its name",
+                a.cases.display()
+            );
+        }
+    }
+    let api = crate::http::Api::new(&a.server, Some(&a.token))?;
+    eprintln!(
+        "redteam: {} cases from {} against {}",
+        cases.len(),
+        a.cases.display(),
+        a.server
+    );
+    let rows = crate::redteam::run(&api, &a.repo, &cases, |r| {
+        eprintln!(
+            "  {:<32} {} ({})",
+            r.case,
+            if r.ok {
+                "as expected:"
+            } else {
+                "NOT as expected:"
+            },
+            r.actual
+        );
+    })?;
+    eprint!("\n{}", crate::redteam::table(&rows));
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    if rows.iter().any(|r| !r.ok) {
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 /// `$FASTDECODE_HOME`, or `~/.cache/fastdecode`.

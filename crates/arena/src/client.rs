@@ -144,10 +144,7 @@ pub fn submit(o: &SubmitOptions) -> Result<SubmissionView> {
         say += "no changes on the surface: a no-op submission\n";
     }
     for (p, c) in &entries {
-        match c {
-            Content::File(d, _) => say += &format!("  send  {p} ({} bytes)\n", d.len()),
-            Content::Symlink(t) => say += &format!("  send  {p} (symbolic link to {t})\n"),
-        }
+        say += &format!("  send  {p} ({})\n", c.describe());
     }
     for p in &off {
         say += &format!("  skip  {p} (off the surface)\n");

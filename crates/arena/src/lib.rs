@@ -5,7 +5,8 @@
 //! driven as `fastdecode gate` / `fastdecode price`); the service writes the verdict
 //! (`verdict`) and promotes winners (`promotion`). `client` is `fastdecode submit` and
 //! `arena status`; `cli` holds every `arena` command's arguments. The public record is `record`
-//! (its queries), `pages` (HTML) and `plots` (SVG).
+//! (its queries), `pages` (HTML) and `plots` (SVG); `redteam` runs the corpus of cheats that
+//! the pipeline must stop (`redteam/`).
 
 pub mod api;
 pub mod builder;
@@ -22,6 +23,7 @@ pub mod plots;
 pub mod policy;
 pub mod promotion;
 pub mod record;
+pub mod redteam;
 pub mod review;
 pub mod runner;
 pub mod sandbox;

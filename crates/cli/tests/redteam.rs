@@ -1,0 +1,63 @@
+//! The red-team corpus end to end: every case of `redteam/` submitted to a real local arena
+//! (SQLite, one CPU runner that builds, gates and prices) by `fastdecode arena redteam`, which
+//! prints the table and exits 0 only when each cheat ended at the stage and category its file
+//! names and both honest controls passed. A cheat that gets through fails CI here.
+//!
+//! Cheats stop at the first stage that catches them: policy and review in milliseconds, before
+//! anything is built; the gate's cases build (incrementally, in the runners' shared cache) and
+//! gate. Only the two controls are priced.
+
+mod arena_support;
+
+use std::process::Command;
+
+use arena_support::*;
+use serde_json::Value;
+
+#[test]
+fn every_cheat_is_stopped_where_its_case_says_and_the_controls_pass() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // The corpus fails on purpose once a case: the solver's daily cap must let it.
+    let mut a = Arena::on_track(Database::Sqlite, 30, |t| {
+        quick_clock(t);
+        t.caps.failures_per_day = 1000;
+    });
+    let mut runner = a.runner("r1");
+    let o = Command::new(BIN)
+        .args(["arena", "redteam", "--server", &a.url(), "--json"])
+        .arg("--cases")
+        .arg(checkout().join("redteam"))
+        .arg("--repo")
+        .arg(a.path("repo"))
+        .env("FASTDECODE_ARENA_TOKEN", &a.solver)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stderr);
+    eprintln!("{table}");
+    assert!(o.status.success(), "the corpus:\n{table}");
+    let rows: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let cases = std::fs::read_dir(checkout().join("redteam"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "toml")
+        })
+        .count();
+    assert_eq!(rows.len(), cases);
+    assert!(rows.iter().all(|r| r["ok"] == true));
+    // No cheat passed; both controls did.
+    let passed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["actual"] == "verdict passed")
+        .map(|r| r["case"].as_str().unwrap())
+        .collect();
+    assert_eq!(passed, ["control-noop", "control-speedup"]);
+    // Nothing crashed the service or the runner.
+    assert!(runner.0.try_wait().unwrap().is_none(), "the runner died");
+    let service = a.service.as_mut().unwrap();
+    assert!(service.0.try_wait().unwrap().is_none(), "the service died");
+    assert_eq!(a.track().name, TRACK);
+}
