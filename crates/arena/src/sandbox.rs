@@ -275,6 +275,188 @@ mod tests {
         }
     }
 
+    /// What a sandboxed child is told: where the parent listens, its pid, a file of its cache,
+    /// a directory outside the child's workspace.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Probe {
+        server: String,
+        parent: i32,
+        secret: PathBuf,
+        outside: PathBuf,
+        /// Which of `ACTIONS` to try.
+        actions: Vec<String>,
+    }
+
+    /// Where a child reads its `Probe` (bound read-only at this path inside the sandbox).
+    const PROBE_AT: &str = "/fastdecode-probe.json";
+
+    /// Each forbidden action, done by this test binary: `true` when it worked.
+    fn forbidden(action: &str, p: &Probe) -> bool {
+        use std::io::Read;
+        match action {
+            "connect" => std::net::TcpStream::connect(&p.server).is_ok(),
+            "read_hidden" => std::fs::read(&p.secret).is_ok(),
+            "write_outside" => {
+                std::fs::write(p.outside.join("left-by-the-candidate"), b"x").is_ok()
+            }
+            "write_system" => std::fs::write("/usr/fastdecode-probe", b"x").is_ok(),
+            // Signal 0: the permission and existence checks of kill(2), nothing delivered.
+            "kill_parent" => unsafe { libc::kill(p.parent, 0) == 0 },
+            "ptrace_parent" => {
+                let r = unsafe {
+                    libc::ptrace(
+                        libc::PTRACE_ATTACH,
+                        p.parent,
+                        std::ptr::null_mut::<libc::c_void>(),
+                        std::ptr::null_mut::<libc::c_void>(),
+                    )
+                };
+                if r == 0 {
+                    unsafe {
+                        libc::ptrace(
+                            libc::PTRACE_DETACH,
+                            p.parent,
+                            std::ptr::null_mut::<libc::c_void>(),
+                            std::ptr::null_mut::<libc::c_void>(),
+                        )
+                    };
+                }
+                r == 0
+            }
+            // A byte of the parent's memory at an address its maps say is readable.
+            "read_parent_mem" => (|| {
+                let maps = std::fs::read_to_string(format!("/proc/{}/maps", p.parent)).ok()?;
+                let start = maps
+                    .lines()
+                    .find(|l| {
+                        l.split_whitespace()
+                            .nth(1)
+                            .is_some_and(|m| m.starts_with('r'))
+                    })
+                    .and_then(|l| l.split('-').next())
+                    .and_then(|a| u64::from_str_radix(a, 16).ok())?;
+                let mut f = std::fs::File::open(format!("/proc/{}/mem", p.parent)).ok()?;
+                use std::io::Seek;
+                f.seek(std::io::SeekFrom::Start(start)).ok()?;
+                let mut b = [0u8; 1];
+                f.read_exact(&mut b).ok()
+            })()
+            .is_some(),
+            a => panic!("no action {a}"),
+        }
+    }
+
+    const ACTIONS: [&str; 7] = [
+        "connect",
+        "read_hidden",
+        "write_outside",
+        "write_system",
+        "kill_parent",
+        "ptrace_parent",
+        "read_parent_mem",
+    ];
+
+    /// Not a test on its own (ignored): the child the probes run, inside the sandbox or not.
+    /// Prints `ACTION worked` or `ACTION refused` for each action.
+    #[test]
+    #[ignore]
+    fn probe_child() {
+        let at = std::env::var_os("FASTDECODE_PROBE").unwrap_or_else(|| PROBE_AT.into());
+        let text = std::fs::read(&at).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; this child is run by each_forbidden_action_fails_inside_the_sandbox, \
+                 not on its own",
+                at.to_string_lossy()
+            )
+        });
+        let p: Probe = serde_json::from_slice(&text).unwrap();
+        for a in &p.actions {
+            let worked = forbidden(a, &p);
+            println!("{a} {}", if worked { "worked" } else { "refused" });
+        }
+    }
+
+    /// What each action did in a child: `inside` the real sandbox, or on the host.
+    fn run_child(real: &Sandbox, p: &Probe, dir: &Path, inside: bool) -> Vec<(String, bool)> {
+        let file = dir.join("probe.json");
+        std::fs::write(&file, serde_json::to_vec(p).unwrap()).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let filter = [
+            "--ignored",
+            "--exact",
+            "sandbox::tests::probe_child",
+            "--nocapture",
+        ];
+        let mut c = if inside {
+            let mut c = Command::new(&real.bwrap);
+            c.args(real.args(&[exe.as_path()], &[]))
+                .arg("--ro-bind")
+                .arg(&file)
+                .arg(PROBE_AT)
+                .arg("--")
+                .arg(&exe);
+            c
+        } else {
+            let mut c = Command::new(&exe);
+            c.env("FASTDECODE_PROBE", &file);
+            c
+        };
+        let o = c.args(filter).stdin(Stdio::null()).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "the probe's child: {out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let got: Vec<(String, bool)> = out
+            .lines()
+            .filter_map(|l| {
+                let (a, r) = l.split_once(' ')?;
+                ACTIONS.contains(&a).then(|| (a.to_string(), r == "worked"))
+            })
+            .collect();
+        assert_eq!(got.len(), p.actions.len(), "{out}");
+        got
+    }
+
+    /// From inside the candidate's sandbox each forbidden action fails: a network connection
+    /// to a service listening on the host, reading a file of the runner's cache, writing outside
+    /// the workspace or to the system, signalling or tracing the parent, reading its memory. On
+    /// the host the same child connects, reads the file, writes outside and signals the parent,
+    /// so those probes can see a leak (it does not write to the system, trace this process or
+    /// read its memory there: a host's ptrace policy decides those, and a trace would stop it).
+    #[test]
+    fn each_forbidden_action_fails_inside_the_sandbox() {
+        let real = Sandbox::find("cpu").expect("bubblewrap is installed (tools/test.sh)");
+        let service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let outside = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let secret = cache.path().join("hidden-golden");
+        std::fs::write(&secret, b"hidden").unwrap();
+        let mut p = Probe {
+            server: service.local_addr().unwrap().to_string(),
+            parent: std::process::id() as i32,
+            secret,
+            outside: outside.path().to_path_buf(),
+            actions: ACTIONS.map(String::from).to_vec(),
+        };
+        let inside = run_child(&real, &p, dir.path(), true);
+        assert_eq!(inside.len(), ACTIONS.len());
+        for (a, worked) in inside {
+            assert!(!worked, "{a} worked inside the sandbox");
+        }
+        p.actions = ["connect", "read_hidden", "write_outside", "kill_parent"]
+            .map(String::from)
+            .to_vec();
+        for (a, worked) in run_child(&real, &p, dir.path(), false) {
+            assert!(
+                worked,
+                "{a} failed on the host too: the probe could not see a leak"
+            );
+        }
+    }
+
     /// The runner's start-up probe passes the real sandbox and refuses each leaky one, naming
     /// what leaked: no sandbox at all, the host's network kept, the runner's cache bound in.
     /// A service listens on loopback throughout, so "reach the service" can really succeed.
