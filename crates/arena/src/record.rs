@@ -526,8 +526,30 @@ mod tests {
 
     /// A service on a fresh SQLite file with the repository's tracks (nothing else of it is
     /// read by these queries).
-    async fn service(dir: &Path) -> Service {
-        let db = Db::open(&crate::db::sqlite_url(dir)).await.unwrap();
+    /// Where a test's records live.
+    #[derive(Clone, Copy)]
+    enum On {
+        Sqlite,
+        /// A new database of its own on the server tools/test.sh starts.
+        Postgres,
+    }
+
+    fn url(on: On, dir: &Path) -> String {
+        match on {
+            On::Sqlite => crate::db::sqlite_url(dir),
+            On::Postgres => {
+                let server = std::env::var("FASTDECODE_TEST_POSTGRES").expect(
+                    "FASTDECODE_TEST_POSTGRES is not set: run the tests with tools/test.sh (the \
+                     README's test command), which starts a PostgreSQL server for them",
+                );
+                let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+                format!("{base}/record_{}", hex::encode(rand::random::<[u8; 8]>()))
+            }
+        }
+    }
+
+    async fn service(dir: &Path, on: On) -> Service {
+        let db = Db::open(&url(on, dir)).await.unwrap();
         let tracks = load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks")).unwrap();
         Service {
             db,
@@ -571,9 +593,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_ranking_the_frontier_the_queue_and_the_pages_agree() {
+    async fn the_ranking_the_frontier_the_queue_and_the_pages_agree_on_sqlite() {
+        ranking_frontier_queue_and_pages(On::Sqlite).await;
+    }
+
+    #[tokio::test]
+    async fn the_ranking_the_frontier_the_queue_and_the_pages_agree_on_postgresql() {
+        ranking_frontier_queue_and_pages(On::Postgres).await;
+    }
+
+    async fn ranking_frontier_queue_and_pages(on: On) {
         let dir = tempfile::tempdir().unwrap();
-        let s = service(dir.path()).await;
+        let s = service(dir.path(), on).await;
         let db = &s.db;
         exec(
             db,
@@ -726,9 +757,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_change_keeps_each_of_its_pricings() {
+    async fn a_change_keeps_each_of_its_pricings_on_sqlite() {
+        pricings_of_a_change(On::Sqlite).await;
+    }
+
+    #[tokio::test]
+    async fn a_change_keeps_each_of_its_pricings_on_postgresql() {
+        pricings_of_a_change(On::Postgres).await;
+    }
+
+    async fn pricings_of_a_change(on: On) {
         let dir = tempfile::tempdir().unwrap();
-        let s = service(dir.path()).await;
+        let s = service(dir.path(), on).await;
         submission(&s.db, "s-a", "alice", 1000, "repriced", Some(1.01)).await;
         submission(&s.db, "s-b", "alice", 2000, "repriced", Some(0.99)).await;
         submission(&s.db, "s-c", "alice", 3000, "held", Some(1.02)).await;
