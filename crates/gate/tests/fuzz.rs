@@ -1,0 +1,267 @@
+//! Property-based fuzzing of the golden-trace reader (`Golden::load`): random bytes, damaged
+//! text and structured mutations of a valid golden (a field deleted, retyped, set to an extreme
+//! value). Asserts no panic, a bounded time per case, and an error that names the file and,
+//! for a deleted field, that field.
+//!
+//! The CI run is short (256 cases per property). The benchmark-sized run:
+//! `FASTDECODE_FUZZ_CASES=100000 cargo test --release -p fastdecode-gate --test fuzz`
+
+use std::time::{Duration, Instant};
+
+use fastdecode_gate::golden::Golden;
+use proptest::prelude::*;
+use proptest::test_runner::Config as ProptestConfig;
+use serde_json::{json, Value};
+
+/// Cases per property: `FASTDECODE_FUZZ_CASES`, else 256 (the CI run).
+fn cases() -> u32 {
+    std::env::var("FASTDECODE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// The bound on one parse: every parser here is linear in its (small) input.
+const BOUND: Duration = Duration::from_secs(1);
+
+fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    let t = Instant::now();
+    let out = f();
+    let took = t.elapsed();
+    assert!(took < BOUND, "{what} took {took:?} (bound {BOUND:?})");
+    out
+}
+
+// JSON mutations.
+
+/// Every path into a JSON value (object keys and array indices), the root excluded.
+fn paths(v: &Value, prefix: &mut Vec<Seg>, out: &mut Vec<Vec<Seg>>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                prefix.push(Seg::Key(k.clone()));
+                out.push(prefix.clone());
+                paths(x, prefix, out);
+                prefix.pop();
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                prefix.push(Seg::Index(i));
+                out.push(prefix.clone());
+                paths(x, prefix, out);
+                prefix.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// What to do at one path.
+#[derive(Debug, Clone)]
+enum Mutation {
+    Delete,
+    Set(Value),
+}
+
+fn extreme_values() -> Vec<Value> {
+    vec![
+        Value::Null,
+        json!(-1),
+        json!(0),
+        json!(1),
+        json!(u64::MAX),
+        json!(i64::MIN),
+        json!(1e300),
+        json!(-1e300),
+        json!(0.5),
+        json!(true),
+        json!("x"),
+        json!(""),
+        json!([]),
+        json!({}),
+        json!([1, 2, 3]),
+        json!({"rope_theta": 10000.0}),
+    ]
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    let extremes = extreme_values();
+    prop_oneof![
+        2 => Just(Mutation::Delete),
+        4 => (0..extremes.len()).prop_map(move |i| Mutation::Set(extremes[i].clone())),
+        1 => any::<u64>().prop_map(|n| Mutation::Set(json!(n))),
+        1 => (0u64..1 << 26).prop_map(|n| Mutation::Set(json!(n))),
+        1 => any::<i64>().prop_map(|n| Mutation::Set(json!(n))),
+        1 => any::<f64>().prop_map(|x| Mutation::Set(serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number))),
+        1 => "[a-z_.-]{0,20}".prop_map(|s| Mutation::Set(json!(s))),
+    ]
+}
+
+/// Applies `m` at `path` (which exists in `v`).
+fn apply(v: &mut Value, path: &[Seg], m: &Mutation) {
+    let (last, parent) = path.split_last().unwrap();
+    let mut cur = v;
+    for s in parent {
+        cur = match s {
+            Seg::Key(k) => cur.get_mut(k).unwrap(),
+            Seg::Index(i) => cur.get_mut(*i).unwrap(),
+        };
+    }
+    match (last, m, cur) {
+        (Seg::Key(k), Mutation::Delete, Value::Object(o)) => {
+            o.remove(k);
+        }
+        (Seg::Index(i), Mutation::Delete, Value::Array(a)) => {
+            a.remove(*i);
+        }
+        (Seg::Key(k), Mutation::Set(x), Value::Object(o)) => {
+            o.insert(k.clone(), x.clone());
+        }
+        (Seg::Index(i), Mutation::Set(x), Value::Array(a)) => a[*i] = x.clone(),
+        _ => unreachable!("paths() yields only existing paths"),
+    }
+}
+
+/// Text-level damage to a serialised example: truncation, a flipped byte, an inserted byte.
+fn text_damage() -> impl Strategy<Value = (u8, usize, u8)> {
+    (0u8..3, any::<usize>(), any::<u8>())
+}
+
+fn damage(text: &[u8], (kind, at, byte): (u8, usize, u8)) -> Vec<u8> {
+    let mut b = text.to_vec();
+    let i = at % (b.len() + 1);
+    match kind {
+        0 => b.truncate(i),
+        1 if i < b.len() => b[i] ^= byte.max(1),
+        _ => b.insert(i, byte),
+    }
+    b
+}
+
+/// A valid golden: four steps over a vocabulary of 32.
+fn example() -> Value {
+    let tokens = [5u32, 9, 2, 17];
+    json!({
+        "format": "fastdecode-golden",
+        "version": 1,
+        "model_digest": "ab".repeat(32),
+        "vocab_size": 32,
+        "prompt": [1, 2, 3],
+        "tokens": tokens,
+        "steps": tokens.iter().map(|&t| json!({"top": [
+            {"id": t, "logit": 2.5},
+            {"id": (t + 1) % 32, "logit": 2.49},
+        ]})).collect::<Vec<_>>(),
+        "made_by": {
+            "build": {"version": "0.1.0", "commit": "abc"},
+            "backend": "cpu",
+            "flags": [],
+        },
+        "screen": {
+            "ngram": 3,
+            "ngram_hit_rate": 0.0,
+            "distinct_fraction": 1.0,
+            "near_tie_rows": 4,
+            "near_tie_gap": 0.05,
+        },
+    })
+}
+
+/// Loads `bytes` as a golden file; on error, returns the whole message chain.
+fn load(bytes: &[u8]) -> (String, Result<Golden, String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("golden-0.json");
+    std::fs::write(&path, bytes).unwrap();
+    let r = timed("Golden::load", || Golden::load(&path)).map_err(|e| format!("{e:#}"));
+    (path.display().to_string(), r)
+}
+
+/// What every golden error holds: the file's path and a reason after it.
+fn check_error(path: &str, msg: &str) -> Result<(), TestCaseError> {
+    prop_assert!(msg.contains(path), "an error not naming the file: {msg:?}");
+    let reason = msg
+        .split(path)
+        .last()
+        .unwrap()
+        .trim_start_matches(':')
+        .trim();
+    prop_assert!(reason.len() > 10, "an error without a reason: {msg:?}");
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn golden_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let (path, r) = load(&bytes);
+        if let Err(msg) = r {
+            check_error(&path, &msg)?;
+        }
+    }
+
+    #[test]
+    fn golden_damaged_text(d in text_damage(), d2 in proptest::option::of(text_damage())) {
+        let text = serde_json::to_string_pretty(&example()).unwrap();
+        let mut bytes = damage(text.as_bytes(), d);
+        if let Some(d2) = d2 {
+            bytes = damage(&bytes, d2);
+        }
+        let (path, r) = load(&bytes);
+        if let Err(msg) = r {
+            check_error(&path, &msg)?;
+        }
+    }
+
+    #[test]
+    fn golden_mutated_field(which in any::<prop::sample::Index>(), m in mutation(), extra in proptest::option::of("[a-z_]{1,10}")) {
+        let mut v = example();
+        let mut all = vec![];
+        paths(&v, &mut vec![], &mut all);
+        let path = which.get(&all).clone();
+        apply(&mut v, &path, &m);
+        if let (Some(k), Value::Object(o)) = (&extra, &mut v) {
+            // An unknown key next to the mutation (the format refuses unknown keys).
+            if !o.contains_key(k) {
+                o.insert(k.clone(), json!(1));
+            }
+        }
+        let (file, r) = load(v.to_string().as_bytes());
+        match r {
+            Ok(g) => {
+                // Whatever loads keeps the format's promises.
+                prop_assert!(extra.is_none(), "an unknown key {:?} was accepted", extra);
+                prop_assert_eq!(g.steps.len(), g.tokens.len());
+                prop_assert!(!g.prompt.is_empty());
+                for (s, &t) in g.steps.iter().zip(&g.tokens) {
+                    prop_assert_eq!(s.top[0].id, t);
+                    prop_assert!((t as usize) < g.vocab_size && s.top[0].logit >= s.top[1].logit);
+                }
+            }
+            Err(msg) => {
+                check_error(&file, &msg)?;
+                if extra.is_none() && matches!(m, Mutation::Delete) {
+                    if let Some(Seg::Key(k)) = path.last() {
+                        // Every field is required: a deleted one is named.
+                        prop_assert!(msg.contains(&format!("`{k}`")), "deleting {:?}: {:?}", k, msg);
+                    }
+                }
+            }
+        }
+    }
+}
