@@ -79,6 +79,15 @@ pub fn fraction(s: &str) -> std::result::Result<f64, String> {
     Ok(v)
 }
 
+/// A budget per 1000 tokens: a number in [0, 1000].
+pub fn per_1000(s: &str) -> std::result::Result<f64, String> {
+    let v = non_negative(s)?;
+    if v > 1000.0 {
+        return Err(format!("{s} is more than 1000 per 1000"));
+    }
+    Ok(v)
+}
+
 /// A gap, envelope or tolerance option: a finite number >= 0.
 pub fn non_negative(s: &str) -> std::result::Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;

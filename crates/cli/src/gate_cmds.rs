@@ -9,22 +9,15 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 
 use fastdecode_gate::bisect::{self, Criterion};
-use fastdecode_gate::check::{self, GateParams};
+use fastdecode_gate::check::{self, GateParams, DEFAULT_BUDGET, DEFAULT_ENVELOPE};
 use fastdecode_gate::make::make_one;
 use fastdecode_gate::ScreenParams;
 use fastdecode_worker::Worker;
 
 use crate::common::{
     at_least, between, check_binary, check_ids, check_report_path, fraction, load_goldens,
-    non_negative, non_negative_f32, parent_of_workers, this_binary, write_file, WorkerSide,
-    MAX_BLOCK,
+    non_negative_f32, parent_of_workers, per_1000, this_binary, write_file, WorkerSide, MAX_BLOCK,
 };
-
-/// Envelope default: 8× the largest top-1 logit drift measured between the CPU reference and
-/// builds with its numerics-affecting flags on (see crates/gate/DRIFT.md).
-pub const DEFAULT_ENVELOPE: f32 = 1e-4;
-/// Near-tie budget default, per 1000 checked tokens (crates/gate/DRIFT.md).
-pub const DEFAULT_BUDGET: f64 = 2.0;
 
 fn bar(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
@@ -233,15 +226,6 @@ pub struct GateArgs {
     /// Also write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
-}
-
-/// A budget per 1000 tokens: a number in [0, 1000].
-fn per_1000(s: &str) -> std::result::Result<f64, String> {
-    let v = non_negative(s)?;
-    if v > 1000.0 {
-        return Err(format!("{s} is more than 1000 per 1000"));
-    }
-    Ok(v)
 }
 
 pub fn gate(a: GateArgs) -> Result<()> {

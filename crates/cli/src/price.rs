@@ -13,10 +13,13 @@ use fastdecode_clock::price::{self, PriceParams, Sides, Track};
 use fastdecode_clock::score::Rule;
 use fastdecode_clock::telemetry::QuietParams;
 use fastdecode_engine::DraftSpec;
+use fastdecode_gate::check::{DEFAULT_BUDGET, DEFAULT_ENVELOPE};
 use fastdecode_model::config::{DrafterConfig, MAX_BLOCK_SIZE};
 use fastdecode_worker::ModelId;
 
-use crate::common::{parent_of_workers, this_binary, write_file, WorkerSide};
+use crate::common::{
+    non_negative_f32, parent_of_workers, per_1000, this_binary, write_file, WorkerSide,
+};
 use crate::selftest::{self, SelftestArgs};
 
 #[derive(Args)]
@@ -141,6 +144,13 @@ pub struct PricingOpts {
     /// Plausibility cap on any speed-up.
     #[arg(long, default_value_t = 100.0)]
     max_speedup: f64,
+    /// Near-tie envelope by which a candidate's timed output that differs from the baseline's
+    /// is judged (the gate's rule: reference top-1 logit minus the emitted token's logit).
+    #[arg(long, allow_negative_numbers = true, default_value_t = DEFAULT_ENVELOPE, value_parser = non_negative_f32)]
+    envelope: f32,
+    /// Near-ties allowed per 1000 of the candidate's distinct timed tokens (0 to 1000).
+    #[arg(long, allow_negative_numbers = true, default_value_t = DEFAULT_BUDGET, value_parser = per_1000)]
+    budget: f64,
 }
 
 /// An option's value checked at the start, with an error that names the option.
@@ -330,6 +340,8 @@ impl PricingOpts {
             stall_seconds: self.stall,
             outlier_factor: self.outlier_factor,
             max_speedup: self.max_speedup,
+            envelope: self.envelope,
+            budget_per_1000: self.budget,
             max_attempts: 2 * rule.max_pairs,
             noise_windows: self.noise_windows,
             warmup_windows: self.warmup_windows,

@@ -262,6 +262,9 @@ fn the_same_build_prices_at_one_run_after_run() {
             assert_eq!(verdict, "passed");
         }
         assert_eq!(r["pairs_with_output_mismatch"], 0);
+        // The same build's timed outputs are the baseline's: nothing for the judge.
+        assert_eq!(r["timed_fidelity"]["judged_windows"], 0, "{r}");
+        assert!(r["timed_fidelity"]["windows"].as_u64().unwrap() >= 2, "{r}");
         assert!(lo <= s && s <= hi, "{r}");
         assert!((0.8..1.25).contains(&s), "run {seed}: a no-op scored {s}");
         let used = r["pairs_used"].as_u64().unwrap();
@@ -398,6 +401,59 @@ fn dflash_track_normalises_by_the_noop_in_the_same_run() {
     assert!((0.8..1.25).contains(&s), "{s}");
     assert!(r["noop_seconds_per_token"].as_f64().unwrap() > 0.0);
     assert_eq!(r["pairs"][0]["phases"].as_array().unwrap().len(), 3);
+}
+
+/// A build that behaves differently only in the timed windows (here: one wrong token in each,
+/// which the gate would have caught, but the gate's goldens can have other shapes than the
+/// window) is judged there by the live reference with the gate's rule: outside the envelope a
+/// violation, never a score; inside it a near-tie, counted against the budget.
+#[test]
+fn a_timed_output_the_reference_disowns_is_a_violation() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let (passed, r) = price(FAULTY, "wrong_token@5", &[]);
+    assert!(!passed);
+    assert_eq!(r["verdict"], "violation:timed_fidelity_divergence", "{r}");
+    assert!(r["score"].is_null() && r["ci95"].is_null(), "scored: {r}");
+    let detail = r["detail"].as_str().unwrap();
+    assert!(detail.contains("at step 5"), "{detail}");
+    // Caught after the first pair, every output before the injected token exact.
+    assert_eq!(r["attempted_pair_count"], 1, "{r}");
+    let t = &r["timed_fidelity"];
+    assert_eq!(t["judged_windows"], 1, "{t}");
+    assert_eq!(t["tokens"]["fail"], 1, "{t}");
+    assert_eq!(t["tokens"]["near_tie"], 0, "{t}");
+
+    // Inside a huge envelope the same token is a near-tie: priced as usual, the near-ties
+    // counted over the candidate's distinct timed tokens...
+    let wide = ["--envelope", "1000", "--pairs", "4"];
+    let (_, r) = price(
+        FAULTY,
+        "wrong_token@5",
+        &[&wide[..], &["--budget", "1000"]].concat(),
+    );
+    assert!(r["score"].is_number(), "{r}");
+    assert!(
+        !r["verdict"].as_str().unwrap().starts_with("violation:"),
+        "{r}"
+    );
+    let t = &r["timed_fidelity"];
+    let windows = t["windows"].as_u64().unwrap();
+    assert!(windows >= 2, "{t}");
+    assert_eq!(t["judged_windows"].as_u64().unwrap(), windows, "{t}");
+    assert!(t["tokens"]["near_tie"].as_u64().unwrap() >= windows, "{t}");
+    assert_eq!(t["tokens"]["fail"], 0, "{t}");
+    // Every token of every distinct window judged: the prefill's token and 32 decoded.
+    let judged = t["tokens"]["exact"].as_u64().unwrap() + t["tokens"]["near_tie"].as_u64().unwrap();
+    assert_eq!(judged, windows * 33, "{t}");
+    // ...and past the budget they are a violation.
+    let (passed, r) = price(
+        FAULTY,
+        "wrong_token@5",
+        &[&wide[..], &["--budget", "0"]].concat(),
+    );
+    assert!(!passed);
+    assert_eq!(r["verdict"], "violation:timed_near_tie_budget", "{r}");
+    assert!(r["score"].is_null(), "{r}");
 }
 
 #[test]

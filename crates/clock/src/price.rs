@@ -26,6 +26,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use fastdecode_gate::check::{self, Counts};
 use fastdecode_worker::protocol::WindowRequest;
 use fastdecode_worker::{Build, Fault, ModelId, NoTick, Spec, TimedWindow, Worker};
 
@@ -87,6 +88,10 @@ pub struct PriceParams {
     pub warmup_windows: usize,
     /// Scored windows per phase; `None`: sized from the noise.
     pub windows: Option<usize>,
+    /// The gate's near-tie envelope and budget, by which a candidate's timed output that differs
+    /// from the baseline's is judged (`timed_fidelity`).
+    pub envelope: f32,
+    pub budget_per_1000: f64,
 }
 
 pub struct Sides {
@@ -209,6 +214,9 @@ pub struct PriceResult {
     pub warmup_windows: usize,
     pub windows_per_phase: Option<usize>,
     pub pairs_with_output_mismatch: usize,
+    /// The candidate's distinct timed outputs judged by the reference (the gate's fidelity
+    /// rule): one that matches the baseline's counts its tokens as exact.
+    pub timed_fidelity: TimedFidelity,
     pub weights_digest: String,
     pub gpu_telemetry: bool,
     pub prompt_tokens: usize,
@@ -219,6 +227,72 @@ pub struct PriceResult {
     pub candidate: SideInfo,
     pub noop: Option<SideInfo>,
     pub pairs: Vec<Pair>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TimedFidelity {
+    /// Distinct (prompt, output) windows of the candidate, and those that differed from the
+    /// baseline's output and were judged by a live reference.
+    pub windows: usize,
+    pub judged_windows: usize,
+    pub tokens: Counts,
+    pub near_ties_allowed: usize,
+}
+
+/// The timed windows' judge. The gate's goldens have their own shapes (prompt and output
+/// lengths, positions), so a build that behaves differently only on the timed window's shapes
+/// (a cheaper attention past the goldens' lengths, say) passes the gate; its timed output then
+/// differs from the baseline's. Differing is not wrong in itself (an honest reassociation can
+/// take a near-tie), so every distinct differing output is judged once, on the candidate's own
+/// chain, by a live process of the baseline with the gate's rule and envelope, and the near-ties
+/// count against the gate's budget over all the candidate's distinct timed tokens.
+struct Judge {
+    seen: HashSet<(usize, Vec<u32>)>,
+    pending: Vec<(usize, Vec<u32>)>,
+    report: TimedFidelity,
+}
+
+impl Judge {
+    /// Notes one candidate window; a new differing output waits for `judge`.
+    fn note(&mut self, prompt: usize, tokens: &[u32], baseline: &[u32]) {
+        if self.seen.insert((prompt, tokens.to_vec())) {
+            self.report.windows += 1;
+            if tokens == baseline {
+                self.report.tokens.exact += tokens.len();
+            } else {
+                self.pending.push((prompt, tokens.to_vec()));
+            }
+        }
+    }
+
+    /// Judges the pending outputs in one reference worker: `Ok(Some(detail))` names the first
+    /// token outside the envelope (never a token or a logit).
+    fn judge(
+        &mut self,
+        reference: &Spec,
+        model: &ModelId,
+        pool: &[Vec<u32>],
+        envelope: f32,
+    ) -> Result<Option<String>, Fault> {
+        if self.pending.is_empty() {
+            return Ok(None);
+        }
+        let mut w = Worker::spawn(reference, model.vocab, &model.digest)?;
+        for (prompt, tokens) in std::mem::take(&mut self.pending) {
+            let judged = w.replay(&pool[prompt], &tokens, true)?;
+            let (c, diverged) = check::fidelity(&judged, &tokens, envelope);
+            self.report.judged_windows += 1;
+            self.report.tokens.add(c);
+            if let Some(step) = diverged {
+                w.shutdown();
+                return Ok(Some(format!(
+                    "the candidate's timed output on prompt {prompt} of the pool left the reference's envelope ({envelope}) at step {step}: a build that behaves differently on the timed window than on the gate's goldens"
+                )));
+            }
+        }
+        w.shutdown();
+        Ok(None)
+    }
 }
 
 /// `count` distinct random prompts of `len` tokens from `seed`.
@@ -330,6 +404,7 @@ pub fn run(
         warmup_windows: p.warmup_windows,
         windows_per_phase: None,
         pairs_with_output_mismatch: 0,
+        timed_fidelity: TimedFidelity::default(),
         weights_digest: model.digest.clone(),
         gpu_telemetry: telemetry.has_gpu(),
         prompt_tokens: p.prompt_tokens,
@@ -439,6 +514,11 @@ pub fn run(
         roles.iter().map(|&r| (r, expected_window)).collect();
 
     progress.set_length(r.max_pairs as u64);
+    let mut judge = Judge {
+        seen: HashSet::new(),
+        pending: vec![],
+        report: TimedFidelity::default(),
+    };
     let mut robust_pairs: Vec<PairFigures> = vec![];
     let mut mean_pairs: Vec<PairFigures> = vec![];
     let mut last: Option<Interval> = None;
@@ -510,6 +590,9 @@ pub fn run(
                 let t =
                     attempt!(w.window(request(role, &pool[ix], Some(&truth[ix])), &mut sampler));
                 let tele = sampler.finish(pid);
+                if role == Role::Candidate {
+                    judge.note(ix, &t.tokens, &truth[ix]);
+                }
                 expected.insert(
                     role,
                     Duration::from_secs_f64(t.prefill_seconds + t.decode_seconds),
@@ -583,6 +666,20 @@ pub fn run(
         {
             res.pairs_with_output_mismatch += 1;
         }
+        // Between pairs, never beside a timed window: the reference judges what differed.
+        if !judge.pending.is_empty() {
+            progress.set_message(format!("judging {} timed output(s)", judge.pending.len()));
+        }
+        let diverged = judge.judge(&sides.baseline, model, &pool, p.envelope);
+        res.timed_fidelity = judge.report.clone();
+        if let Some(detail) = attempt!(diverged) {
+            res.pairs.push(pair);
+            res.attempted_pair_count = attempt + 1;
+            res.verdict = "violation:timed_fidelity_divergence".into();
+            res.detail = Some(detail);
+            res.elapsed_seconds = start.elapsed().as_secs_f64();
+            return Ok(res);
+        }
         // The outlier guard: a phase whose best window is far slower than its role's median
         // was disturbed throughout (a stall of the machine, not of the build); its pair is
         // re-run while attempts remain.
@@ -638,6 +735,19 @@ pub fn run(
     res.pairs_used = robust_pairs.len();
     res.stopping_reason = Some(stop);
     res.elapsed_seconds = start.elapsed().as_secs_f64();
+    let tf = &mut res.timed_fidelity;
+    tf.near_ties_allowed = check::near_ties_allowed(p.budget_per_1000, tf.tokens.total());
+    if tf.tokens.near_tie > tf.near_ties_allowed {
+        res.verdict = "violation:timed_near_tie_budget".into();
+        res.detail = Some(format!(
+            "the candidate's timed outputs took {} near-ties in {} tokens, more than the {} the budget of {} per 1000 allows",
+            tf.tokens.near_tie,
+            tf.tokens.total(),
+            tf.near_ties_allowed,
+            p.budget_per_1000
+        ));
+        return Ok(res);
+    }
     let n = robust_pairs.len();
     let Some(iv) = last.filter(|_| n >= r.min_pairs) else {
         res.verdict = "infra:too_few_accepted_pairs".into();
@@ -823,6 +933,13 @@ pub fn summary(r: &PriceResult) -> String {
             "output mismatches",
             r.pairs_with_output_mismatch.to_string(),
         ),
+        ("timed outputs judged", {
+            let t = &r.timed_fidelity;
+            format!(
+                "{} of {} differed; {} exact, {} near-tie, {} outside",
+                t.judged_windows, t.windows, t.tokens.exact, t.tokens.near_tie, t.tokens.fail
+            )
+        }),
         ("seconds", format!("{:.1}", r.elapsed_seconds)),
         (
             "weights digest",

@@ -19,10 +19,16 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use fastdecode_worker::protocol::WindowRequest;
+use fastdecode_worker::protocol::{Step, WindowRequest};
 use fastdecode_worker::{Build, Fault, ModelId, NoTick, Spec, Worker};
 
 use crate::golden::Golden;
+
+/// Envelope default: 8× the largest top-1 logit drift measured between the CPU reference and
+/// builds with its numerics-affecting flags on (see crates/gate/DRIFT.md).
+pub const DEFAULT_ENVELOPE: f32 = 1e-4;
+/// Near-tie budget default, per 1000 checked tokens (crates/gate/DRIFT.md).
+pub const DEFAULT_BUDGET: f64 = 2.0;
 
 /// Largest DFlash block size of the exactness check (the engine's largest block).
 pub const MAX_BLOCK_SIZE: usize = 16;
@@ -74,7 +80,7 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, o: Counts) {
+    pub fn add(&mut self, o: Counts) {
         self.exact += o.exact;
         self.near_tie += o.near_tie;
         self.fail += o.fail;
@@ -82,6 +88,31 @@ impl Counts {
     pub fn total(&self) -> usize {
         self.exact + self.near_tie + self.fail
     }
+}
+
+/// The near-ties `budget_per_1000` allows over `checked` tokens.
+pub fn near_ties_allowed(budget_per_1000: f64, checked: usize) -> usize {
+    (budget_per_1000 * checked as f64 / 1000.0).floor() as usize
+}
+
+/// The fidelity rule: `judged` is the reference teacher-forced (with probes) on the chain
+/// `emitted`; each emitted token must be the reference's argmax, or within `envelope` of its
+/// top-1 logit (a near-tie). Returns the counts up to and including the first token outside the
+/// envelope, and that token's step. The clock judges its timed windows by the same rule.
+pub fn fidelity(judged: &[Step], emitted: &[u32], envelope: f32) -> (Counts, Option<usize>) {
+    let mut c = Counts::default();
+    for (i, (s, &e)) in judged.iter().zip(emitted).enumerate() {
+        let probe = s.probe_logit.unwrap_or(f32::NEG_INFINITY);
+        if s.top[0].id == e {
+            c.exact += 1;
+        } else if s.top[0].logit - probe <= envelope {
+            c.near_tie += 1;
+        } else {
+            c.fail += 1;
+            return (c, Some(i));
+        }
+    }
+    (c, None)
 }
 
 /// The first thing that went wrong, redacted: a category and where.
@@ -247,8 +278,7 @@ pub fn run(
     refw.shutdown();
     rep.checked_tokens = rep.replay.total() + rep.fidelity.total();
     rep.near_ties = rep.replay.near_tie + rep.fidelity.near_tie;
-    rep.near_ties_allowed =
-        (p.budget_per_1000 * rep.checked_tokens as f64 / 1000.0).floor() as usize;
+    rep.near_ties_allowed = near_ties_allowed(p.budget_per_1000, rep.checked_tokens);
     if rep.failure.is_none() && rep.near_ties > rep.near_ties_allowed {
         rep.failure = Some(fail("near_tie_budget", None, None, None));
     }
@@ -320,21 +350,15 @@ fn check_one(
     let judged = refw
         .replay(&g.prompt, &emitted, true)
         .map_err(on("reference"))?;
-    for (i, (s, &e)) in judged.iter().zip(&emitted).enumerate() {
-        let probe = s.probe_logit.unwrap_or(f32::NEG_INFINITY);
-        if s.top[0].id == e {
-            r.fidelity.exact += 1;
-        } else if s.top[0].logit - probe <= p.envelope {
-            r.fidelity.near_tie += 1;
-        } else {
-            r.fidelity.fail += 1;
-            return Err(fail(
-                "fidelity_divergence",
-                Some(name),
-                Some(i),
-                Some("candidate"),
-            ));
-        }
+    let (counts, diverged) = fidelity(&judged, &emitted, p.envelope);
+    r.fidelity = counts;
+    if let Some(i) = diverged {
+        return Err(fail(
+            "fidelity_divergence",
+            Some(name),
+            Some(i),
+            Some("candidate"),
+        ));
     }
     // 3. DFlash with forced rejections must reproduce the candidate's serial output exactly.
     if p.block_size > 1 {
