@@ -216,13 +216,21 @@ __device__ __forceinline__ float e4m3_scaled(unsigned int b) {
 }
 
 // Σ_j e2m1(code_j) · x_j · 2^-14 over the 8 codes of `word` (code j ↔ x[j]), in a fixed order.
+// Each code's f16 lies wholly in its high byte (sign at bit 7, magnitude at bits 1..3; the low
+// byte is zero), so the high bytes of all even codes are made at once, and of all odd codes, and
+// each pair (j, j + 4) is then one byte permute. Shifting and masking each pair apart took 18
+// integer instructions per 8 codes in moe_gate_up's SASS, this 15 (7 % fewer instructions in
+// all; the XS 2.1 step 2.318 -> 2.244 ms on the H200). The halves equal the per-pair ones for
+// all 2^32 words (checked on the CPU) and are summed in the same order: the same bits.
 __device__ __forceinline__ float nvfp4_word_dot(unsigned int word, const float* x) {
+    const unsigned int ev = ((word << 4) & 0x80808080u) | ((word << 1) & 0x0e0e0e0eu);  // codes 0, 2, 4, 6
+    const unsigned int od = (word & 0x80808080u) | ((word >> 3) & 0x0e0e0e0eu);         // codes 1, 3, 5, 7
+    const unsigned int hb[4] = {__byte_perm(ev, 0, 0x2404), __byte_perm(od, 0, 0x2404), __byte_perm(ev, 0, 0x3414),
+                                __byte_perm(od, 0, 0x3414)};
     float s = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const unsigned int t = (word >> (4 * j)) & 0x000f000fu;  // codes j (low half) and j + 4 (high)
-        const unsigned int hb = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hb));
+    for (int j = 0; j < 4; j++) {  // codes j (low half) and j + 4 (high)
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hb[j]));
         s += f.x * x[j];
         s += f.y * x[j + 4];
     }
