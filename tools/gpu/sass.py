@@ -83,7 +83,7 @@ def main():
     with open(os.path.join(CACHE, kernel + ".sass"), "w") as f:
         f.write(body)
     ops = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", l).split()[0].split(".")[0]
-           for l in body.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+\S", l)]
+           for l in body.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", l)]
     mix = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(16))
     print(f"{kernel}: {len(ops)} instructions ({mix}); SASS in {os.path.relpath(CACHE, ROOT)}/{kernel}.sass")
 
