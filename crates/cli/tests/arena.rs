@@ -10,11 +10,12 @@
 //!
 //! Nothing here decides on timing. Waits have generous deadlines and fail naming what they
 //! waited for; the verdicts asserted cannot come out otherwise by chance: the tests' track has
-//! a floor of 0.5 (a no-op priced to a 3 % half-width is never near it; the floor's own
+//! a floor of 0.5 (a no-op priced over 20 pairs is never near it; the floor's own
 //! statistics are the clock's tests), and promotion needs the interval of two pricings to
 //! clear the best score by 1 % (the speed-up, `tracks/examples/speedup.patch`, prices at
 //! 1.83–1.85 with intervals [1.65, 2.02] on this window, its decode alone 1.59× faster; a
-//! no-op's chance of clearing the margin twice is below 1e-4).
+//! no-op's chance of clearing the margin twice is below 1e-3, and a no-op, which changes no
+//! file, is held all the same).
 
 mod arena_support;
 
@@ -23,6 +24,7 @@ use std::time::Duration;
 use arena_support::*;
 use fastdecode_arena::api::SubmissionView;
 use fastdecode_arena::bundle::Content;
+use fastdecode_arena::track::Track;
 
 /// (stage, outcome) of every row but a confirmation's: a no-op's pricing clears the best by
 /// the margin now and then by chance and is priced again, and held all the same (it changes no
@@ -80,8 +82,19 @@ on_both_databases!(
     two_runners_drain_a_queue_of_six_in_parallel,
 );
 
+/// The clock of the scenario that checks a no-op's score: 6 to 20 pairs, stopping at a 6 %
+/// interval. The test track's 3 % took all 40 pairs of its budget whenever this shared machine
+/// was noisy (pairs of a no-op scattered by up to 0.42 in log score), nine of the scenario's
+/// thirteen minutes on two cores. At that noise 20 pairs put a no-op's score within [0.6, 1.6]
+/// but for 5 standard errors, and the speed-up's lower end above the 1 % margin by 4.
+fn twenty_pair_clock(t: &mut Track) {
+    t.clock.min_pairs = 6;
+    t.clock.max_pairs = 20;
+    t.clock.target_ci = 0.06;
+}
+
 fn a_no_op_holds_a_speed_up_is_promoted_a_held_one_is_repriced_a_wrong_token_fails(db: Database) {
-    let a = Arena::on(db, 30);
+    let a = Arena::on_track(db, 30, twenty_pair_clock);
     let _r = a.runner("r1");
 
     // A no-op passes near 1.0 and is held (it beats nothing).
@@ -91,7 +104,7 @@ fn a_no_op_holds_a_speed_up_is_promoted_a_held_one_is_repriced_a_wrong_token_fai
     assert_eq!(outcomes(&noop), pairs(PASSED), "{noop:?}");
     let v = noop.verdict.clone().unwrap();
     let score = v["score"].as_f64().unwrap();
-    assert!((0.8..=1.25).contains(&score), "{v}");
+    assert!((0.6..=1.6).contains(&score), "{v}");
     for name in [
         "accepted_pair_count",
         "ratio_of_means",

@@ -350,9 +350,17 @@ impl Arena {
     }
 
     pub fn finished(&self, id: &str) -> SubmissionView {
-        wait_for(&format!("the verdict of {id}"), || {
+        let v = wait_for(&format!("the verdict of {id}"), || {
             Some(self.view(id)).filter(|v| v.finished())
-        })
+        });
+        // Where a test's minutes go (shown with --nocapture, or when it fails).
+        let took: Vec<String> = v
+            .stages
+            .iter()
+            .filter_map(|s| Some(format!("{} {:.1} s", s.stage, (s.ended_ms? - s.started_ms) as f64 / 1e3)))
+            .collect();
+        eprintln!("{id}: {}", took.join(", "));
+        v
     }
 
     /// A solver's working tree at the track's current base with `patch` (tracks/examples/)
