@@ -357,7 +357,13 @@ impl Arena {
         let took: Vec<String> = v
             .stages
             .iter()
-            .filter_map(|s| Some(format!("{} {:.1} s", s.stage, (s.ended_ms? - s.started_ms) as f64 / 1e3)))
+            .filter_map(|s| {
+                Some(format!(
+                    "{} {:.1} s",
+                    s.stage,
+                    (s.ended_ms? - s.started_ms) as f64 / 1e3
+                ))
+            })
             .collect();
         eprintln!("{id}: {}", took.join(", "));
         v
