@@ -130,9 +130,50 @@ pub fn pack(entries: &[(String, Content)]) -> Result<Vec<u8>> {
     Ok(b.into_inner()?.finish()?)
 }
 
-/// The entries of a bundle, reading at most `max_bytes` of file contents in all.
+/// What a bundle may decompress to besides its files' contents: tar's 512-byte header per
+/// entry and padding, long names and pax records (16,000 entries' worth). Without a bound a
+/// small gzip could expand into a long name or a pax record that tar holds in memory whole, or
+/// into millions of empty entries.
+const TAR_OVERHEAD_BYTES: u64 = 8 << 20;
+
+/// A reader that ends in an error, not silently, past `cap` bytes.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    cap: u64,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            // At the cap the stream's end is fine; one byte more is not.
+            let mut one = [0u8; 1];
+            return match self.inner.read(&mut one)? {
+                0 => Ok(0),
+                _ => Err(std::io::Error::other(format!(
+                    "it decompresses to more than {} bytes (its files' cap plus {} of tar headers)",
+                    self.cap, TAR_OVERHEAD_BYTES
+                ))),
+            };
+        }
+        let n = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let got = self.inner.read(&mut buf[..n])?;
+        self.left -= got as u64;
+        Ok(got)
+    }
+}
+
+/// The entries of a bundle, reading at most `max_bytes` of file contents in all, and at most
+/// that plus `TAR_OVERHEAD_BYTES` of tar.
 pub fn read(bytes: &[u8], max_bytes: u64) -> Result<Vec<Entry>> {
-    let mut ar = tar::Archive::new(GzDecoder::new(bytes));
+    let cap = max_bytes.saturating_add(TAR_OVERHEAD_BYTES);
+    let mut ar = tar::Archive::new(Capped {
+        inner: GzDecoder::new(bytes),
+        left: cap,
+        cap,
+    });
     let mut out = vec![];
     let mut total = 0u64;
     for e in ar.entries().context("the bundle is not a gzip tar")? {
@@ -184,6 +225,58 @@ pub fn digest(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gzip tar of `entries` (raw headers and data, as a hostile client would write them).
+    fn gz_tar(write: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        write(&mut b);
+        let tar = b.into_inner().unwrap();
+        let mut z = GzEncoder::new(Vec::new(), flate2::Compression::best());
+        std::io::Write::write_all(&mut z, &tar).unwrap();
+        z.finish().unwrap()
+    }
+
+    #[test]
+    fn a_small_gzip_cannot_expand_into_huge_tar_metadata() {
+        // A 64 MiB GNU long name (tar reads it into memory whole) in a gzip of about 64 KiB.
+        let long = gz_tar(|b| {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::GNULongName);
+            h.set_size(64 << 20);
+            h.set_cksum();
+            b.append(&h, std::io::repeat(b'a').take(64 << 20)).unwrap();
+            let mut f = tar::Header::new_gnu();
+            f.set_size(0);
+            f.set_cksum();
+            b.append(&f, &[][..]).unwrap();
+        });
+        assert!(long.len() < 1 << 20, "{}", long.len());
+        let t = std::time::Instant::now();
+        let e = format!("{:#}", read(&long, 1 << 20).unwrap_err());
+        assert!(e.contains("decompresses to more than"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+        // Twenty thousand empty files: their headers alone pass the cap too.
+        let many = gz_tar(|b| {
+            for i in 0..20_000 {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(0);
+                h.set_path(format!("crates/cpu/src/f{i}.rs")).unwrap();
+                h.set_cksum();
+                b.append(&h, &[][..]).unwrap();
+            }
+        });
+        let e = format!("{:#}", read(&many, 1 << 20).unwrap_err());
+        assert!(e.contains("decompresses to more than"), "{e}");
+        // A bundle within the caps still reads.
+        let ok = gz_tar(|b| {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(3);
+            h.set_path("crates/cpu/src/a.rs").unwrap();
+            h.set_cksum();
+            b.append(&h, &b"abc"[..]).unwrap();
+        });
+        assert_eq!(read(&ok, 1 << 20).unwrap()[0].data, b"abc");
+    }
 
     #[test]
     fn a_bundle_round_trips_and_is_deterministic() {
