@@ -122,8 +122,7 @@ impl LagunaConfig {
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let raw: RawLaguna =
-            serde_json::from_str(text).map_err(|e| Error::Config(format!("invalid JSON: {e}")))?;
+        let raw: RawLaguna = parse_named(text)?;
         raw.validate()
     }
 
@@ -258,6 +257,23 @@ fn rope_to_json(r: &RopeParams) -> Value {
             v
         }
     }
+}
+
+/// A config's JSON as `T`. serde's own message for a value of the wrong type names the type and
+/// the line and column, not the field; the path to the value (`quantization.group_size`) is kept
+/// alongside, so the error names the field as every other config error does. Syntax errors,
+/// which belong to no field, stay `invalid JSON: … at line L column C`.
+fn parse_named<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || inner.is_syntax() || inner.is_eof() {
+            Error::Config(format!("invalid JSON: {inner}"))
+        } else {
+            Error::field(&path, format!("is invalid: {inner}"))
+        }
+    })
 }
 
 /// A token id or a list of them (`eos_token_id` is either in HF configs).
@@ -638,6 +654,10 @@ impl RawLaguna {
             }
             None => {
                 let theta = field(self.rope_theta, "rope_parameters")?;
+                // The same bound as rope_parameters' own rope_theta (parse_rope).
+                if !(theta > 1.0 && theta.is_finite()) {
+                    return Err(Error::field("rope_theta", "must be a finite number > 1"));
+                }
                 let r = RopeParams {
                     theta,
                     partial_rotary_factor: 1.0,
@@ -831,8 +851,7 @@ impl DrafterConfig {
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let r: RawDrafter =
-            serde_json::from_str(text).map_err(|e| Error::Config(format!("invalid JSON: {e}")))?;
+        let r: RawDrafter = parse_named(text)?;
         let n = bounded(r.num_hidden_layers, "num_hidden_layers", limits::LAYERS)?;
         let heads = bounded(r.num_attention_heads, "num_attention_heads", limits::HEADS)?;
         let kv = bounded(r.num_key_value_heads, "num_key_value_heads", limits::HEADS)?;
@@ -1150,6 +1169,27 @@ mod tests {
         assert!(e.contains("gating"), "{e}");
         let e = bad(|v| v["model_type"] = json!("llama"));
         assert!(e.contains("model_type"), "{e}");
+        // A value of the wrong type: named by its path, not only located by line and column.
+        let e = bad(|v| v["hidden_size"] = json!("wide"));
+        assert!(
+            e.contains("field `hidden_size` is invalid: invalid type: string"),
+            "{e}"
+        );
+        let e = bad(|v| v["quantization"]["group_size"] = json!(-16));
+        assert!(e.contains("field `quantization.group_size`"), "{e}");
+        let e = bad(|v| v["layer_types"][5] = json!(5));
+        assert!(e.contains("field `layer_types[5]`"), "{e}");
+        // A flat rope_theta (no rope_parameters) has the bound rope_parameters' own has.
+        for theta in [json!(0.5), json!(-1e300)] {
+            let e = bad(|v| {
+                v.as_object_mut().unwrap().remove("rope_parameters");
+                v["rope_theta"] = theta;
+            });
+            assert!(
+                e.contains("rope_theta") && e.contains("finite number > 1"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

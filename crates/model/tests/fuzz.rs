@@ -31,8 +31,8 @@ fn read_json(rel: &str) -> Value {
 // ---------------------------------------------------------------------------------------------
 // Configs.
 
-/// A serde_json error as the config parser wraps it: it locates the fault (`line L column C`),
-/// since serde's own message names a type or token, not the field.
+/// A JSON syntax error as the config parser wraps it: it belongs to no field, so it is located
+/// (`line L column C`).
 fn is_located_json_error(msg: &str) -> bool {
     msg.starts_with("config: invalid JSON: ")
         && msg.contains(" at line ")
@@ -56,6 +56,10 @@ fn check_config_error(msg: &str) {
 fn check_config_mutation(path: &[Seg], m: &Mutation, result: Result<(), String>) {
     let Err(msg) = result else { return };
     check_config_error(&msg);
+    // A value of the wrong type or range is named by its field, not only located.
+    if msg.contains("invalid type") || msg.contains("invalid value") {
+        assert!(names_a_field(&msg), "a retyped value not named: {msg:?}");
+    }
     let ks = keys(path);
     let leaf_is_key = matches!(path.last(), Some(Seg::Key(_)));
     let deleted = matches!(m, Mutation::Delete) || matches!(m, Mutation::Set(Value::Null));

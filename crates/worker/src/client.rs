@@ -409,7 +409,7 @@ impl Worker {
             let wait = tick.interval().min(deadline - now);
             match self.lines.recv_timeout(wait) {
                 Ok(Line::Text(at, text)) => {
-                    let reply: Reply = serde_json::from_str(&text).map_err(|e| {
+                    let reply = Reply::parse(&text).map_err(|e| {
                         Fault::infra("protocol", format!("unparseable reply line: {e}"))
                     })?;
                     if let Reply::Error { message, .. } = &reply {

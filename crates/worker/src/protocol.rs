@@ -125,9 +125,98 @@ pub enum Reply {
     },
 }
 
+impl Request {
+    /// A request line (see `parse_named`).
+    pub fn parse(line: &str) -> Result<Request, String> {
+        parse_named(line, "op")
+    }
+}
+
+impl Reply {
+    /// A reply line (see `parse_named`).
+    pub fn parse(line: &str) -> Result<Reply, String> {
+        parse_named(line, "type")
+    }
+}
+
+/// One line as `T`, a message tagged by the field `tag`, with an error that names the field at
+/// fault. serde buffers a tagged message before it picks the variant, so for a value of the
+/// wrong type or range its error names neither the field nor a position (`invalid value:
+/// integer `-1`, expected usize`), and path-tracking deserialisers cannot see past that buffer.
+/// The field is then found by taking the object's other fields out one at a time: only taking
+/// out the one at fault changes the error (to its own `missing field`, a later field's fault, or
+/// none). Errors that already name a field or a variant, and syntax errors (located by line and
+/// column), are left as they are.
+fn parse_named<T: serde::de::DeserializeOwned>(line: &str, tag: &str) -> Result<T, String> {
+    let e = match serde_json::from_str::<T>(line) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let msg = e.to_string();
+    let named = ["field `", "variant `", " at line "]
+        .iter()
+        .any(|k| msg.contains(k));
+    if named {
+        return Err(msg);
+    }
+    let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(line) else {
+        return Err(msg);
+    };
+    let error_of = |o: serde_json::Map<String, serde_json::Value>| {
+        serde_json::from_value::<T>(serde_json::Value::Object(o))
+            .err()
+            .map(|e| e.to_string())
+    };
+    let whole = error_of(m.clone());
+    let without = |k: &str| {
+        let mut o = m.clone();
+        o.remove(k);
+        error_of(o)
+    };
+    match m
+        .keys()
+        .filter(|k| k.as_str() != tag)
+        .find(|k| without(k) != whole)
+    {
+        Some(k) => Err(format!("field `{k}`: {msg}")),
+        None => Err(msg),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_of_the_wrong_type_or_range_is_named_by_its_field() {
+        let line = r#"{"op":"window","id":3,"prompt":[1,2],"decode_tokens":4,"block_size":-1}"#;
+        let e = Request::parse(line).unwrap_err();
+        assert!(
+            e.starts_with("field `block_size`: invalid value: integer `-1`"),
+            "{e}"
+        );
+        let e = Request::parse(r#"{"op":"replay","id":"x","prompt":[],"chain":[]}"#).unwrap_err();
+        assert!(e.starts_with("field `id`: invalid type: string"), "{e}");
+        // Deep inside a reply: the top-level field that holds it.
+        let line = r#"{"type":"replay","id":2,"steps":[{"top":[{"id":5,"logit":"a"},{"id":2,"logit":0.5}]}]}"#;
+        let e = Reply::parse(line).unwrap_err();
+        assert!(e.starts_with("field `steps`: invalid type"), "{e}");
+        // Already named or located: as serde says it.
+        let e = Request::parse(r#"{"op":"window","id":3}"#).unwrap_err();
+        assert!(e.starts_with("missing field `prompt`"), "{e}");
+        let e = Request::parse(r#"{"op":"warp"}"#).unwrap_err();
+        assert!(e.starts_with("unknown variant `warp`"), "{e}");
+        let e = Reply::parse(r#"{"type":"seeded","id":1,"#).unwrap_err();
+        assert!(e.contains(" at line 1 column"), "{e}");
+        assert_eq!(
+            Reply::parse(r#"{"type":"seeded","id":1,"token":5,"kv_len":12}"#).unwrap(),
+            Reply::Seeded {
+                id: 1,
+                token: 5,
+                kv_len: 12
+            }
+        );
+    }
 
     #[test]
     fn requests_round_trip_and_unknown_fields_fail() {

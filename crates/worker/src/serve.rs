@@ -207,7 +207,7 @@ pub fn run(
             };
         let req: Request = match line.as_deref().map(|l| (l.trim().is_empty(), l)) {
             Ok((true, _)) => continue,
-            Ok((false, l)) => match serde_json::from_str(l) {
+            Ok((false, l)) => match Request::parse(l) {
                 Ok(r) => r,
                 Err(e) => {
                     let message = format!("bad request: {e}");
