@@ -146,8 +146,10 @@ impl Reply {
 /// The field is then found by taking the object's other fields out one at a time: only taking
 /// out the one at fault changes the error (to its own `missing field`, a later field's fault, or
 /// none). Errors that already name a field or a variant, and syntax errors (located by line and
-/// column), are left as they are.
+/// column), are left as they are, and so is an object with more fields than any message has:
+/// the search parses the line once per field, and a hostile line may hold thousands.
 fn parse_named<T: serde::de::DeserializeOwned>(line: &str, tag: &str) -> Result<T, String> {
+    const MOST_FIELDS: usize = 16;
     let e = match serde_json::from_str::<T>(line) {
         Ok(v) => return Ok(v),
         Err(e) => e,
@@ -162,6 +164,9 @@ fn parse_named<T: serde::de::DeserializeOwned>(line: &str, tag: &str) -> Result<
     let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(line) else {
         return Err(msg);
     };
+    if m.len() > MOST_FIELDS {
+        return Err(msg);
+    }
     let error_of = |o: serde_json::Map<String, serde_json::Value>| {
         serde_json::from_value::<T>(serde_json::Value::Object(o))
             .err()
@@ -208,6 +213,16 @@ mod tests {
         assert!(e.starts_with("unknown variant `warp`"), "{e}");
         let e = Reply::parse(r#"{"type":"seeded","id":1,"#).unwrap_err();
         assert!(e.contains(" at line 1 column"), "{e}");
+        // More fields than any message has: not searched (bounded work), serde's message as is.
+        let mut wide = r#"{"op":"window","block_size":-1"#.to_string();
+        for i in 0..5000 {
+            wide += &format!(r#","x{i}":{i}"#);
+        }
+        wide += "}";
+        let t = std::time::Instant::now();
+        let e = Request::parse(&wide).unwrap_err();
+        assert!(e.starts_with("invalid value: integer `-1`"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
         assert_eq!(
             Reply::parse(r#"{"type":"seeded","id":1,"token":5,"kv_len":12}"#).unwrap(),
             Reply::Seeded {
