@@ -83,10 +83,11 @@ on_both_databases!(
 );
 
 /// The clock of the scenario that checks a no-op's score: 6 to 20 pairs, stopping at a 6 %
-/// interval. The test track's 3 % took all 40 pairs of its budget whenever this shared machine
-/// was noisy (pairs of a no-op scattered by up to 0.42 in log score), nine of the scenario's
-/// thirteen minutes on two cores. At that noise 20 pairs put a no-op's score within [0.6, 1.6]
-/// but for 5 standard errors, and the speed-up's lower end above the 1 % margin by 4.
+/// interval. The test track's 3 % took up to all 40 pairs of its budget when this shared
+/// machine was noisy (pairs of a no-op scattered by up to 0.42 in log score): the scenario took
+/// 13 minutes on the two databases, 8 with this clock (fresh-clone CI, two cores). At that
+/// noise 20 pairs put a no-op's score within [0.6, 1.6] but for 5 standard errors, and the
+/// speed-up's lower end above the 1 % margin by 4.
 fn twenty_pair_clock(t: &mut Track) {
     t.clock.min_pairs = 6;
     t.clock.max_pairs = 20;
