@@ -278,7 +278,7 @@ impl Gpu {
     }
 
     /// A kernel function, compiling and loading its module on first use.
-    pub fn function(&self, module: &'static str, func: &str) -> Result<CudaFunction> {
+    pub fn function(&self, module: &'static str, func: &str) -> Result<Kernel> {
         let mut mods = self.modules.lock().expect("module cache lock");
         let m = match mods.get(module) {
             Some(m) => m.clone(),
@@ -293,7 +293,23 @@ impl Gpu {
                 m
             }
         };
-        Ok(m.load_function(func)?)
+        Ok(Kernel {
+            f: m.load_function(func)?,
+            name: format!("{module}::{func}"),
+        })
+    }
+}
+
+/// A loaded kernel function and its name (`module::function`), which a failed launch names.
+pub struct Kernel {
+    f: CudaFunction,
+    name: String,
+}
+
+impl std::ops::Deref for Kernel {
+    type Target = CudaFunction;
+    fn deref(&self) -> &CudaFunction {
+        &self.f
     }
 }
 
@@ -312,7 +328,7 @@ fn write_cache(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
 /// or writes anything one reads; before that it only loads constant data.
 pub(crate) struct Launch<'a> {
     gpu: &'a Gpu,
-    f: &'a CudaFunction,
+    f: &'a Kernel,
     args: Vec<*mut std::ffi::c_void>,
     /// Device pointers of slice arguments, boxed so their addresses stay put until the launch
     /// (a plain Vec would move them when it grows).
@@ -322,7 +338,7 @@ pub(crate) struct Launch<'a> {
 
 impl Gpu {
     /// A launch builder for `f` on this GPU's stream (see [`Launch`]).
-    pub(crate) fn launch<'a>(&'a self, f: &'a CudaFunction) -> Launch<'a> {
+    pub(crate) fn launch<'a>(&'a self, f: &'a Kernel) -> Launch<'a> {
         Launch {
             gpu: self,
             f,
@@ -353,17 +369,22 @@ impl Launch<'_> {
         self
     }
 
-    /// Launches the kernel with the arguments pushed so far.
+    /// Launches the kernel with the arguments pushed so far; a refused launch is an error that
+    /// names the kernel and its configuration.
     ///
     /// # Safety
     /// The arguments must match the kernel's parameters in number, order and type, and the
     /// kernel must stay within the buffers it is given.
-    pub(crate) unsafe fn launch(
-        &mut self,
-        cfg: cudarc::driver::LaunchConfig,
-    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+    pub(crate) unsafe fn launch(&mut self, cfg: cudarc::driver::LaunchConfig) -> Result<()> {
         use cudarc::driver::sys;
-        self.gpu.ctx.bind_to_thread()?;
+        let named = |source| CudaError::Launch {
+            kernel: self.f.name.clone(),
+            grid: cfg.grid_dim,
+            block: cfg.block_dim,
+            shared: cfg.shared_mem_bytes,
+            source,
+        };
+        self.gpu.ctx.bind_to_thread().map_err(named)?;
         // SAFETY: an all-zero attribute value is valid; the field set below is the one the id names.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -390,6 +411,7 @@ impl Launch<'_> {
                 std::ptr::null_mut(),
             )
             .result()
+            .map_err(named)
         }
     }
 }

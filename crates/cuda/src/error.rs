@@ -20,6 +20,14 @@ pub enum CudaError {
     Blas(String),
     #[error("CUDA driver error: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
+    #[error("launch of kernel {kernel} (grid {grid:?}, block {block:?}, {shared} bytes of dynamic shared memory): {source}")]
+    Launch {
+        kernel: String,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+        source: cudarc::driver::DriverError,
+    },
     #[error("{0}")]
     Shape(String),
     #[error(transparent)]
