@@ -78,6 +78,18 @@ struct FdTraceScope {
 #define FD_MARK(ev)
 #endif
 
+// `p`, for reading data an earlier kernel of the stream writes, once this thread has passed
+// pdl_wait(): loads through the result depend on this volatile asm, which stays after the wait's.
+// Loads through a `const __restrict__` pointer itself are non-coherent loads that NVVM treats as
+// invariant and may hoist above the wait: a gate/up kernel serving several rows per block read
+// its experts' ids before it, and its K-row verify differed from K steps with programmatic
+// launches on (H200; `tools/gpu/sass.py` lists a kernel's loads before its first wait).
+template <typename T>
+__device__ __forceinline__ const T* after_wait(const T* p) {
+    asm volatile("mov.b64 %0, %0;" : "+l"(p) : : "memory");
+    return p;
+}
+
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

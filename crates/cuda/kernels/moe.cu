@@ -351,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
     }
     // The routed slots' expert comes from the router, this kernel's predecessor.
     if (!sh) pdl_wait();
-    const size_t row0 = sh ? (size_t)o0 : (size_t)ids[r * k + slot] * I + o0;
+    const size_t row0 = sh ? (size_t)o0 : (size_t)after_wait(ids)[r * k + slot] * I + o0;
     const uint4* g = (sh ? sgc : gc) + row0 * C;
     const uint4* u = (sh ? suc : uc) + row0 * C;
     const unsigned char* gsr = (sh ? sgs : gs) + row0 * (H / 16);
@@ -370,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
     }
     if (sh) pdl_wait();  // the shared expert's weights were fetched before the wait
     float xv[32];
-    if (on) load_x32(xn + (size_t)r * H + 32 * t, xv);
+    if (on) load_x32(after_wait(xn) + (size_t)r * H + 32 * t, xv);
     FD_MARK(3);
     // Per-chunk dots summed by a butterfly within each warp, then the warps in order.
     const int lane = t % WARP, warp = t / WARP;
@@ -401,102 +401,6 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
         h[((size_t)r * (k + 1) + slot) * imax + o0 + t] = silu(gv) * uv;
     }
 }
-
-// The same for a multi-row step with `rpb` rows per block (grid z = ceil(rows / rpb)): a block
-// walks its rows in order with the next row's expert weights in flight while it computes the
-// current one, and loads the shared expert's weights, the same for every row, once. A block per
-// (row, slot), as moe_gate_up has, made an 8-row verify 9216 blocks of 64 threads, each one load,
-// one dependent decode and one reduction (1.91 ms per forward against 0.52 for one row, H200
-// bench --profile). A row's arithmetic is moe_gate_up's, so its bits are too.
-// grid: (ceil(max(I, Is) / OB), k + 1, ceil(rows / rpb)), block: 32·ceil(H / 1024).
-#define GU_LOAD(G, U, GS, US, R)                                                             \
-    do {                                                                                     \
-        const size_t row0_ = sh ? (size_t)o0 : (size_t)ids[(R) * k + slot] * I + o0;        \
-        const uint4* g_ = (sh ? sgc : gc) + row0_ * C;                                       \
-        const uint4* u_ = (sh ? suc : uc) + row0_ * C;                                       \
-        const unsigned char* gsr_ = (sh ? sgs : gs) + row0_ * (H / 16);                      \
-        const unsigned char* usr_ = (sh ? sus : us) + row0_ * (H / 16);                      \
-        _Pragma("unroll") for (int q = 0; q < MOE_OB; q++) {                                 \
-            if (on && o0 + q < width) {                                                      \
-                G[q] = load_stream(g_ + (size_t)q * C + t);                                  \
-                U[q] = load_stream(u_ + (size_t)q * C + t);                                  \
-                GS[q] = scale_pair(gsr_ + (size_t)q * (H / 16), t);                          \
-                US[q] = scale_pair(usr_ + (size_t)q * (H / 16), t);                          \
-            }                                                                                \
-        }                                                                                    \
-    } while (0)
-#define GU_COMPUTE(G, U, GS, US, R)                                                          \
-    do {                                                                                     \
-        float xv[32];                                                                        \
-        if (on) load_x32(xn + (size_t)(R) * H + 32 * t, xv);                                 \
-        _Pragma("unroll") for (int q = 0; q < MOE_OB; q++) {                                 \
-            float gv = 0.f, uv = 0.f;                                                        \
-            if (on && o0 + q < width) {                                                      \
-                gv = nvfp4_chunk_dot(G[q], GS[q], xv);                                       \
-                uv = nvfp4_chunk_dot(U[q], US[q], xv);                                       \
-            }                                                                                \
-            gv = warp_sum(gv);                                                               \
-            uv = warp_sum(uv);                                                               \
-            if (lane == 0) {                                                                 \
-                wsum[q][0][warp] = gv;                                                       \
-                wsum[q][1][warp] = uv;                                                       \
-            }                                                                                \
-        }                                                                                    \
-        __syncthreads();                                                                     \
-        if (t < MOE_OB && o0 + t < width) {                                                  \
-            float gv = 0.f, uv = 0.f;                                                        \
-            for (int w = 0; w < (int)blockDim.x / WARP; w++) {                               \
-                gv += wsum[t][0][w];                                                         \
-                uv += wsum[t][1][w];                                                         \
-            }                                                                                \
-            gv *= NVFP4_UNSCALE;                                                             \
-            uv *= NVFP4_UNSCALE;                                                             \
-            h[((size_t)(R) * (k + 1) + slot) * imax + o0 + t] = silu(gv) * uv;               \
-        }                                                                                    \
-        __syncthreads(); /* wsum is reused by the next row */                                \
-    } while (0)
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_rows(
-    const float* __restrict__ xn, const int* __restrict__ ids, const uint4* __restrict__ gc,
-    const unsigned char* __restrict__ gs, const uint4* __restrict__ uc, const unsigned char* __restrict__ us,
-    const uint4* __restrict__ sgc, const unsigned char* __restrict__ sgs, const uint4* __restrict__ suc,
-    const unsigned char* __restrict__ sus, float* __restrict__ h, int H, int I, int Is, int k, int rows, int rpb) {
-    FD_TRACE_KERNEL(5, 1);
-    __shared__ float wsum[MOE_OB][2][4];  // per warp (block <= 128 threads)
-    const int slot = blockIdx.y, t = threadIdx.x;
-    const int r0 = blockIdx.z * rpb, r1 = min(rows, r0 + rpb);
-    const bool sh = slot == k;
-    const int width = sh ? Is : I, imax = max(I, Is), C = H / 32;
-    const int o0 = blockIdx.x * MOE_OB;
-    if (o0 >= width || r0 >= r1) {
-        pdl_wait();
-        return;
-    }
-    if (!sh) pdl_wait();
-    const bool on = t < C;
-    const int lane = t % WARP, warp = t / WARP;
-    uint4 ga[MOE_OB], ua[MOE_OB], gb[MOE_OB], ub[MOE_OB];
-    unsigned int gsa[MOE_OB], usa[MOE_OB], gsb[MOE_OB], usb[MOE_OB];
-    GU_LOAD(ga, ua, gsa, usa, r0);
-    if (sh) pdl_wait();  // the shared expert's weights were fetched before the wait
-#pragma unroll 1
-    for (int r = r0; r < r1; r++) {
-        // The shared expert's weights serve every row; a routed slot's next row is in flight.
-        const bool next = !sh && r + 1 < r1;
-        if (next) GU_LOAD(gb, ub, gsb, usb, r + 1);
-        GU_COMPUTE(ga, ua, gsa, usa, r);
-        if (next) {
-#pragma unroll
-            for (int q = 0; q < MOE_OB; q++) {
-                ga[q] = gb[q];
-                ua[q] = ub[q];
-                gsa[q] = gsb[q];
-                usa[q] = usb[q];
-            }
-        }
-    }
-}
-#undef GU_LOAD
-#undef GU_COMPUTE
 
 #define DOWN_OB 8
 
@@ -541,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(
     // The residual this block adds to, read now so that the round trip overlaps the dots.
     const float x_old = t < DOWN_OB && o0 + t < H ? x[(size_t)r * H + o0 + t] : 0.f;
     float xv[32];
-    if (on) load_x32(h + ((size_t)r * (k + 1) + s) * imax + 32 * c, xv);
+    if (on) load_x32(after_wait(h) + ((size_t)r * (k + 1) + s) * imax + 32 * c, xv);
 #pragma unroll
     for (int q = 0; q < DOWN_OB; q++)
         if (on && o0 + q < H) part[q][t] = nvfp4_chunk_dot(w[q], sv[q], xv);

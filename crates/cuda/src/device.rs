@@ -54,8 +54,6 @@ pub struct Gpu {
     /// by default; `FASTDECODE_GEMV_STAGE=1`).
     pub gemv_group: std::sync::atomic::AtomicUsize,
     pub gemv_stage: std::sync::atomic::AtomicBool,
-    /// Rows per gate/up block in multi-row steps (`ops.rs`; 0: the default).
-    pub moe_rpb: std::sync::atomic::AtomicUsize,
 }
 
 /// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
@@ -163,13 +161,6 @@ impl Gpu {
             // (the shared-memory attribute is no longer lowered) but not yet run on a GPU.
             gemv_stage: std::sync::atomic::AtomicBool::new(
                 std::env::var("FASTDECODE_GEMV_STAGE").is_ok_and(|v| v == "1"),
-            ),
-            moe_rpb: std::sync::atomic::AtomicUsize::new(
-                std::env::var("FASTDECODE_MOE_RPB")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|&n: &usize| (1..=16).contains(&n))
-                    .unwrap_or(0),
             ),
         })
     }

@@ -16,9 +16,6 @@ const MOE_OB: usize = 4;
 const DOWN_OB: usize = 8;
 /// Rows one decode-kernel launch carries (the GEMVs keep one accumulator per row in registers).
 pub const MAX_ROWS: usize = 16;
-/// Rows one gate/up block serves in a multi-row step (`moe_gate_up_rows`; `Gpu::moe_rpb`
-/// overrides it, from `FASTDECODE_MOE_RPB`); 1 keeps a block per (row, slot).
-pub const DEFAULT_MOE_RPB: usize = 1;
 
 /// Rotary parameters on the device.
 pub struct DevRope {
@@ -384,24 +381,10 @@ impl Gpu {
                 "moe_gate_up: buffers too small for {rows} rows"
             )));
         }
-        // Several rows: blocks that serve `rpb` rows each (moe_gate_up_rows, same bits).
-        let rpb = match self.moe_rpb.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => DEFAULT_MOE_RPB,
-            n => n,
-        };
-        let per_row = rows == 1 || rpb == 1;
-        let f = self.function(
-            "moe",
-            if per_row {
-                "moe_gate_up"
-            } else {
-                "moe_gate_up_rows"
-            },
-        )?;
-        let ints = [hd, i, is, k, rows, rpb].map(|v| v as i32);
-        let blocks_z = if per_row { rows } else { rows.div_ceil(rpb) };
+        let f = self.function("moe", "moe_gate_up")?;
+        let ints = [hd, i, is, k].map(|v| v as i32);
         let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (sw.div_ceil(MOE_OB) as u32, (k + 1) as u32, blocks_z as u32),
+            grid_dim: (sw.div_ceil(MOE_OB) as u32, (k + 1) as u32, rows as u32),
             block_dim: ((32 * (hd / 32).div_ceil(32)) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -421,10 +404,7 @@ impl Gpu {
             .arg(&ints[1])
             .arg(&ints[2])
             .arg(&ints[3]);
-        if !per_row {
-            b.arg(&ints[4]).arg(&ints[5]);
-        }
-        // SAFETY: as above; the rows variant takes the row count and rows per block too.
+        // SAFETY: as above.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
