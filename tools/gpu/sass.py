@@ -2,7 +2,7 @@
 """A kernel's Hopper machine code on a machine without a GPU: the kernel module compiled as
 `device.rs` compiles it (common.cuh + MODULE.cu, NVRTC, `compute_90a`), assembled by ptxas
 for sm_90a, disassembled by cuobjdump; prints the registers, spills and instruction mix of
-KERNEL, and the loads it issues before its first griddepcontrol.wait (ACQBULK): under a
+KERNEL, and the loads it issues before its main path's first griddepcontrol.wait (ACQBULK): under a
 programmatic launch only constant data (weights) may be read there, so a load of a buffer an
 earlier kernel writes in that list is a race. NVRTC, ptxas, cuobjdump and the CUDA headers come from PyPI wheels
 (nvidia-cuda-nvrtc-cu12, triton), downloaded once into .cache/sass/. Kernel variants compare
@@ -89,10 +89,11 @@ def main():
     mix = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(16))
     print(f"{kernel}: {len(ops)} instructions ({mix}); SASS in {os.path.relpath(CACHE, ROOT)}/{kernel}.sass")
     code = [l.split(";")[0].split("*/", 1)[1].strip() for l in body.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", l)]
-    wait = next((i for i, l in enumerate(code) if "ACQBULK" in l), None)
+    # The wait of the main path: an early return's wait (`pdl_wait(); return;`) ends in EXIT.
+    wait = next((i for i, l in enumerate(code) if "ACQBULK" in l and not any("EXIT" == c.split()[-1] for c in code[i + 1:i + 3])), None)
     if wait is not None:
         early = [l for l in code[:wait] if re.search(r"\bLD(G|S)?\b|\bLDG\.", l)]
-        print(f"loads before the first wait (instruction {wait}): {len(early)}")
+        print(f"loads before the main path's first wait (instruction {wait}): {len(early)}")
         for l in early:
             print("   " + " ".join(l.split()))
 
