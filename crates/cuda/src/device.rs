@@ -311,15 +311,21 @@ fn write_cache(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
-/// A kernel launch that may overlap its predecessor's tail: a programmatic dependent launch
-/// (Hopper and later), captured into CUDA graphs as a programmatic edge. The kernel is started
-/// while the previous one still runs, so its launch latency and the loads that do not depend on
-/// the previous kernel (weights, older KV-cache rows) overlap it. Every kernel launched this way
-/// calls `pdl_wait()` (common.cuh) before it reads anything an earlier kernel of the stream wrote
-/// or writes anything one reads; before that it only loads constant data.
+/// A kernel launch on the GPU's stream, the one way every kernel is launched: a refused launch
+/// is an error that names the kernel and its configuration.
+///
+/// Made by [`Gpu::launch`], it may overlap its predecessor's tail: a programmatic dependent
+/// launch (Hopper and later), captured into CUDA graphs as a programmatic edge. The kernel is
+/// started while the previous one still runs, so its launch latency and the loads that do not
+/// depend on the previous kernel (weights, older KV-cache rows) overlap it. Every kernel launched
+/// this way calls `pdl_wait()` (common.cuh) before it reads anything an earlier kernel of the
+/// stream wrote or writes anything one reads; before that it only loads constant data. Made by
+/// [`Gpu::launch_ordered`], it never is: the kernel starts after its predecessor has finished.
 pub(crate) struct Launch<'a> {
     gpu: &'a Gpu,
     f: &'a Kernel,
+    /// Whether the launch is programmatic when the GPU's launches are (`Gpu::pdl`).
+    programmatic: bool,
     args: Vec<*mut std::ffi::c_void>,
     /// Device pointers of slice arguments, boxed so their addresses stay put until the launch
     /// (a plain Vec would move them when it grows).
@@ -328,13 +334,24 @@ pub(crate) struct Launch<'a> {
 }
 
 impl Gpu {
-    /// A launch builder for `f` on this GPU's stream (see [`Launch`]).
+    /// A launch builder for `f` on this GPU's stream, programmatic while the GPU's launches are
+    /// (see [`Launch`]).
     pub(crate) fn launch<'a>(&'a self, f: &'a Kernel) -> Launch<'a> {
         Launch {
             gpu: self,
             f,
+            programmatic: true,
             args: Vec::with_capacity(24),
             ptrs: Vec::with_capacity(16),
+        }
+    }
+
+    /// A launch builder for `f` on this GPU's stream that is never programmatic: for kernels
+    /// that do not call `pdl_wait()` (the prefill path, the weight generator).
+    pub(crate) fn launch_ordered<'a>(&'a self, f: &'a Kernel) -> Launch<'a> {
+        Launch {
+            programmatic: false,
+            ..self.launch(f)
         }
     }
 
@@ -390,7 +407,7 @@ impl Launch<'_> {
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.gpu.stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: self.gpu.pdl() as u32,
+            numAttrs: (self.programmatic && self.gpu.pdl()) as u32,
         };
         // SAFETY: the caller vouches for the arguments; the pointers in `args` live in `self`
         // (boxed device pointers) or in the caller's borrowed scalars, both outliving the call.
@@ -418,7 +435,7 @@ macro_rules! scalar_args {
         }
     )*};
 }
-scalar_args!(i32, u32, f32, u64);
+scalar_args!(i32, u32, f32, u64, i64);
 
 // SAFETY (all four): the device pointer is copied into `ptrs` and passed by address.
 unsafe impl<'a, 'b: 'a, T> cudarc::driver::PushKernelArg<&'b cudarc::driver::CudaSlice<T>>

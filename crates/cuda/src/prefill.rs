@@ -152,8 +152,7 @@ impl Gpu {
             let nn = n as i64;
             // SAFETY: argument types match the kernel; x holds n elements, xs 2n.
             unsafe {
-                self.stream
-                    .launch_builder(&f)
+                self.launch_ordered(&f)
                     .arg(x)
                     .arg(&mut xs)
                     .arg(&nn)
@@ -212,7 +211,7 @@ impl Gpu {
         let f = self.function("prefill", "pf_rms_norm_split")?;
         let (nn, ri) = (n as i32, rows as i32);
         let null = 0u64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_ordered(&f);
         b.arg(x).arg(w);
         match out {
             Some(o) => b.arg(o),
@@ -339,8 +338,7 @@ impl Gpu {
             let (ri, ni) = (rows as i32, n as i32);
             // SAFETY: argument types match the kernel; xn holds rows·n floats, xs as many u32.
             unsafe {
-                self.stream
-                    .launch_builder(&f)
+                self.launch_ordered(&f)
                     .arg(xn)
                     .arg(&mut xs)
                     .arg(&ri)
@@ -443,8 +441,7 @@ impl Gpu {
         // prefill.cu; sizes were checked above and the scratch sized for them.
         let f = self.function("prefill", "pf_moe_place")?;
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch_ordered(&f)
                 .arg(ids)
                 .arg(&ri)
                 .arg(&ki)
@@ -456,8 +453,7 @@ impl Gpu {
         }?;
         let f = self.function("prefill", "pf_moe_tiles")?;
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch_ordered(&f)
                 .arg(&cnt)
                 .arg(&ri)
                 .arg(&ei)
@@ -468,8 +464,7 @@ impl Gpu {
         let f = self.function("prefill", "pf_moe_gate_up")?;
         set_smem(&f, MOE_SMEM)?;
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch_ordered(&f)
                 .arg(&w.gate.codes)
                 .arg(&w.gate.scales)
                 .arg(&w.up.codes)
@@ -497,8 +492,7 @@ impl Gpu {
         let f = self.function("prefill", "pf_moe_down")?;
         set_smem(&f, MOE_SMEM)?;
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch_ordered(&f)
                 .arg(&w.down.codes)
                 .arg(&w.down.scales)
                 .arg(&w.shared_down.codes)
@@ -520,8 +514,7 @@ impl Gpu {
         }?;
         let f = self.function("prefill", "pf_moe_combine")?;
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch_ordered(&f)
                 .arg(&y)
                 .arg(&pos)
                 .arg(wts)
@@ -701,8 +694,7 @@ impl Gpu {
             // SAFETY: argument types match pf_attn_split; the run lies inside the caches (n
             // floats each) and kx, vx (2n bf16 each).
             unsafe {
-                self.stream
-                    .launch_builder(&f)
+                self.launch_ordered(&f)
                     .arg(ck)
                     .arg(cv)
                     .arg(&mut kx)
@@ -745,8 +737,7 @@ impl Gpu {
         );
         // SAFETY: argument types match pf_attend_d*; sizes checked above.
         unsafe {
-            self.stream
-                .launch_builder(&f)
+            self.launch_ordered(&f)
                 .arg(q)
                 .arg(&kx)
                 .arg(&vx)

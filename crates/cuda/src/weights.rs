@@ -65,8 +65,7 @@ impl WeightSource<'_> {
         let cfg = launch_cfg((n.div_ceil(256).min(65535) as u32, 1), 256, 0);
         // SAFETY: `out` holds n elements of the kind's type; the kernel writes exactly those.
         unsafe {
-            gpu.stream
-                .launch_builder(&f)
+            gpu.launch_ordered(&f)
                 .arg(&key)
                 .arg(&nn)
                 .arg(&kind)
