@@ -43,7 +43,7 @@ pub struct Gpu {
     pub sm_count: u32,
     arch: &'static str,
     include: PathBuf,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    modules: Mutex<HashMap<&'static str, Loaded>>,
     pdl_on: std::sync::atomic::AtomicBool,
     /// Compute capability 9.0 or newer and not turned off by `FASTDECODE_PDL=0` (read at open).
     pdl_capable: bool,
@@ -232,7 +232,8 @@ impl Gpu {
     pub fn trace_take(&self) -> Result<Vec<crate::timeline::TraceRecord>> {
         let mods = self.modules.lock().expect("module cache lock");
         let mut out = vec![];
-        for (name, m) in mods.iter() {
+        for (name, loaded) in mods.iter() {
+            let m = &loaded.module;
             let Ok(mut n) = m.get_global("fd_trace_n", &self.stream) else {
                 continue;
             };
@@ -268,33 +269,58 @@ impl Gpu {
         Ok(out)
     }
 
-    /// A kernel function, compiling and loading its module on first use.
+    /// A kernel function, compiling and loading its module on first use. After a function's
+    /// first use this is a lookup and two reference-count increments: no allocation, so an
+    /// eager launch pays nothing for the name its errors carry.
     pub fn function(&self, module: &'static str, func: &str) -> Result<Kernel> {
         let mut mods = self.modules.lock().expect("module cache lock");
-        let m = match mods.get(module) {
-            Some(m) => m.clone(),
-            None => {
+        let loaded = match mods.entry(module) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
                 let src = MODULES
                     .iter()
                     .find(|(n, _)| *n == module)
                     .map(|(_, s)| *s)
                     .ok_or_else(|| CudaError::Shape(format!("no kernel module {module}")))?;
-                let m = self.ctx.load_module(self.compile(module, src)?)?;
-                mods.insert(module, m.clone());
-                m
+                e.insert(Loaded {
+                    module: self.ctx.load_module(self.compile(module, src)?)?,
+                    functions: HashMap::new(),
+                })
             }
         };
-        Ok(Kernel {
-            f: m.load_function(func)?,
-            name: format!("{module}::{func}"),
-        })
+        if let Some(k) = loaded.functions.get(func) {
+            return Ok(k.clone());
+        }
+        let k = Kernel {
+            f: loaded.module.load_function(func)?,
+            module,
+            func: func.into(),
+        };
+        loaded.functions.insert(func.to_string(), k.clone());
+        Ok(k)
     }
 }
 
+/// A loaded module and the functions loaded from it so far.
+struct Loaded {
+    module: Arc<CudaModule>,
+    functions: HashMap<String, Kernel>,
+}
+
 /// A loaded kernel function and its name (`module::function`), which a failed launch names.
+/// Cloning it counts references; the name is formatted only for an error.
+#[derive(Clone)]
 pub struct Kernel {
     f: CudaFunction,
-    name: String,
+    module: &'static str,
+    func: Arc<str>,
+}
+
+impl Kernel {
+    /// `module::function`.
+    pub fn name(&self) -> String {
+        format!("{}::{}", self.module, self.func)
+    }
 }
 
 impl std::ops::Deref for Kernel {
@@ -386,7 +412,7 @@ impl Launch<'_> {
     pub(crate) unsafe fn launch(&mut self, cfg: cudarc::driver::LaunchConfig) -> Result<()> {
         use cudarc::driver::sys;
         let named = |source| CudaError::Launch {
-            kernel: self.f.name.clone(),
+            kernel: self.f.name(),
             grid: cfg.grid_dim,
             block: cfg.block_dim,
             shared: cfg.shared_mem_bytes,
