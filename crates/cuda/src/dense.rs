@@ -86,14 +86,10 @@ impl Gpu {
             let nr = n as i32;
             let (name, shared) = self.gemv_variant(out, inp, n, norm.is_some());
             let f = self.function("dense", &name)?;
-            // Without the attribute a block may hold 48 KiB of shared memory, static and
-            // dynamic together: 48 KiB of staged rows beside the kernel's own 576 bytes were
-            // refused (the XS 2.1 worker's start with staging on, H200). Always the same cap,
-            // never the launch's own size: the attribute is the function's, and a captured
-            // graph of a larger launch would fail to replay once a smaller launch had lowered it.
-            if shared > 0 && shared + f.shared_size_bytes()? as usize > 48 * 1024 {
-                crate::prefill::set_smem(&f, STAGE_MAX_BYTES as u32)?;
-            }
+            // 48 KiB of staged rows beside the kernel's own 576 bytes of static shared memory
+            // were refused without the raised cap (the XS 2.1 worker's start with staging on,
+            // H200). The cap is the same for every launch, whatever its size.
+            f.fit_shared(shared, STAGE_MAX_BYTES)?;
             let grid = self.persistent_grid(&f, 256, shared, out.div_ceil(8))?;
             let cfg = launch_cfg((grid, 1), 256, shared as u32);
             let mut b = self.launch(&f);

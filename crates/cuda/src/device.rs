@@ -316,10 +316,41 @@ pub struct Kernel {
     func: Arc<str>,
 }
 
+/// The shared memory a block may hold, static and dynamic together, while its kernel's
+/// max-dynamic-shared-memory attribute is the default.
+const DEFAULT_SHARED_BYTES: usize = 48 * 1024;
+
 impl Kernel {
     /// `module::function`.
     pub fn name(&self) -> String {
         format!("{}::{}", self.module, self.func)
+    }
+
+    /// Makes a launch with `dynamic` bytes of dynamic shared memory possible: when those and the
+    /// kernel's static shared memory exceed the 48 KiB a block may hold by default, raises the
+    /// kernel's max-dynamic-shared-memory attribute to `cap` (at least `dynamic`); otherwise
+    /// leaves the attribute as it is. Give every launch of a kernel the same `cap`, never the
+    /// launch's own size: the attribute is the function's, and a graph captured with a larger
+    /// launch would fail to replay once a smaller launch had lowered it.
+    pub(crate) fn fit_shared(&self, dynamic: usize, cap: usize) -> Result<()> {
+        if dynamic == 0 {
+            return Ok(());
+        }
+        let fixed = self.f.shared_size_bytes()? as usize;
+        if dynamic + fixed <= DEFAULT_SHARED_BYTES {
+            return Ok(());
+        }
+        crate::error::check(dynamic <= cap && cap <= i32::MAX as usize, || {
+            format!(
+                "kernel {}: {dynamic} bytes of dynamic shared memory over its cap of {cap}",
+                self.name()
+            )
+        })?;
+        self.f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            cap as i32,
+        )?;
+        Ok(())
     }
 }
 

@@ -35,15 +35,6 @@ pub struct MoeWeights<'a> {
     pub shared_down: &'a DevNvfp4,
 }
 
-/// Lets `f` take `bytes` of dynamic shared memory (over the 48 KiB default).
-pub(crate) fn set_smem(f: &cudarc::driver::CudaFunction, bytes: u32) -> Result<()> {
-    f.set_attribute(
-        cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        bytes as i32,
-    )?;
-    Ok(())
-}
-
 fn nvfp4_is(w: &DevNvfp4, rows: usize, cols: usize) -> bool {
     w.codes.len() == rows * cols / 8 && w.scales.len() == rows * cols / 16
 }
@@ -462,7 +453,7 @@ impl Gpu {
                 .launch(launch_cfg((1, 1), 1024, 0))
         }?;
         let f = self.function("prefill", "pf_moe_gate_up")?;
-        set_smem(&f, MOE_SMEM)?;
+        f.fit_shared(MOE_SMEM as usize, MOE_SMEM as usize)?;
         unsafe {
             self.launch_ordered(&f)
                 .arg(&w.gate.codes)
@@ -490,7 +481,7 @@ impl Gpu {
                 ))
         }?;
         let f = self.function("prefill", "pf_moe_down")?;
-        set_smem(&f, MOE_SMEM)?;
+        f.fit_shared(MOE_SMEM as usize, MOE_SMEM as usize)?;
         unsafe {
             self.launch_ordered(&f)
                 .arg(&w.down.codes)
@@ -718,8 +709,9 @@ impl Gpu {
             .unwrap_or(1);
         let rb = 8 / gb;
         let smem = (ATTEND_STAGES * 256 * (d + 8)) as u32;
+        // One size per kernel (it depends only on d, and each d has its own kernel).
         let f = self.function("prefill", name)?;
-        set_smem(&f, smem)?;
+        f.fit_shared(smem as usize, smem as usize)?;
         let (out_ptr, xs_ptr, _sync) = out.pointers(self);
         check(g_stride <= i32::MAX as usize, || {
             format!("attend_prefill: gate row stride {g_stride} beyond int range")
