@@ -3,13 +3,13 @@
 //! then follow the stages live to the verdict table.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
 use crate::api::{Accepted, NewSubmission, SubmissionView, TrackView};
 use crate::bundle::{self, Content};
+use crate::git;
 use crate::http::Api;
 
 pub struct SubmitOptions {
@@ -21,23 +21,6 @@ pub struct SubmitOptions {
     pub claimed_score: Option<f64>,
     pub repo: PathBuf,
     pub idempotency_key: Option<String>,
-}
-
-fn git(repo: &Path, args: &[&str]) -> Result<Vec<u8>> {
-    let o = Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args(args)
-        .output()
-        .context("running git")?;
-    if !o.status.success() {
-        bail!(
-            "git {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(o.stdout)
 }
 
 fn nul_list(b: &[u8]) -> Vec<String> {
@@ -69,17 +52,17 @@ pub struct Changes {
 
 /// The bundle of what `repo`'s working tree changed against `base` on `surface`.
 pub fn changes(repo: &Path, base: &str, surface: &[String]) -> Result<Changes> {
-    git(repo, &["cat-file", "-e", &format!("{base}^{{commit}}")]).with_context(|| {
+    git::output(repo, &["cat-file", "-e", &format!("{base}^{{commit}}")]).with_context(|| {
         format!(
             "the track's current base {base} is not in {}: fetch the arena's branch arena-base/<track> first",
             repo.display()
         )
     })?;
-    let mut paths = nul_list(&git(
+    let mut paths = nul_list(&git::output(
         repo,
         &["diff", "--name-only", "--no-renames", "-z", base, "--"],
     )?);
-    paths.extend(nul_list(&git(
+    paths.extend(nul_list(&git::output(
         repo,
         &["ls-files", "--others", "--exclude-standard", "-z"],
     )?));

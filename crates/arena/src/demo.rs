@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use crate::api::{SubmissionList, SubmissionView, TrackView};
 use crate::cli::{add_token, home, new_hidden, service, DemoArgs, StateArgs};
 use crate::client;
+use crate::git;
 use crate::http::Api;
 use crate::track::Track;
 
@@ -38,23 +39,6 @@ const EXAMPLES: &[(&str, Option<&str>, &str)] = &[
         "A deliberate bug: from position 70 on, the greedy pick is off by one id.",
     ),
 ];
-
-fn git(dir: &Path, args: &[&str]) -> Result<()> {
-    let o = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .output()
-        .context("running git")?;
-    if !o.status.success() {
-        bail!(
-            "git {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(())
-}
 
 /// The demo's track: the repository's serial-tiny with its own hidden material and a clock
 /// sized for a demo (shorter windows, a 3 % precision target, a shared machine's quiet rule).
@@ -118,7 +102,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         cache.display()
     );
     let (repo, solver) = (dir.join("repo"), dir.join("solver"));
-    git(
+    git::output(
         &dir,
         &["clone", "--quiet", &checkout.to_string_lossy(), "repo"],
     )
@@ -132,7 +116,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         tracks.join(format!("{TRACK}.toml")),
         toml::to_string(&track)?,
     )?;
-    git(
+    git::output(
         &dir,
         &["clone", "--quiet", &repo.to_string_lossy(), "solver"],
     )?;
@@ -216,7 +200,7 @@ fn examples(url: &str, token: &str, solver: &Path, checkout: &Path, dir: &Path) 
     let api = Api::new(url, None)?;
     for (i, (name, patch, note)) in EXAMPLES.iter().enumerate() {
         let t: TrackView = api.get_json(&format!("/api/tracks/{TRACK}"))?;
-        git(
+        git::output(
             solver,
             &[
                 "fetch",
@@ -225,7 +209,7 @@ fn examples(url: &str, token: &str, solver: &Path, checkout: &Path, dir: &Path) 
                 "+refs/heads/*:refs/remotes/origin/*",
             ],
         )?;
-        git(
+        git::output(
             solver,
             &[
                 "checkout",
@@ -237,7 +221,7 @@ fn examples(url: &str, token: &str, solver: &Path, checkout: &Path, dir: &Path) 
         )?;
         if let Some(p) = patch {
             let p: PathBuf = checkout.join("tracks/examples").join(p);
-            git(solver, &["apply", &p.to_string_lossy()])
+            git::output(solver, &["apply", &p.to_string_lossy()])
                 .with_context(|| format!("applying {}", p.display()))?;
         }
         let note_file = dir.join(format!("note-{i}.md"));
@@ -254,7 +238,7 @@ fn examples(url: &str, token: &str, solver: &Path, checkout: &Path, dir: &Path) 
             idempotency_key: None,
         })?;
         eprint!("{}", client::table(&v));
-        git(
+        git::output(
             solver,
             &[
                 "checkout",

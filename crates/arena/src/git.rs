@@ -14,6 +14,19 @@ fn git(repo: &Path) -> Command {
     c
 }
 
+/// `git -C repo ARGS`'s standard output; a failure says `git ARGS: <what git said>`.
+pub fn output(repo: &Path, args: &[&str]) -> Result<Vec<u8>> {
+    let o = git(repo).args(args).output().context("running git")?;
+    if !o.status.success() {
+        bail!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(o.stdout)
+}
+
 fn run(mut c: Command, what: &str) -> Result<Vec<u8>> {
     let o = c.output().with_context(|| format!("running git {what}"))?;
     if !o.status.success() {
