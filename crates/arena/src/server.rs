@@ -91,10 +91,16 @@ fn unauthorized() -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, "unknown token")
 }
 
-/// The solver a request's token belongs to.
-async fn solver(s: &Service, h: &HeaderMap) -> ApiResult<String> {
+/// The id of a request's token and its holder's row, selected by `query` (`... secret_hash ...
+/// WHERE id = $1`), once the token's secret matches the row's hash; an unknown id or a wrong
+/// secret is the same `unknown token`.
+async fn holder(
+    s: &Service,
+    h: &HeaderMap,
+    query: &'static str,
+) -> ApiResult<(String, sqlx::any::AnyRow)> {
     let (id, secret) = bearer(h)?;
-    let row = sqlx::query("SELECT secret_hash FROM solvers WHERE id = $1")
+    let row = sqlx::query(query)
         .bind(&id)
         .fetch_optional(&s.db.pool)
         .await?
@@ -103,21 +109,18 @@ async fn solver(s: &Service, h: &HeaderMap) -> ApiResult<String> {
     if !tokens::matches(&secret, &stored) {
         return Err(unauthorized());
     }
+    Ok((id, row))
+}
+
+/// The solver a request's token belongs to.
+async fn solver(s: &Service, h: &HeaderMap) -> ApiResult<String> {
+    let (id, _) = holder(s, h, "SELECT secret_hash FROM solvers WHERE id = $1").await?;
     Ok(id)
 }
 
 /// The runner a request's token belongs to, and its kind.
 async fn runner(s: &Service, h: &HeaderMap) -> ApiResult<(String, String)> {
-    let (id, secret) = bearer(h)?;
-    let row = sqlx::query("SELECT secret_hash, kind FROM runners WHERE id = $1")
-        .bind(&id)
-        .fetch_optional(&s.db.pool)
-        .await?
-        .ok_or_else(unauthorized)?;
-    let stored: String = row.try_get("secret_hash")?;
-    if !tokens::matches(&secret, &stored) {
-        return Err(unauthorized());
-    }
+    let (id, row) = holder(s, h, "SELECT secret_hash, kind FROM runners WHERE id = $1").await?;
     sqlx::query("UPDATE runners SET last_seen_ms = $1 WHERE id = $2")
         .bind(now_ms())
         .bind(&id)
