@@ -1,6 +1,7 @@
 // Mixture of experts: the router (logits of the normed input and the top-k selection), NVFP4 expert GEMVs with
 // dequantisation in registers (gate and up fused with SiLU·mul, routed and shared experts in one
-// launch; down fused with the routing-weight combine, the shared expert and the residual add).
+// launch; down fused with the routing-weight combine, the shared expert and the residual add), in
+// f32 FMAs or on the tensor cores (the default: ops.rs `MoeKernel`).
 // CPU twins: fastdecode_cpu::layers::{Moe::route, Moe::forward}.
 
 // One warp: lane i < k holds the i-th of the k chosen experts (distinct, in any order). Lists them
@@ -402,6 +403,235 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
     }
 }
 
+// The same h on the tensor cores (`FASTDECODE_MOE=mma2`, the default, or `mma4`): a warp owns a
+// 16-output tile of gate and of up over a slice of NC·128 input columns, as m16n8k16 f16 products
+// with f32 sums. The weights are exact in f16: an NVFP4 code placed in an f16's high byte (value ·
+// 2^-14, as nvfp4_word_dot makes it) times its e4m3 block scale · 2^7 is e2m1 · e4m3 · 2^-7 with
+// at most five significant bits, far inside f16's range. The activations are exact too, as three
+// f16 terms (hi, mid, lo: 33 bits) of the slice scaled by a power of two that puts its largest
+// magnitude in [2^14, 2^15), staged once per warp in shared memory; they are the B operand's
+// columns 0..2 (columns 3..7 zero), so each product is exact and a row's sums never involve
+// another row. Per code: a share of the shift-and-mask words, a byte permute and half an HMUL2
+// (about 2 instructions, against about 6 for the f32 kernel's decode, conversion and fma; with
+// staging and bookkeeping 5.0 (NC = 2) and 4.0 (NC = 4) per code against 6.25, ptxas for sm_90a).
+// Thread (g, t) of a warp (g = lane / 4, t = lane % 4) streams output rows g and g + 8 of the
+// tile, 16-byte words u = 4·NC·warp + 4c + t (c < NC) of each; the 8 codes of a 32-bit word feed
+// two mma steps, and the k-slots of the fragments map to columns in the order of the f16 pairs
+// the decode makes ((0, 4), (1, 5), (2, 6), (3, 7) of each word), which the staged activations
+// follow. The warps' sums are added in warp order. Same h as moe_gate_up; grid (ceil(max(I, Is) /
+// 16), k + 1, rows), blocks of 32·ceil(H / (128·NC)) <= 256 threads.
+#define MMA_WORD_STRIDE 80  // bytes per staged 16-byte word (64 + 16 of padding)
+// Bytes per staged term of a warp's NC·4 words: ≡ 64 (mod 128), so the B loads of a quarter warp
+// (terms 0 and 1, four words each) hit eight distinct 16-byte bank groups.
+#define MMA_TERM_STRIDE(NC) (4 * (NC) * MMA_WORD_STRIDE + ((4 * (NC) * MMA_WORD_STRIDE) % 128 == 0 ? 64 : 0))
+__device__ __forceinline__ void mma_f16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                        unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The f16 pairs (codes (0, 4), (1, 5), (2, 6), (3, 7)) of a word times the pair's scale, exact.
+__device__ __forceinline__ void nvfp4_word_pairs(unsigned int word, unsigned int s2, unsigned int out[4]) {
+    const unsigned int ev = ((word << 4) & 0x80808080u) | ((word << 1) & 0x0e0e0e0eu);
+    const unsigned int od = (word & 0x80808080u) | ((word >> 3) & 0x0e0e0e0eu);
+    const unsigned int hb[4] = {__byte_perm(ev, 0, 0x2404), __byte_perm(od, 0, 0x2404), __byte_perm(ev, 0, 0x3414),
+                                __byte_perm(od, 0, 0x3414)};
+    const __half2 s = *reinterpret_cast<const __half2*>(&s2);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&hb[j]), s);
+        out[j] = *reinterpret_cast<const unsigned int*>(&v);
+    }
+}
+
+// A word's two block scales (bytes 0, 1 of s01) as f16 pairs (s0, s0) and (s1, s1), times 2^7.
+__device__ __forceinline__ void e4m3_pair_x128(unsigned int s01, unsigned int& s00, unsigned int& s11) {
+    unsigned int f;
+    asm("{.reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t;}" : "=r"(f) : "r"(s01));
+    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&f), __float2half2_rn(128.f));
+    const unsigned int w = *reinterpret_cast<const unsigned int*>(&v);
+    s00 = __byte_perm(w, 0, 0x1010);
+    s11 = __byte_perm(w, 0, 0x3232);
+}
+
+// One warp: its slice's 4·NC activations per lane (lane l: columns 4·NC·l ..) scaled by the power of
+// two that puts the slice's largest magnitude in [2^14, 2^15), split into three exact f16 terms
+// (hi, mid, lo) and staged in shared memory in the operands' pair order; returns the power of two
+// that turns a sum of (weight pairs · 2^-7) · (terms) back into the dot.
+template <int NC>
+__device__ __forceinline__ float mma_stage_terms(const float* v, unsigned char* xs) {
+    const int lane = threadIdx.x % WARP;
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4 * NC; j++) m = fmaxf(m, fabsf(v[j]));
+    m = warp_max(m);
+    // The slice's binary exponent e (clamped so both powers below are normal floats).
+    const int e = min(127, max(-100, (int)((__float_as_uint(m) >> 23) & 0xffu) - 127));
+    const float up_s = __uint_as_float((unsigned int)(127 + 14 - e) << 23);
+    {
+        // The lane's 8-column groups w: f16 terms in pair order 0, 4, 1, 5, 2, 6, 3, 7.
+#pragma unroll
+        for (int w = 0; w < NC / 2; w++) {
+            __half hi[8], mid[8], lo[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int src = 8 * w + (j % 2 == 0 ? j / 2 : j / 2 + 4);
+                const float a = v[src] * up_s;
+                hi[j] = __float2half_rn(a);
+                const float r1 = a - __half2float(hi[j]);
+                mid[j] = __float2half_rn(r1);
+                lo[j] = __float2half_rn(r1 - __half2float(mid[j]));
+            }
+            const int q8 = NC / 2 * lane + w;  // the slice's 8-column group
+            const int off = q8 / 4 * MMA_WORD_STRIDE + 16 * (q8 % 4);
+            *reinterpret_cast<uint4*>(xs + off) = *reinterpret_cast<const uint4*>(hi);
+            *reinterpret_cast<uint4*>(xs + MMA_TERM_STRIDE(NC) + off) = *reinterpret_cast<const uint4*>(mid);
+            *reinterpret_cast<uint4*>(xs + 2 * MMA_TERM_STRIDE(NC) + off) = *reinterpret_cast<const uint4*>(lo);
+        }
+    }
+    __syncwarp();
+    return __uint_as_float((unsigned int)(127 + e - 7) << 23);
+}
+
+template <int NC>
+__device__ __forceinline__ void moe_gate_up_mma_body(
+    const float* __restrict__ xn, const int* __restrict__ ids, const uint4* __restrict__ gc,
+    const unsigned char* __restrict__ gs, const uint4* __restrict__ uc, const unsigned char* __restrict__ us,
+    const uint4* __restrict__ sgc, const unsigned char* __restrict__ sgs, const uint4* __restrict__ suc,
+    const unsigned char* __restrict__ sus, float* __restrict__ h, int H, int I, int Is, int k) {
+    FD_TRACE_KERNEL(5, 1);
+    __shared__ __align__(16) unsigned char xs_all[8][3 * MMA_TERM_STRIDE(NC)];
+    __shared__ float red[8][16][2];
+    const int slot = blockIdx.y, r = blockIdx.z;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
+    const bool sh = slot == k;
+    const int width = sh ? Is : I, imax = max(I, Is), C = H / 32, HS = H / 16;
+    const int o0 = blockIdx.x * 16;
+    if (o0 >= width) {  // the whole block: no barrier is skipped by part of it
+        pdl_wait();
+        return;
+    }
+    if (!sh) pdl_wait();
+    const size_t base = sh ? 0 : (size_t)after_wait(ids)[r * k + slot] * I;
+    const uint4* gp = sh ? sgc : gc;
+    const uint4* up = sh ? suc : uc;
+    const unsigned char* gsp = sh ? sgs : gs;
+    const unsigned char* usp = sh ? sus : us;
+    uint4 gw[2][NC], uw[2][NC];
+    unsigned int gsv[2][NC], usv[2][NC];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int o = o0 + g + 8 * hh;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            const int u = 4 * NC * warp + 4 * c + t;
+            gw[hh][c] = uw[hh][c] = make_uint4(0, 0, 0, 0);
+            gsv[hh][c] = usv[hh][c] = 0;
+            if (o < width && u < C) {
+                const size_t row = base + o;
+                gw[hh][c] = load_stream(gp + row * C + u);
+                uw[hh][c] = load_stream(up + row * C + u);
+                gsv[hh][c] = scale_pair(gsp + row * HS, u);
+                usv[hh][c] = scale_pair(usp + row * HS, u);
+            }
+        }
+    }
+    if (sh) pdl_wait();  // the shared expert's weights were fetched before the wait
+    // Stage this warp's slice: lane l takes its 4·NC columns from 4·NC·l.
+    unsigned char* xs = xs_all[warp];
+    const int col0 = (128 * NC) * warp + 4 * NC * lane;
+    float v[4 * NC];
+    {
+        const float* xr = after_wait(xn) + (size_t)r * H;
+#pragma unroll
+        for (int q = 0; q < NC; q++) {
+            const float4 a = col0 + 4 * q < H ? *reinterpret_cast<const float4*>(xr + col0 + 4 * q)
+                                              : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[4 * q] = a.x;
+            v[4 * q + 1] = a.y;
+            v[4 * q + 2] = a.z;
+            v[4 * q + 3] = a.w;
+        }
+    }
+    const float down_s = mma_stage_terms<NC>(v, xs);
+    FD_MARK(3);
+    // Two accumulators per matrix (the word's first and second mma step) halve the chains.
+    float ga[4] = {0.f, 0.f, 0.f, 0.f}, gb[4] = {0.f, 0.f, 0.f, 0.f};
+    float ua[4] = {0.f, 0.f, 0.f, 0.f}, ub[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        unsigned int gs0[2], gs1[2], us0[2], us1[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            e4m3_pair_x128(gsv[hh][c], gs0[hh], gs1[hh]);
+            e4m3_pair_x128(usv[hh][c], us0[hh], us1[hh]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 b = make_uint4(0, 0, 0, 0);
+            if (g < 3)
+                b = *reinterpret_cast<const uint4*>(xs + g * MMA_TERM_STRIDE(NC) + (4 * c + t) * MMA_WORD_STRIDE + 16 * i);
+            unsigned int pa[4], pb[4];
+            const unsigned int* gwa = reinterpret_cast<const unsigned int*>(&gw[0][c]);
+            const unsigned int* gwb = reinterpret_cast<const unsigned int*>(&gw[1][c]);
+            nvfp4_word_pairs(gwa[i], i < 2 ? gs0[0] : gs1[0], pa);
+            nvfp4_word_pairs(gwb[i], i < 2 ? gs0[1] : gs1[1], pb);
+            mma_f16(ga, pa[0], pb[0], pa[1], pb[1], b.x, b.y);
+            mma_f16(gb, pa[2], pb[2], pa[3], pb[3], b.z, b.w);
+            const unsigned int* uwa = reinterpret_cast<const unsigned int*>(&uw[0][c]);
+            const unsigned int* uwb = reinterpret_cast<const unsigned int*>(&uw[1][c]);
+            nvfp4_word_pairs(uwa[i], i < 2 ? us0[0] : us1[0], pa);
+            nvfp4_word_pairs(uwb[i], i < 2 ? us0[1] : us1[1], pb);
+            mma_f16(ua, pa[0], pb[0], pa[1], pb[1], b.x, b.y);
+            mma_f16(ub, pa[2], pb[2], pa[3], pb[3], b.z, b.w);
+        }
+    }
+    FD_MARK(4);
+    // Columns 2t, 2t + 1 of rows g, g + 8: lane t = 0 holds the hi and mid sums, lane t = 1 the lo.
+    float tot[2][2];  // [row g / g + 8][gate / up]
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const float gp0 = ga[2 * hh] + gb[2 * hh], gp1 = ga[2 * hh + 1] + gb[2 * hh + 1];
+        const float up0 = ua[2 * hh] + ub[2 * hh], up1 = ua[2 * hh + 1] + ub[2 * hh + 1];
+        const float glo = __shfl_down_sync(0xffffffffu, gp0, 1);
+        const float ulo = __shfl_down_sync(0xffffffffu, up0, 1);
+        tot[hh][0] = ((gp0 + gp1) + glo) * down_s;
+        tot[hh][1] = ((up0 + up1) + ulo) * down_s;
+    }
+    if (t == 0) {
+        red[warp][g][0] = tot[0][0];
+        red[warp][g][1] = tot[0][1];
+        red[warp][g + 8][0] = tot[1][0];
+        red[warp][g + 8][1] = tot[1][1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 && o0 + threadIdx.x < width) {
+        float gv = 0.f, uv = 0.f;
+        for (int w = 0; w < (int)blockDim.x / WARP; w++) {
+            gv += red[w][threadIdx.x][0];
+            uv += red[w][threadIdx.x][1];
+        }
+        h[((size_t)r * (k + 1) + slot) * imax + o0 + threadIdx.x] = silu(gv) * uv;
+    }
+}
+
+// NC chunks of 128 columns per warp: 4 (the shape's width up to 4096 in blocks of at most 8
+// warps) or 2 (twice the warps, half the chain each; widths up to 2048).
+#define MOE_GATE_UP_MMA_ARGS                                                                                  \
+    const float *__restrict__ xn, const int *__restrict__ ids, const uint4 *__restrict__ gc,                  \
+        const unsigned char *__restrict__ gs, const uint4 *__restrict__ uc, const unsigned char *__restrict__ us, \
+        const uint4 *__restrict__ sgc, const unsigned char *__restrict__ sgs, const uint4 *__restrict__ suc,  \
+        const unsigned char *__restrict__ sus, float *__restrict__ h, int H, int I, int Is, int k
+extern "C" __global__ void __launch_bounds__(256) moe_gate_up_mma2(MOE_GATE_UP_MMA_ARGS) {
+    moe_gate_up_mma_body<2>(xn, ids, gc, gs, uc, us, sgc, sgs, suc, sus, h, H, I, Is, k);
+}
+extern "C" __global__ void __launch_bounds__(256) moe_gate_up_mma4(MOE_GATE_UP_MMA_ARGS) {
+    moe_gate_up_mma_body<4>(xn, ids, gc, gs, uc, us, sgc, sgs, suc, sus, h, H, I, Is, k);
+}
+
+
 #define DOWN_OB 8
 
 // x[r, o] += scaling · Σ_s w[r, s] · (D_e[o]·h[r, s]) + D_shared[o]·h[r, k]: the routed combine in
@@ -467,4 +697,123 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(
         for (int sl = 0; sl < k; sl++) routed += w_slot[sl] * slot_sum[t][sl];
         x[(size_t)r * H + o0 + t] = x_old + (scaling * routed + slot_sum[t][k]);
     }
+}
+
+// The down GEMV and combine of moe_down on the tensor cores (the default; not with `FASTDECODE_MOE=f32`), with
+// moe_gate_up_mma's operands: warp (slot, slice) of a block (16-output tile, row) takes output
+// rows g, g + 8 of the tile over NC chunks of 128 columns of its slot's h (staged as three f16
+// terms); the slices' sums are added in order per slot, then combined as moe_down does: the routed
+// slots weighted in ascending slot order, scaled, the shared expert and the residual added.
+// block: 32·(k + 1)·S <= 320 threads, S = ceil(max(I, Is) / (128·NC)) slices per slot. Only NC = 4
+// is instantiated: with 2 a thread's fixed work (staging, the combine) outweighed its halved
+// decoding (984 instructions for 128 codes against 1448 for 256, ptxas for sm_90a).
+template <int NC>
+__device__ __forceinline__ void moe_down_mma_body(const float* __restrict__ h, const int* __restrict__ ids,
+                                                  const float* __restrict__ wts, const uint4* __restrict__ dc,
+                                                  const unsigned char* __restrict__ ds,
+                                                  const uint4* __restrict__ sdc,
+                                                  const unsigned char* __restrict__ sds, float* __restrict__ x,
+                                                  int H, int I, int Is, int k, float scaling) {
+    FD_TRACE_KERNEL(6, 1);
+    constexpr int MAXW = 10;  // warps per block at most (the launch bound)
+    __shared__ __align__(16) unsigned char xs_all[MAXW][3 * MMA_TERM_STRIDE(NC)];
+    __shared__ float red[MAXW][16];
+    __shared__ float w_slot[32];
+    const int r = blockIdx.y;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
+    const int imax = max(I, Is), S = (imax + 128 * NC - 1) / (128 * NC);
+    const int s = warp / S, slice = warp % S;
+    const bool sh = s == k;
+    const int width = sh ? Is : I, C = width / 32, HS = width / 16;
+    const int o0 = blockIdx.x * 16;
+    // The ids and routing weights (the router's, two kernels back) and the expert weights are
+    // read before the wait; h is the predecessor's.
+    const size_t base = sh ? 0 : (size_t)ids[(size_t)r * k + s] * H;
+    const uint4* wp = sh ? sdc : dc;
+    const unsigned char* sp = sh ? sds : ds;
+    uint4 cw[2][NC];
+    unsigned int sv[2][NC];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int o = o0 + g + 8 * hh;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            const int u = 4 * NC * slice + 4 * c + t;
+            cw[hh][c] = make_uint4(0, 0, 0, 0);
+            sv[hh][c] = 0;
+            if (o < H && u < C) {
+                const size_t row = base + o;
+                cw[hh][c] = load_stream(wp + row * C + u);
+                sv[hh][c] = scale_pair(sp + row * HS, u);
+            }
+        }
+    }
+    if (threadIdx.x < k) w_slot[threadIdx.x] = wts[(size_t)r * k + threadIdx.x];
+    pdl_wait();
+    const float x_old = threadIdx.x < 16 && o0 + threadIdx.x < H ? x[(size_t)r * H + o0 + threadIdx.x] : 0.f;
+    unsigned char* xs = xs_all[warp];
+    const int col0 = 128 * NC * slice + 4 * NC * lane;
+    float v[4 * NC];
+    {
+        const float* hr = after_wait(h) + ((size_t)r * (k + 1) + s) * imax;
+#pragma unroll
+        for (int q = 0; q < NC; q++) {
+            const float4 a = col0 + 4 * q < width ? *reinterpret_cast<const float4*>(hr + col0 + 4 * q)
+                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[4 * q] = a.x;
+            v[4 * q + 1] = a.y;
+            v[4 * q + 2] = a.z;
+            v[4 * q + 3] = a.w;
+        }
+    }
+    const float down_s = mma_stage_terms<NC>(v, xs);
+    FD_MARK(3);
+    float da[4] = {0.f, 0.f, 0.f, 0.f}, db[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        unsigned int s0[2], s1[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) e4m3_pair_x128(sv[hh][c], s0[hh], s1[hh]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 b = make_uint4(0, 0, 0, 0);
+            if (g < 3)
+                b = *reinterpret_cast<const uint4*>(xs + g * MMA_TERM_STRIDE(NC) + (4 * c + t) * MMA_WORD_STRIDE +
+                                                    16 * i);
+            unsigned int pa[4], pb[4];
+            nvfp4_word_pairs(reinterpret_cast<const unsigned int*>(&cw[0][c])[i], i < 2 ? s0[0] : s1[0], pa);
+            nvfp4_word_pairs(reinterpret_cast<const unsigned int*>(&cw[1][c])[i], i < 2 ? s0[1] : s1[1], pb);
+            mma_f16(da, pa[0], pb[0], pa[1], pb[1], b.x, b.y);
+            mma_f16(db, pa[2], pb[2], pa[3], pb[3], b.z, b.w);
+        }
+    }
+    FD_MARK(4);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const float p0 = da[2 * hh] + db[2 * hh], p1 = da[2 * hh + 1] + db[2 * hh + 1];
+        const float lo = __shfl_down_sync(0xffffffffu, p0, 1);
+        if (t == 0) red[warp][g + 8 * hh] = ((p0 + p1) + lo) * down_s;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 && o0 + threadIdx.x < H) {
+        const int q = threadIdx.x;
+        float routed = 0.f, shared = 0.f;
+        for (int sl = 0; sl <= k; sl++) {
+            float acc = 0.f;
+            for (int j = 0; j < S; j++) acc += red[sl * S + j][q];
+            if (sl < k)
+                routed += w_slot[sl] * acc;
+            else
+                shared = acc;
+        }
+        x[(size_t)r * H + o0 + q] = x_old + (scaling * routed + shared);
+    }
+}
+
+#define MOE_DOWN_MMA_ARGS                                                                                         \
+    const float *__restrict__ h, const int *__restrict__ ids, const float *__restrict__ wts,                      \
+        const uint4 *__restrict__ dc, const unsigned char *__restrict__ ds, const uint4 *__restrict__ sdc,        \
+        const unsigned char *__restrict__ sds, float *__restrict__ x, int H, int I, int Is, int k, float scaling
+extern "C" __global__ void __launch_bounds__(320) moe_down_mma4(MOE_DOWN_MMA_ARGS) {
+    moe_down_mma_body<4>(h, ids, wts, dc, ds, sdc, sds, x, H, I, Is, k, scaling);
 }

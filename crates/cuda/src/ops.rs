@@ -14,6 +14,41 @@ const ATT_WARPS: usize = 8;
 /// Output rows per block of the expert GEMVs (`MOE_OB`, `DOWN_OB` in moe.cu).
 const MOE_OB: usize = 4;
 const DOWN_OB: usize = 8;
+/// The expert GEMVs behind `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`, read once):
+/// the tensor-core kernels, whose gate/up warps take 2 (`mma2`, the default) or 4 (`mma4`) chunks
+/// of 128 input columns (down: 4), or the f32 ones (`f32`); shapes past what the tensor-core
+/// blocks cover fall back to f32. Each gives a row the same bits whatever the launch's row count,
+/// but not the others' bits. On the H200 (XS 2.1, BENCHMARKS, thirteenth measurement) `mma2`
+/// took the 8-row verify from 3.80 to 3.51 serial steps (DFlash at K = 4 1.37× → 1.47×) and the
+/// serial step from 2.252 to 2.245 ms; `mma4` the serial step to 2.218 and the verify nowhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeKernel {
+    F32,
+    Mma2,
+    Mma4,
+}
+
+impl MoeKernel {
+    /// The knob's value, read once per process.
+    pub fn from_env() -> MoeKernel {
+        static KNOB: std::sync::OnceLock<MoeKernel> = std::sync::OnceLock::new();
+        *KNOB.get_or_init(|| match std::env::var("FASTDECODE_MOE").as_deref() {
+            Ok("f32") => MoeKernel::F32,
+            Ok("mma4") => MoeKernel::Mma4,
+            _ => MoeKernel::Mma2,
+        })
+    }
+
+    /// Input columns per warp of the tensor-core gate/up kernel (none for f32).
+    fn slice(self) -> Option<usize> {
+        match self {
+            MoeKernel::F32 => None,
+            MoeKernel::Mma2 => Some(256),
+            MoeKernel::Mma4 => Some(512),
+        }
+    }
+}
+
 /// Rows one decode-kernel launch carries (the GEMVs keep one accumulator per row in registers).
 pub const MAX_ROWS: usize = 16;
 
@@ -373,6 +408,35 @@ impl Gpu {
         rows: usize,
         h: &mut CudaViewMut<f32>,
     ) -> Result<()> {
+        self.moe_gate_up_by(
+            MoeKernel::from_env(),
+            xn,
+            ids,
+            gate,
+            up,
+            shared_gate,
+            shared_up,
+            shape,
+            rows,
+            h,
+        )
+    }
+
+    /// `moe_gate_up` with the kernel chosen by the caller (tests compare them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gate_up_by(
+        &self,
+        kernel: MoeKernel,
+        xn: &CudaView<f32>,
+        ids: &CudaView<i32>,
+        gate: &DevNvfp4,
+        up: &DevNvfp4,
+        shared_gate: &DevNvfp4,
+        shared_up: &DevNvfp4,
+        shape: MoeShape,
+        rows: usize,
+        h: &mut CudaViewMut<f32>,
+    ) -> Result<()> {
         shape.check()?;
         let (hd, k, i, is) = (shape.hidden, shape.top_k, shape.inter, shape.shared_inter);
         let sw = shape.slot_width();
@@ -381,12 +445,32 @@ impl Gpu {
                 "moe_gate_up: buffers too small for {rows} rows"
             )));
         }
-        let f = self.function("moe", "moe_gate_up")?;
         let ints = [hd, i, is, k].map(|v| v as i32);
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (sw.div_ceil(MOE_OB) as u32, (k + 1) as u32, rows as u32),
-            block_dim: ((32 * (hd / 32).div_ceil(32)) as u32, 1, 1),
-            shared_mem_bytes: 0,
+        // A tensor-core block has at most 8 warps, one per slice of the input.
+        let (f, cfg) = match kernel.slice().filter(|s| hd.div_ceil(*s) <= 8) {
+            Some(slice) => (
+                self.function(
+                    "moe",
+                    if slice == 256 {
+                        "moe_gate_up_mma2"
+                    } else {
+                        "moe_gate_up_mma4"
+                    },
+                )?,
+                cudarc::driver::LaunchConfig {
+                    grid_dim: (sw.div_ceil(16) as u32, (k + 1) as u32, rows as u32),
+                    block_dim: ((32 * hd.div_ceil(slice)) as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+            ),
+            None => (
+                self.function("moe", "moe_gate_up")?,
+                cudarc::driver::LaunchConfig {
+                    grid_dim: (sw.div_ceil(MOE_OB) as u32, (k + 1) as u32, rows as u32),
+                    block_dim: ((32 * (hd / 32).div_ceil(32)) as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+            ),
         };
         let mut b = self.launch(&f);
         b.arg(xn)
@@ -423,6 +507,35 @@ impl Gpu {
         rows: usize,
         x: &mut CudaViewMut<f32>,
     ) -> Result<()> {
+        self.moe_down_by(
+            MoeKernel::from_env(),
+            h,
+            ids,
+            wts,
+            down,
+            shared_down,
+            shape,
+            scaling,
+            rows,
+            x,
+        )
+    }
+
+    /// `moe_down` with the kernel chosen by the caller (tests compare them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_down_by(
+        &self,
+        kernel: MoeKernel,
+        h: &CudaView<f32>,
+        ids: &CudaView<i32>,
+        wts: &CudaView<f32>,
+        down: &DevNvfp4,
+        shared_down: &DevNvfp4,
+        shape: MoeShape,
+        scaling: f32,
+        rows: usize,
+        x: &mut CudaViewMut<f32>,
+    ) -> Result<()> {
         shape.check()?;
         let (hd, k, i, is) = (shape.hidden, shape.top_k, shape.inter, shape.shared_inter);
         let sw = shape.slot_width();
@@ -437,13 +550,24 @@ impl Gpu {
                 "moe_down: {t} code chunks per output row (at most 256)"
             )));
         }
-        let f = self.function("moe", "moe_down")?;
         let ints = [hd, i, is, k].map(|v| v as i32);
-        let cfg = launch_cfg(
-            (hd.div_ceil(DOWN_OB) as u32, rows as u32),
-            (32 * t.div_ceil(32)) as u32,
-            0,
-        );
+        // The tensor-core kernel: a warp per (slot, 512-column slice), at most 10 per block.
+        let warps = (k + 1) * sw.div_ceil(512);
+        let (f, cfg) = if kernel != MoeKernel::F32 && warps <= 10 {
+            (
+                self.function("moe", "moe_down_mma4")?,
+                launch_cfg((hd.div_ceil(16) as u32, rows as u32), 32 * warps as u32, 0),
+            )
+        } else {
+            (
+                self.function("moe", "moe_down")?,
+                launch_cfg(
+                    (hd.div_ceil(DOWN_OB) as u32, rows as u32),
+                    (32 * t.div_ceil(32)) as u32,
+                    0,
+                ),
+            )
+        };
         // SAFETY: as above.
         unsafe {
             self.launch(&f)

@@ -467,7 +467,7 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn moe_kernels_match_cpu_and_are_batch_invariant() {
-    use fastdecode_cuda::ops::MoeShape;
+    use fastdecode_cuda::ops::{MoeKernel, MoeShape};
     let g = gpu();
     // (experts, top-k, hidden, intermediate, shared intermediate): awkward small sizes with more
     // experts than a warp and biases that make every selection key negative; then the XS 2.1
@@ -531,7 +531,7 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
         let mut counter = g.stream.alloc_zeros::<u32>(1).unwrap();
         // The MoE half of a layer on `rows` rows: router, gate/up, down + residual. Returns the
         // new x, the ids and weights, and the router logits.
-        let mut layer = |x: &[f32], rows: usize| {
+        let mut layer = |x: &[f32], rows: usize, kernel: MoeKernel| {
             let mut dx = g.stream.clone_htod(x).unwrap();
             let mut xn = g.stream.alloc_zeros::<f32>(rows * hid).unwrap();
             let mut logits = g.stream.alloc_zeros::<f32>(rows * e).unwrap();
@@ -558,7 +558,8 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
                 &mut counter,
             )
             .unwrap();
-            g.moe_gate_up(
+            g.moe_gate_up_by(
+                kernel,
                 &xn.as_view(),
                 &ids.as_view(),
                 &gd,
@@ -570,7 +571,8 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
                 &mut h.as_view_mut(),
             )
             .unwrap();
-            g.moe_down(
+            g.moe_down_by(
+                kernel,
                 &h.as_view(),
                 &ids.as_view(),
                 &wts.as_view(),
@@ -589,10 +591,13 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
                 logits,
             )
         };
-        // Every row of a multi-row launch gives its one-row bits.
-        for rows in [1usize, 7, 16] {
+        // Every row of a multi-row launch gives its one-row bits, with every gate/up kernel.
+        for (rows, kernel) in [1usize, 7, 16]
+            .into_iter()
+            .flat_map(|rows| [MoeKernel::F32, MoeKernel::Mma2, MoeKernel::Mma4].map(|k| (rows, k)))
+        {
             let x = rand_vec(&mut rng, rows * hid, 1.0);
-            let (got, gids, gw, logits) = layer(&x, rows);
+            let (got, gids, gw, logits) = layer(&x, rows, kernel);
             for r in 0..rows {
                 let xr = &x[r * hid..(r + 1) * hid];
                 let mut xn = vec![0f32; hid];
@@ -605,13 +610,16 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
                 let y = moe.forward(&xn);
                 let want: Vec<f32> = xr.iter().zip(&y).map(|(a, b)| a + b).collect();
                 let err = max_rel(&got[r * hid..(r + 1) * hid], &want);
-                assert!(err < 1e-5, "moe {e}x{hid} rows {rows} row {r}: {err}");
+                assert!(
+                    err < 1e-5,
+                    "moe {e}x{hid} rows {rows} row {r} ({kernel:?}): {err}"
+                );
                 // Alone, every row gives the same bits.
-                let (one, _, _, _) = layer(xr, 1);
+                let (one, _, _, _) = layer(xr, 1, kernel);
                 if let Some(i) = (0..hid).find(|&i| one[i].to_bits() != got[r * hid + i].to_bits())
                 {
                     panic!(
-                        "row {r} of {rows} depends on the row count: \
+                        "row {r} of {rows} depends on the row count ({kernel:?}): \
                          output {i} is {:e} alone, {:e} in the launch",
                         one[i],
                         got[r * hid + i]
