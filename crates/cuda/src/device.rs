@@ -155,10 +155,10 @@ impl Gpu {
                     .filter(|g| [1, 2, 4].contains(g))
                     .unwrap_or(0),
             ),
-            // Off unless asked for: with staging on, the XS 2.1 worker's start failed on the
-            // H200 (CUDA_ERROR_INVALID_VALUE) while benches and kernel tests passed; off, the
-            // worker started and priced (BENCHMARKS). The likely cause is fixed in dense.rs
-            // (the shared-memory attribute is no longer lowered) but not yet run on a GPU.
+            // Off unless asked for: staging takes the XS 2.1 verify(8) from 3.75 to 3.60 serial
+            // steps, but the serial step in the same process loses 1.7 % though it launches no
+            // staged kernel (H200, BENCHMARKS, twelfth measurement; most likely the SMs' shared
+            // memory carveout after a staged launch).
             gemv_stage: std::sync::atomic::AtomicBool::new(
                 std::env::var("FASTDECODE_GEMV_STAGE").is_ok_and(|v| v == "1"),
             ),
