@@ -203,95 +203,65 @@ __device__ __forceinline__ void block_select_row(const float* __restrict__ logit
     if (warp == 0) warp_list_chosen(lane < k ? b.slot[lane] : -1, k, norm_topk, b.sc, picks, ids, wts);
 }
 
-#ifndef FD_ROUTER_G
-#define FD_ROUTER_G 1
-#endif
-// The whole router of up to R rows in one launch: logits = RMSNorm(x)·Wᵀ (the persistent GEMV,
-// one warp per expert row), xn = RMSNorm(x) for the experts (a slice per block, with the very
-// inverse rms the logits used), then the last block to finish (counted in `counter`, reset afterwards)
-// selects every row's experts. One entry point per R, as gemv_bf16. grid: any (persistent),
-// block: 256.
-template <int R>
-__device__ __forceinline__ void router_body(const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm,
-                                            float eps, const __nv_bfloat16* __restrict__ W,
-                                            const float* __restrict__ bias, float* __restrict__ xn,
-                                            float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
-                                            unsigned int* __restrict__ counter, int E, int H, int k, int norm_topk,
-                                            float softcap, int rows) {
+// The whole router of a step's rows in one launch, each row on blocks of its own (blockIdx.y): its
+// logits = RMSNorm(x)·Wᵀ (the persistent GEMV, one warp per expert row), its xn = RMSNorm(x) for
+// the experts (a slice per block, with the very inverse rms the logits used), then the last of
+// the row's blocks to finish (counted in counter[row], reset afterwards) selects its experts. A
+// row's blocks run the one-row code whatever the launch holds, so every row gets its one-row
+// bits. (Multi-row GEMV blocks, one warp per expert row over all rows, and a top-k launch after
+// them took 18.2 + 4.5 us per layer of an 8-row verify on 32 blocks, against 6.5 for one row:
+// H200, Nsight Compute, twelfth session.) grid: (any, rows) (persistent per row), block: 256.
+extern "C" __global__ void __launch_bounds__(256) router(
+    const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, float eps,
+    const __nv_bfloat16* __restrict__ W, const float* __restrict__ bias, float* __restrict__ xn,
+    float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts, unsigned int* __restrict__ counter,
+    int E, int H, int k, int norm_topk, float softcap) {
+    FD_TRACE_KERNEL(4, 0);
     __shared__ float inv[16], red[8 * 16];
     __shared__ float bias_s[1024];
     __shared__ BlockSelect sel;
     __shared__ int picks[32];
+    const int r = blockIdx.y;
+    x += (size_t)r * H;
+    xn += (size_t)r * H;
+    logits += (size_t)r * E;
     // The bias is a weight: fetched before the wait, by every block (which one ends last is not
     // known yet).
     for (int e = threadIdx.x; e < E; e += blockDim.x) bias_s[e] = bias[e];
-    bool staged = false;
-    if constexpr (R == 1) {
-        // One row of up to 4096: the normed row is staged in shared memory once per block (as
-        // gemv_bf16_1s does, NormWords), so the GEMV's chunks read neither x nor the norm weight
-        // through L1 after the wait. Same values, same sums, same bits as the generic path.
-        // Read as float4s by the GEMV: a plain float array is only 4-byte aligned, and when
-        // the layout of this kernel's shared variables moved it put xs at an odd word (a
-        // misaligned-address fault, found by compute-sanitizer).
-        __shared__ __align__(16) float xs[8 * 256 * 2];
-        if (H <= 8 * 256 * 2) {
-            const NormWords<2> nw = norm_words_load<2>(norm, H);
-            gemv_persistent<1>(W, xs, nullptr, inv, logits, E, H, 1, 0, [&] {
-                block_inv_rms(x, H, 1, eps, inv, red);
-                norm_words_stage<2>(nw, x, inv[0], H, xs);
-                __syncthreads();
-            });
-            FD_MARK(6);
-            for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x) xn[i] = xs[i];
-            staged = true;
-        }
-    }
-    if (!staged) {
-        // One expert row per warp: the router's few rows (E) would leave most warps idle in
-        // groups, and its 1 MB of weights is no L1 burden.
-        gemv_rows<R, FD_ROUTER_G>(W, x, norm, inv, logits, E, H, rows, 0,
-                                  [&] { block_inv_rms(x, H, rows, eps, inv, red); });
+    // A row of up to 4096: the normed row is staged in shared memory once per block (as
+    // gemv_bf16_1s does, NormWords), so the GEMV's chunks read neither x nor the norm weight
+    // through L1 after the wait. Same values, same sums, same bits as the generic path.
+    // Read as float4s by the GEMV: a plain float array is only 4-byte aligned, and when the
+    // layout of this kernel's shared variables moved it put xs at an odd word (a
+    // misaligned-address fault, found by compute-sanitizer).
+    __shared__ __align__(16) float xs[8 * 256 * 2];
+    if (H <= 8 * 256 * 2) {
+        const NormWords<2> nw = norm_words_load<2>(norm, H);
+        gemv_persistent<1>(W, xs, nullptr, inv, logits, E, H, 1, 0, [&] {
+            block_inv_rms(x, H, 1, eps, inv, red);
+            norm_words_stage<2>(nw, x, inv[0], H, xs);
+            __syncthreads();
+        });
+        FD_MARK(6);
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x) xn[i] = xs[i];
+    } else {
+        gemv_persistent<1>(W, x, norm, inv, logits, E, H, 1, 0, [&] { block_inv_rms(x, H, 1, eps, inv, red); });
         FD_MARK(6);
         // Every block writes a slice of xn (all blocks hold the same inverse rms), so no block's
         // serial loop delays the selection.
-        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += gridDim.x * blockDim.x)
-            xn[i] = __bfloat162float(norm[i % H]) * (x[i] * inv[i / H]);
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
+            xn[i] = __bfloat162float(norm[i]) * (x[i] * inv[0]);
     }
-    // Several rows: router_topk selects them, a block per row in parallel (ops.rs launches it
-    // next); here the last block's row-by-row selection cost ~2 us a row (1.30 ms of an 8-row
-    // verify against 0.39 for one row, H200 bench --profile).
-    if constexpr (R > 1) return;
-    if (!block_arrives_last(counter, gridDim.x)) return;
+    if (!block_arrives_last(&counter[r], gridDim.x)) return;
     FD_MARK(7);
-    // The last block selects, row by row.
-    for (int r = 0; r < rows; r++) {
-        block_select_row(logits + (size_t)r * E, bias_s, E, k, norm_topk, softcap, sel, picks, ids + (size_t)r * k,
-                         wts + (size_t)r * k);
-        __syncthreads();
-    }
+    block_select_row(logits, bias_s, E, k, norm_topk, softcap, sel, picks, ids + (size_t)r * k, wts + (size_t)r * k);
     FD_MARK(5);
-    if (threadIdx.x == 0) *counter = 0;
+    if (threadIdx.x == 0) counter[r] = 0;
 }
 
-#define ROUTER_ENTRY(R)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(256) router_##R(                                           \
-        const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, float eps,                     \
-        const __nv_bfloat16* __restrict__ W, const float* __restrict__ bias, float* __restrict__ xn,        \
-        float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,                         \
-        unsigned int* __restrict__ counter, int E, int H, int k, int norm_topk, float softcap, int rows) {  \
-        FD_TRACE_KERNEL(4, 0);                                                                              \
-        router_body<R>(x, norm, eps, W, bias, xn, logits, ids, wts, counter, E, H, k, norm_topk, softcap, rows); \
-    }
-ROUTER_ENTRY(1)
-ROUTER_ENTRY(2)
-ROUTER_ENTRY(4)
-ROUTER_ENTRY(8)
-ROUTER_ENTRY(16)
-
-// Router of prefill chunks and of multi-row steps: logits [rows, E] (from a GEMM, or router_R)
-// -> ids, wts [rows, k], a block per row with the decode router's bounded block selection (a warp
-// per row running k arg-max rounds took ~5 us a row; the block ~2 us): the same code as the
-// one-row router's, so the same bits. grid: rows, block: 256. E <= 1024, k < 32.
+// Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts [rows, k], a block per row
+// with the decode router's bounded block selection (a warp per row running k arg-max rounds took
+// ~5 us a row; the block ~2 us): the same code as the decode router's, so the same bits. grid: rows, block: 256. E <= 1024, k < 32.
 extern "C" __global__ void __launch_bounds__(256) router_topk(const float* __restrict__ logits,
                                                              const float* __restrict__ bias, int* __restrict__ ids,
                                                              float* __restrict__ wts, int E, int k, int norm_topk,
@@ -299,7 +269,7 @@ extern "C" __global__ void __launch_bounds__(256) router_topk(const float* __res
     __shared__ BlockSelect sel;
     __shared__ int picks[32];
     FD_TRACE_KERNEL(9, 0);
-    pdl_wait();  // in a step, the logits are router_R's
+    pdl_wait();
     const int r = blockIdx.x;
     if (r >= rows) return;
     block_select_row(logits + (size_t)r * E, bias, E, k, norm_topk, softcap, sel, picks, ids + (size_t)r * k,

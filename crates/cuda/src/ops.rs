@@ -321,7 +321,8 @@ impl Gpu {
     }
 
     /// The whole router of up to 16 rows in one launch: `xn = RMSNorm(x)`, logits, top-k ids and
-    /// weights. `counter` is zero between launches (the kernel resets it).
+    /// weights, each row on blocks of its own that run the one-row code (so each row gets its
+    /// one-row bits). `counter` holds a zero per row between launches (the kernel resets them).
     #[allow(clippy::too_many_arguments)]
     pub fn router(
         &self,
@@ -349,14 +350,16 @@ impl Gpu {
             || logits.len() < rows * e
             || ids.len() < rows * k
             || wts.len() < rows * k
+            || counter.len() < rows
         {
             return Err(CudaError::Shape(format!(
                 "router: buffers too small for {rows} rows of {e} experts"
             )));
         }
-        let f = self.function("moe", &format!("router_{}", rows.next_power_of_two()))?;
+        let f = self.function("moe", "router")?;
+        // One warp per expert row: a row's blocks, as many as its experts need and fit at once.
         let grid = self.persistent_grid(&f, 256, 0, e.div_ceil(8))?;
-        let ints = [e, hd, k, norm_topk as usize, rows].map(|v| v as i32);
+        let ints = [e, hd, k, norm_topk as usize].map(|v| v as i32);
         // SAFETY: argument types match the kernel; shapes checked above.
         unsafe {
             self.launch(&f)
@@ -375,22 +378,8 @@ impl Gpu {
                 .arg(&ints[2])
                 .arg(&ints[3])
                 .arg(&softcap)
-                .arg(&ints[4])
-                .launch(launch_cfg((grid, 1), 256, 0))
+                .launch(launch_cfg((grid, rows as u32), 256, 0))
         }?;
-        if rows > 1 {
-            // router_R leaves several rows' selection to one block per row.
-            self.router_topk(
-                &logits.as_view(),
-                bias,
-                ids,
-                wts,
-                shape,
-                norm_topk,
-                softcap,
-                rows,
-            )?;
-        }
         Ok(())
     }
 

@@ -202,7 +202,7 @@ impl CudaTarget {
             logits: st.alloc_zeros(n * c.vocab_size)?,
             part: st.alloc_zeros(n * hmax * ATT_SPLITS * (d + 2))?,
             att_counters: st.alloc_zeros(n * c.num_key_value_heads)?,
-            router_counter: st.alloc_zeros(1)?,
+            router_counter: st.alloc_zeros(n)?,
             taps: st.alloc_zeros(n * c.num_hidden_layers * h)?,
         };
         Ok(CudaTarget {

@@ -528,7 +528,8 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
         let drouter = g.stream.clone_htod(&to_bf16(&router.w)).unwrap();
         let dbias = g.stream.clone_htod(&bias).unwrap();
         let dnorm = g.stream.clone_htod(&norm).unwrap();
-        let mut counter = g.stream.alloc_zeros::<u32>(1).unwrap();
+        // A zero per row (the router's blocks of a row count themselves there).
+        let mut counter = g.stream.alloc_zeros::<u32>(16).unwrap();
         // The MoE half of a layer on `rows` rows: router, gate/up, down + residual. Returns the
         // new x, the ids and weights, and the router logits.
         let mut layer = |x: &[f32], rows: usize, kernel: MoeKernel| {
