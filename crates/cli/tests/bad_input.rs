@@ -1423,3 +1423,34 @@ fn every_bad_input_fails_cleanly_by_name_and_leaves_nothing() {
     );
     eprintln!("{} bad inputs, each refused cleanly", cases.len());
 }
+
+/// A mistyped developer knob of the CUDA backend is refused by name before anything runs, GPU or
+/// not (it used to fall back to the default silently, so a measurement of it timed the default).
+#[test]
+fn a_bad_cuda_knob_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (var, bad, accepted) in [
+        ("FASTDECODE_MOE", "mm4", "f32, mma2, mma4"),
+        ("FASTDECODE_PDL", "no", "0, 1"),
+    ] {
+        let o = run_with(
+            fd().args(["bench", "--backend", "cuda", "--synthetic", "xs2.1"])
+                .current_dir(tmp.path())
+                .env("FASTDECODE_HOME", tmp.path().join(".none"))
+                .env(var, bad),
+            b"",
+            Duration::from_secs(60),
+        );
+        assert!(
+            matches!(o.code, Some(c) if c != 0),
+            "{var}={bad}: exit {:?}",
+            o.code
+        );
+        assert!(
+            o.stderr.contains(var) && o.stderr.contains(bad) && o.stderr.contains(accepted),
+            "{var}={bad}: {}",
+            o.stderr
+        );
+        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    }
+}

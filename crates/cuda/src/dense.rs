@@ -112,7 +112,7 @@ impl Gpu {
     /// quarters of the resident warps a group (an o_proj's 2048 outputs in fours would leave
     /// half of them idle). All give the same bits. `Gpu::gemv_group` forces G and
     /// `Gpu::gemv_stage` allows staging (from `FASTDECODE_GEMV_GROUP=1|2|4` and
-    /// `FASTDECODE_GEMV_STAGE=1` at open; tests set them).
+    /// `FASTDECODE_GEMV_STAGE=1` at open, knobs.rs; tests set them).
     fn gemv_variant(&self, out: usize, inp: usize, rows: usize, normed: bool) -> (String, usize) {
         use std::sync::atomic::Ordering::Relaxed;
         let force_g = match self.gemv_group.load(Relaxed) {

@@ -45,7 +45,7 @@ pub struct Gpu {
     include: PathBuf,
     modules: Mutex<HashMap<&'static str, Loaded>>,
     pdl_on: std::sync::atomic::AtomicBool,
-    /// Compute capability 9.0 or newer and not turned off by `FASTDECODE_PDL=0` (read at open).
+    /// Compute capability 9.0 or newer and not turned off by `FASTDECODE_PDL=0` (knobs.rs).
     pdl_capable: bool,
     /// The cuBLAS handle of the prefill GEMMs (`prefill.rs`), created on first use.
     pub(crate) blas: Mutex<Option<cudarc::cublas::CudaBlas>>,
@@ -54,6 +54,8 @@ pub struct Gpu {
     /// by default; `FASTDECODE_GEMV_STAGE=1`).
     pub gemv_group: std::sync::atomic::AtomicUsize,
     pub gemv_stage: std::sync::atomic::AtomicBool,
+    /// The expert GEMVs of `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`).
+    pub moe_kernel: crate::ops::MoeKernel,
 }
 
 /// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
@@ -101,6 +103,8 @@ impl Gpu {
     /// Opens device `ordinal`, failing with a clear error when there is no driver, device, NVRTC
     /// or header directory.
     pub fn open(ordinal: usize) -> Result<Gpu> {
+        // A mistyped knob is the user's to fix first, GPU or not.
+        let knobs = crate::knobs::Knobs::from_env()?;
         // cudarc's dynamic loader panics on a missing library; check first.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(CudaError::NoDriver);
@@ -146,22 +150,11 @@ impl Gpu {
             include,
             modules: Mutex::new(HashMap::new()),
             pdl_on: std::sync::atomic::AtomicBool::new(false),
-            pdl_capable: major >= 9 && std::env::var("FASTDECODE_PDL").map_or(true, |v| v != "0"),
+            pdl_capable: major >= 9 && knobs.pdl,
             blas: Mutex::new(None),
-            gemv_group: std::sync::atomic::AtomicUsize::new(
-                std::env::var("FASTDECODE_GEMV_GROUP")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|g| [1, 2, 4].contains(g))
-                    .unwrap_or(0),
-            ),
-            // Off unless asked for: staging takes the XS 2.1 verify(8) from 3.75 to 3.60 serial
-            // steps, but the serial step in the same process loses 1.7 % though it launches no
-            // staged kernel (H200, BENCHMARKS, twelfth measurement; most likely the SMs' shared
-            // memory carveout after a staged launch).
-            gemv_stage: std::sync::atomic::AtomicBool::new(
-                std::env::var("FASTDECODE_GEMV_STAGE").is_ok_and(|v| v == "1"),
-            ),
+            gemv_group: std::sync::atomic::AtomicUsize::new(knobs.gemv_group.unwrap_or(0)),
+            gemv_stage: std::sync::atomic::AtomicBool::new(knobs.gemv_stage),
+            moe_kernel: knobs.moe,
         })
     }
 

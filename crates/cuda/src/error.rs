@@ -28,6 +28,12 @@ pub enum CudaError {
         shared: u32,
         source: cudarc::driver::DriverError,
     },
+    #[error("{var}={value:?}: not a value it takes (one of {})", accepted.join(", "))]
+    Knob {
+        var: &'static str,
+        value: String,
+        accepted: &'static [&'static str],
+    },
     #[error("{0}")]
     Shape(String),
     #[error(transparent)]

@@ -15,13 +15,15 @@
 //!   with RoPE, split-KV attention), `kernels/moe.cu` (router, NVFP4 expert GEMVs) and
 //!   `kernels/prefill.cu` (GEMM, flash attention, grouped MoE); `kernels/common.cuh` holds the
 //!   shared device code and the determinism rules.
-//! - `device.rs` — opening the GPU (clear errors), NVRTC compilation and its cache, launches.
+//! - `device.rs` — opening the GPU (clear errors), NVRTC compilation and its cache, launches;
+//!   `knobs.rs` — the developer knobs of the environment, checked when the GPU opens.
 //! - `timeline.rs` — traced decode steps (`-DFD_TRACE`): launches, per-kernel costs, a waterfall.
 
 pub mod dense;
 pub mod device;
 pub mod drafter;
 pub mod error;
+pub mod knobs;
 pub mod model;
 pub mod ops;
 pub mod prefill;

@@ -14,7 +14,7 @@ const ATT_WARPS: usize = 8;
 /// Output rows per block of the expert GEMVs (`MOE_OB`, `DOWN_OB` in moe.cu).
 const MOE_OB: usize = 4;
 const DOWN_OB: usize = 8;
-/// The expert GEMVs behind `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`, read once):
+/// The expert GEMVs behind `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`, knobs.rs):
 /// the tensor-core kernels, whose gate/up warps take 2 (`mma2`, the default) or 4 (`mma4`) chunks
 /// of 128 input columns (down: 4), or the f32 ones (`f32`); shapes past what the tensor-core
 /// blocks cover fall back to f32. Each gives a row the same bits whatever the launch's row count,
@@ -29,16 +29,6 @@ pub enum MoeKernel {
 }
 
 impl MoeKernel {
-    /// The knob's value, read once per process.
-    pub fn from_env() -> MoeKernel {
-        static KNOB: std::sync::OnceLock<MoeKernel> = std::sync::OnceLock::new();
-        *KNOB.get_or_init(|| match std::env::var("FASTDECODE_MOE").as_deref() {
-            Ok("f32") => MoeKernel::F32,
-            Ok("mma4") => MoeKernel::Mma4,
-            _ => MoeKernel::Mma2,
-        })
-    }
-
     /// Input columns per warp of the tensor-core gate/up kernel (none for f32).
     fn slice(self) -> Option<usize> {
         match self {
@@ -398,7 +388,7 @@ impl Gpu {
         h: &mut CudaViewMut<f32>,
     ) -> Result<()> {
         self.moe_gate_up_by(
-            MoeKernel::from_env(),
+            self.moe_kernel,
             xn,
             ids,
             gate,
@@ -497,7 +487,7 @@ impl Gpu {
         x: &mut CudaViewMut<f32>,
     ) -> Result<()> {
         self.moe_down_by(
-            MoeKernel::from_env(),
+            self.moe_kernel,
             h,
             ids,
             wts,

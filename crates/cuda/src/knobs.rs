@@ -1,0 +1,143 @@
+//! The backend's developer knobs (README, "Developer knobs"), read from the environment once when
+//! a GPU is opened. Each value is checked: a knob set to something it does not take is an error
+//! that names the variable and what it accepts, never a silent fallback to the default (a
+//! measurement of `FASTDECODE_MOE=mm4` would otherwise time the default and say nothing).
+
+use crate::error::{CudaError, Result};
+use crate::ops::MoeKernel;
+
+/// The knobs' values; unset (or empty) variables give the defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Knobs {
+    /// `FASTDECODE_PDL=0|1`: programmatic dependent launches in the decode step (default on;
+    /// used only where the GPU has them).
+    pub pdl: bool,
+    /// `FASTDECODE_GEMV_GROUP=1|2|4`: weight rows per warp of the multi-row GEMV, forced
+    /// (default: chosen by output count, `None`).
+    pub gemv_group: Option<usize>,
+    /// `FASTDECODE_GEMV_STAGE=0|1`: normed rows of the multi-row GEMV staged in shared memory
+    /// (default off).
+    pub gemv_stage: bool,
+    /// `FASTDECODE_MOE=f32|mma2|mma4`: the expert GEMVs (default `mma2`).
+    pub moe: MoeKernel,
+}
+
+impl Knobs {
+    /// The knobs of this process's environment.
+    pub fn from_env() -> Result<Knobs> {
+        Knobs::parse(|name| match std::env::var(name) {
+            Ok(v) => Some(v),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
+        })
+    }
+
+    /// The knobs from `get` (a variable's value, `None` when unset).
+    pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Knobs> {
+        // The value of `name` among `accepted` (None when unset or empty).
+        let pick = |name: &'static str,
+                    accepted: &'static [&'static str]|
+         -> Result<Option<usize>> {
+            match get(name).filter(|v| !v.is_empty()) {
+                None => Ok(None),
+                Some(v) => accepted
+                    .iter()
+                    .position(|a| *a == v)
+                    .map(Some)
+                    .ok_or(CudaError::Knob {
+                        var: name,
+                        value: v,
+                        accepted,
+                    }),
+            }
+        };
+        Ok(Knobs {
+            pdl: pick("FASTDECODE_PDL", &["0", "1"])? != Some(0),
+            gemv_group: pick("FASTDECODE_GEMV_GROUP", &["1", "2", "4"])?.map(|i| [1, 2, 4][i]),
+            gemv_stage: pick("FASTDECODE_GEMV_STAGE", &["0", "1"])? == Some(1),
+            moe: match pick("FASTDECODE_MOE", &["f32", "mma2", "mma4"])? {
+                Some(0) => MoeKernel::F32,
+                Some(2) => MoeKernel::Mma4,
+                _ => MoeKernel::Mma2,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn knobs(vars: &[(&str, &str)]) -> Result<Knobs> {
+        Knobs::parse(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn unset_and_empty_knobs_give_the_defaults() {
+        let want = Knobs {
+            pdl: true,
+            gemv_group: None,
+            gemv_stage: false,
+            moe: MoeKernel::Mma2,
+        };
+        assert_eq!(knobs(&[]).unwrap(), want);
+        assert_eq!(
+            knobs(&[("FASTDECODE_MOE", ""), ("FASTDECODE_PDL", "")]).unwrap(),
+            want
+        );
+    }
+
+    #[test]
+    fn every_accepted_value_is_read() {
+        let k = knobs(&[
+            ("FASTDECODE_PDL", "0"),
+            ("FASTDECODE_GEMV_GROUP", "4"),
+            ("FASTDECODE_GEMV_STAGE", "1"),
+            ("FASTDECODE_MOE", "f32"),
+        ])
+        .unwrap();
+        assert_eq!(
+            k,
+            Knobs {
+                pdl: false,
+                gemv_group: Some(4),
+                gemv_stage: true,
+                moe: MoeKernel::F32,
+            }
+        );
+        assert_eq!(
+            knobs(&[("FASTDECODE_MOE", "mma4")]).unwrap().moe,
+            MoeKernel::Mma4
+        );
+        assert_eq!(
+            knobs(&[("FASTDECODE_MOE", "mma2")]).unwrap().moe,
+            MoeKernel::Mma2
+        );
+        assert_eq!(
+            knobs(&[("FASTDECODE_GEMV_GROUP", "2")]).unwrap().gemv_group,
+            Some(2)
+        );
+        assert!(knobs(&[("FASTDECODE_PDL", "1")]).unwrap().pdl);
+        assert!(!knobs(&[("FASTDECODE_GEMV_STAGE", "0")]).unwrap().gemv_stage);
+    }
+
+    #[test]
+    fn a_bad_value_names_the_variable_the_value_and_what_it_takes() {
+        for (var, bad, accepted) in [
+            ("FASTDECODE_MOE", "mm4", "f32, mma2, mma4"),
+            ("FASTDECODE_GEMV_GROUP", "3", "1, 2, 4"),
+            ("FASTDECODE_GEMV_STAGE", "yes", "0, 1"),
+            ("FASTDECODE_PDL", "off", "0, 1"),
+        ] {
+            let msg = knobs(&[(var, bad)]).unwrap_err().to_string();
+            assert!(
+                msg.contains(var) && msg.contains(&format!("\"{bad}\"")) && msg.contains(accepted),
+                "{msg}"
+            );
+        }
+    }
+}
