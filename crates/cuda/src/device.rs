@@ -50,8 +50,8 @@ pub struct Gpu {
     /// The cuBLAS handle of the prefill GEMMs (`prefill.rs`), created on first use.
     pub(crate) blas: Mutex<Option<cudarc::cublas::CudaBlas>>,
     /// Multi-row GEMV variant knobs (`dense.rs`): weight rows per warp forced to 1, 2 or 4 (0:
-    /// chosen by output count), and whether normed rows may be staged in shared memory (off
-    /// by default; `FASTDECODE_GEMV_STAGE=1`).
+    /// chosen by output count), and whether normed rows may be staged in shared memory (on by
+    /// default; `FASTDECODE_GEMV_STAGE=0` turns it off).
     pub gemv_group: std::sync::atomic::AtomicUsize,
     pub gemv_stage: std::sync::atomic::AtomicBool,
     /// The expert GEMVs of `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`).

@@ -16,7 +16,7 @@ pub struct Knobs {
     /// (default: chosen by output count, `None`).
     pub gemv_group: Option<usize>,
     /// `FASTDECODE_GEMV_STAGE=0|1`: normed rows of the multi-row GEMV staged in shared memory
-    /// (default off).
+    /// (default on).
     pub gemv_stage: bool,
     /// `FASTDECODE_MOE=f32|mma2|mma4`: the expert GEMVs (default `mma2`).
     pub moe: MoeKernel,
@@ -54,7 +54,7 @@ impl Knobs {
         Ok(Knobs {
             pdl: pick("FASTDECODE_PDL", &["0", "1"])? != Some(0),
             gemv_group: pick("FASTDECODE_GEMV_GROUP", &["1", "2", "4"])?.map(|i| [1, 2, 4][i]),
-            gemv_stage: pick("FASTDECODE_GEMV_STAGE", &["0", "1"])? == Some(1),
+            gemv_stage: pick("FASTDECODE_GEMV_STAGE", &["0", "1"])? != Some(0),
             moe: match pick("FASTDECODE_MOE", &["f32", "mma2", "mma4"])? {
                 Some(0) => MoeKernel::F32,
                 Some(2) => MoeKernel::Mma4,
@@ -81,7 +81,7 @@ mod tests {
         let want = Knobs {
             pdl: true,
             gemv_group: None,
-            gemv_stage: false,
+            gemv_stage: true,
             moe: MoeKernel::Mma2,
         };
         assert_eq!(knobs(&[]).unwrap(), want);
@@ -96,7 +96,7 @@ mod tests {
         let k = knobs(&[
             ("FASTDECODE_PDL", "0"),
             ("FASTDECODE_GEMV_GROUP", "4"),
-            ("FASTDECODE_GEMV_STAGE", "1"),
+            ("FASTDECODE_GEMV_STAGE", "0"),
             ("FASTDECODE_MOE", "f32"),
         ])
         .unwrap();
@@ -105,7 +105,7 @@ mod tests {
             Knobs {
                 pdl: false,
                 gemv_group: Some(4),
-                gemv_stage: true,
+                gemv_stage: false,
                 moe: MoeKernel::F32,
             }
         );
@@ -122,7 +122,7 @@ mod tests {
             Some(2)
         );
         assert!(knobs(&[("FASTDECODE_PDL", "1")]).unwrap().pdl);
-        assert!(!knobs(&[("FASTDECODE_GEMV_STAGE", "0")]).unwrap().gemv_stage);
+        assert!(knobs(&[("FASTDECODE_GEMV_STAGE", "1")]).unwrap().gemv_stage);
     }
 
     #[test]
