@@ -261,7 +261,8 @@ extern "C" __global__ void __launch_bounds__(256) router(
 
 // Router of prefill chunks: logits [rows, E] (from a GEMM) -> ids, wts [rows, k], a block per row
 // with the decode router's bounded block selection (a warp per row running k arg-max rounds took
-// ~5 us a row; the block ~2 us): the same code as the decode router's, so the same bits. grid: rows, block: 256. E <= 1024, k < 32.
+// ~5 us a row; the block ~2 us): the same code as the decode router's, so the same bits.
+// grid: rows, block: 256. E <= 1024, k < 32.
 extern "C" __global__ void __launch_bounds__(256) router_topk(const float* __restrict__ logits,
                                                              const float* __restrict__ bias, int* __restrict__ ids,
                                                              float* __restrict__ wts, int E, int k, int norm_topk,

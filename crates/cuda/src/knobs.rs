@@ -34,30 +34,34 @@ impl Knobs {
 
     /// The knobs from `get` (a variable's value, `None` when unset).
     pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Knobs> {
-        // The value of `name` among `accepted` (None when unset or empty).
-        let pick = |name: &'static str,
-                    accepted: &'static [&'static str]|
-         -> Result<Option<usize>> {
-            match get(name).filter(|v| !v.is_empty()) {
-                None => Ok(None),
-                Some(v) => accepted
-                    .iter()
-                    .position(|a| *a == v)
-                    .map(Some)
-                    .ok_or(CudaError::Knob {
-                        var: name,
-                        value: v,
-                        accepted,
-                    }),
-            }
-        };
+        // The value of `name`, one of `accepted` (None when unset or empty).
+        let pick =
+            |name: &'static str,
+             accepted: &'static [&'static str]|
+             -> Result<Option<&'static str>> {
+                match get(name).filter(|v| !v.is_empty()) {
+                    None => Ok(None),
+                    Some(v) => accepted.iter().find(|a| **a == v).map(|a| Some(*a)).ok_or(
+                        CudaError::Knob {
+                            var: name,
+                            value: v,
+                            accepted,
+                        },
+                    ),
+                }
+            };
         Ok(Knobs {
-            pdl: pick("FASTDECODE_PDL", &["0", "1"])? != Some(0),
-            gemv_group: pick("FASTDECODE_GEMV_GROUP", &["1", "2", "4"])?.map(|i| [1, 2, 4][i]),
-            gemv_stage: pick("FASTDECODE_GEMV_STAGE", &["0", "1"])? != Some(0),
+            pdl: pick("FASTDECODE_PDL", &["0", "1"])? != Some("0"),
+            gemv_group: match pick("FASTDECODE_GEMV_GROUP", &["1", "2", "4"])? {
+                Some("1") => Some(1),
+                Some("2") => Some(2),
+                Some(_) => Some(4),
+                None => None,
+            },
+            gemv_stage: pick("FASTDECODE_GEMV_STAGE", &["0", "1"])? != Some("0"),
             moe: match pick("FASTDECODE_MOE", &["f32", "mma2", "mma4"])? {
-                Some(0) => MoeKernel::F32,
-                Some(2) => MoeKernel::Mma4,
+                Some("f32") => MoeKernel::F32,
+                Some("mma4") => MoeKernel::Mma4,
                 _ => MoeKernel::Mma2,
             },
         })

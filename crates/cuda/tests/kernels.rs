@@ -467,7 +467,7 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn moe_kernels_match_cpu_and_are_batch_invariant() {
-    use fastdecode_cuda::ops::{MoeKernel, MoeShape};
+    use fastdecode_cuda::ops::{MoeKernel, MoeShape, MAX_ROWS};
     let g = gpu();
     // (experts, top-k, hidden, intermediate, shared intermediate): awkward small sizes with more
     // experts than a warp and biases that make every selection key negative; then the XS 2.1
@@ -529,7 +529,7 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
         let dbias = g.stream.clone_htod(&bias).unwrap();
         let dnorm = g.stream.clone_htod(&norm).unwrap();
         // A zero per row (the router's blocks of a row count themselves there).
-        let mut counter = g.stream.alloc_zeros::<u32>(16).unwrap();
+        let mut counter = g.stream.alloc_zeros::<u32>(MAX_ROWS).unwrap();
         // The MoE half of a layer on `rows` rows: router, gate/up, down + residual. Returns the
         // new x, the ids and weights, and the router logits.
         let mut layer = |x: &[f32], rows: usize, kernel: MoeKernel| {
