@@ -107,6 +107,181 @@ GEMV_ENTRIES(4)
 GEMV_ENTRIES(8)
 GEMV_ENTRIES(16)
 
+// The same y on the tensor cores (`FASTDECODE_DENSE=mma`): for 1..16 rows, every row count
+// giving a row the same bits, because a row's sums never involve another row. The weights are
+// the A operand of m16n8k16 bf16 products as they are stored. Each row of x' (the value the f32
+// kernels form) is three exact bf16 terms, hi + mid + lo (24 significant bits: x' itself), the
+// B operand's columns 3r, 3r + 1, 3r + 2; each product is exact, the sums are f32, and an mma's
+// column depends on that column alone. A warp owns a tile of 16 outputs over a slice of `ks`
+// input columns (blockIdx.y), in chunks of 32: thread (g, t) (g = lane / 4, t = lane % 4) loads
+// the 16-byte words of columns 32c + 8t .. + 8 of outputs g and g + 8, and their four 32-bit
+// pairs feed two mma steps whose k-slots map to those columns in order, which the staged terms
+// follow (a lane's 16 bytes of a chunk are its column's eight values). Two accumulators (the
+// chunk's first and second step) halve the chains. A slice's column sums are added per row as
+// (hi + mid) + lo; with several slices each warp leaves its part in `partial`, and the last of a
+// tile's warps to arrive (a counter per tile, reset by it) adds the slices in order, then the old
+// y (accumulate). The slicing depends on the shape only (dense.rs), never on the row count.
+// grid (ceil(ceil(out / 16) / 8), slices), block 256; shared: staged terms
+// (ceil(ks / 32) · NQ · 512 bytes) then the warps' sums (8 · 16 · (8·NQ + 1) floats).
+__device__ __forceinline__ void mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The bf16 term `term` (0 hi, 1 mid, 2 lo) of v: hi = bf16(v), mid = bf16(v - hi),
+// lo = bf16(v - hi - mid), each difference exact in f32.
+__device__ __forceinline__ __nv_bfloat16 bf16_term(float v, int term) {
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    if (term == 0) return hi;
+    const float r1 = v - __bfloat162float(hi);
+    const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+    if (term == 1) return mid;
+    return __float2bfloat16_rn(r1 - __bfloat162float(mid));
+}
+
+#ifndef GEMV_MMA_P
+#define GEMV_MMA_P 8  // chunks (1 KiB of a warp's weights each) in flight per warp
+#endif
+template <int R>
+__device__ __forceinline__ void gemv_mma_body(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
+                                              const __nv_bfloat16* __restrict__ norm, float eps,
+                                              float* __restrict__ y, int out, int in, int rows, int accumulate,
+                                              int ks, float* __restrict__ partial,
+                                              unsigned int* __restrict__ counters) {
+    constexpr int NQ = (3 * R + 7) / 8, NC = 8 * NQ;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float inv[16], red[8 * 16];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, t = lane % 4;
+    const int S = gridDim.y, s = blockIdx.y, k0 = s * ks, kn = min(in, k0 + ks) - k0, nch = (kn + 31) / 32;
+    const int tiles = (out + 15) / 16, tile = blockIdx.x * 8 + warp, o0 = tile * 16;
+    unsigned char* xs = smem;
+    float* dsh = reinterpret_cast<float*>(smem + (size_t)nch * NQ * 512) + warp * 16 * (NC + 1);
+    const bool live = tile < tiles;
+    const int oa = o0 + lane / 4, ob = oa + 8;
+    auto load = [&](int c, uint4& a, uint4& b) {
+        const int k = 32 * c + 8 * t;
+        const bool kv = live && k < kn;
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        a = kv && oa < out ? load_stream(reinterpret_cast<const uint4*>(W + (size_t)oa * in + k0 + k)) : z;
+        b = kv && ob < out ? load_stream(reinterpret_cast<const uint4*>(W + (size_t)ob * in + k0 + k)) : z;
+    };
+    uint4 wa[GEMV_MMA_P], wb[GEMV_MMA_P];
+    // The first chunks are requested before the wait, in a block of their own: issued in the
+    // wait's block, ptxas scheduled them after it (tools/gpu/sass.py counted none before it).
+    if (live) {
+#pragma unroll
+        for (int u = 0; u < GEMV_MMA_P; u++) load(u, wa[u], wb[u]);
+    } else {
+#pragma unroll
+        for (int u = 0; u < GEMV_MMA_P; u++) wa[u] = wb[u] = make_uint4(0, 0, 0, 0);
+    }
+    pdl_wait();
+    if (norm) block_inv_rms(x, in, rows, eps, inv, red);
+    // Stage the slice's terms: item (r, c, t') of a row's eight columns 32c + 8t' .. + 8 writes
+    // the lane-(g·4 + t') word of chunk c, column group q, for each column 3r + term = 8q + g.
+    for (int i = threadIdx.x; i < rows * nch * 4; i += blockDim.x) {
+        const int r = i / (nch * 4), c = (i / 4) % nch, tt = i % 4, k = 32 * c + 8 * tt;
+        float v[8];
+        if (k < kn) {
+            const float4 a = *reinterpret_cast<const float4*>(x + (size_t)r * in + k0 + k);
+            const float4 b = *reinterpret_cast<const float4*>(x + (size_t)r * in + k0 + k + 4);
+            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            float nw[8];
+            if (norm) unpack_bf16x8(*reinterpret_cast<const uint4*>(norm + k0 + k), nw);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = norm ? nw[e] * (xv[e] * inv[r]) : xv[e];
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = 0.f;
+        }
+#pragma unroll
+        for (int term = 0; term < 3; term++) {
+            const int n = 3 * r + term, q = n / 8, g = n % 8;
+            __align__(16) __nv_bfloat16 h[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) h[e] = bf16_term(v[e], term);
+            *reinterpret_cast<uint4*>(xs + ((size_t)(c * NQ + q) * WARP + g * 4 + tt) * 16) =
+                *reinterpret_cast<const uint4*>(h);
+        }
+    }
+    __syncthreads();
+    // A warp past the last tile runs on zero weights (its loads stay before the wait: with a
+    // return here the compiler sank them after it) and stores nothing.
+    float da[NQ][4], db[NQ][4];
+#pragma unroll
+    for (int q = 0; q < NQ; q++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) da[q][j] = db[q][j] = 0.f;
+    for (int c0 = 0; c0 < nch; c0 += GEMV_MMA_P) {
+#pragma unroll
+        for (int u = 0; u < GEMV_MMA_P; u++) {
+            const int c = c0 + u;
+            if (c < nch) {
+#pragma unroll
+                for (int q = 0; q < NQ; q++) {
+                    const uint4 b = *reinterpret_cast<const uint4*>(xs + ((size_t)(c * NQ + q) * WARP + lane) * 16);
+                    mma_bf16(da[q], wa[u].x, wb[u].x, wa[u].y, wb[u].y, b.x, b.y);
+                    mma_bf16(db[q], wa[u].z, wb[u].z, wa[u].w, wb[u].w, b.z, b.w);
+                }
+                if (c + GEMV_MMA_P < nch) load(c + GEMV_MMA_P, wa[u], wb[u]);
+            }
+        }
+    }
+    if (!live) return;
+    // Thread (g, t) holds outputs g and g + 8 of columns 8q + 2t, 8q + 2t + 1.
+#pragma unroll
+    for (int q = 0; q < NQ; q++) {
+        const int g = lane / 4, n = 8 * q + 2 * t;
+        dsh[g * (NC + 1) + n] = da[q][0] + db[q][0];
+        dsh[g * (NC + 1) + n + 1] = da[q][1] + db[q][1];
+        dsh[(g + 8) * (NC + 1) + n] = da[q][2] + db[q][2];
+        dsh[(g + 8) * (NC + 1) + n + 1] = da[q][3] + db[q][3];
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * rows; i += WARP) {
+        const int ol = i % 16, r = i / 16, o = o0 + ol;
+        const float* d = dsh + ol * (NC + 1) + 3 * r;
+        const float part = (d[0] + d[1]) + d[2];
+        if (o >= out) continue;
+        if (S == 1)
+            y[(size_t)r * out + o] = accumulate ? y[(size_t)r * out + o] + part : part;
+        else
+            partial[((size_t)s * rows + r) * out + o] = part;
+    }
+    if (S == 1) return;
+    __threadfence();
+    __syncwarp();
+    unsigned int last = 0;
+    if (lane == 0) last = atomicAdd(counters + tile, 1u) == (unsigned int)S - 1;
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    __threadfence();
+    for (int i = lane; i < 16 * rows; i += WARP) {
+        const int ol = i % 16, r = i / 16, o = o0 + ol;
+        if (o >= out) continue;
+        float total = __ldcg(partial + (size_t)r * out + o);
+        for (int s2 = 1; s2 < S; s2++) total += __ldcg(partial + ((size_t)s2 * rows + r) * out + o);
+        y[(size_t)r * out + o] = accumulate ? y[(size_t)r * out + o] + total : total;
+    }
+    if (lane == 0) counters[tile] = 0;
+}
+
+#define GEMV_MMA_ENTRY(R)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) gemv_mma_##R(                                          \
+        const __nv_bfloat16* __restrict__ W, const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, \
+        float eps, float* __restrict__ y, int out, int in, int rows, int accumulate, int ks,                 \
+        float* __restrict__ partial, unsigned int* __restrict__ counters) {                                  \
+        FD_TRACE_KERNEL(2, out);                                                                             \
+        gemv_mma_body<R>(W, x, norm, eps, y, out, in, rows, accumulate, ks, partial, counters);              \
+    }
+GEMV_MMA_ENTRY(1)
+GEMV_MMA_ENTRY(2)
+GEMV_MMA_ENTRY(4)
+GEMV_MMA_ENTRY(8)
+GEMV_MMA_ENTRY(16)
+
 // a[r, i] = silu(gu[r, i]) · gu[r, n + i]: gu holds a fused gate|up projection of width 2n.
 // grid: (ceil(n / 256), rows), block: 256.
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ a, int n) {

@@ -10,6 +10,32 @@ use crate::ops::MAX_ROWS;
 /// The most shared memory a staged multi-row GEMV takes (its rows of x').
 const STAGE_MAX_BYTES: usize = 200 * 1024;
 
+/// The tensor-core GEMV's scratch (`Gpu::gemv_partial`, `Gpu::gemv_counters`): 32 MiB of
+/// per-slice sums (XS 2.1's lm_head in two slices of 16 rows takes 12.8 MB) and a counter per
+/// 16-output tile of up to a million outputs.
+pub(crate) const MMA_PARTIAL_FLOATS: usize = 8 << 20;
+pub(crate) const MMA_COUNTERS: usize = 1 << 16;
+
+/// Slices of the tensor-core GEMV's input and columns per slice: at most 1024 columns (16
+/// rows' staged terms, 96 KiB of shared memory), at least 512 where the input is that wide, and
+/// within that the count that streams fastest if two blocks fit per SM: the fewest waves of
+/// blocks times the chunks each warp streams (XS 2.1's q|k|v|g: three slices in one wave rather
+/// than four in 1.2 waves, whose second wave took a one-row launch from 16 to 25 µs on the
+/// H200). A function of the shape and the GPU only, never of the row count: a row's sums follow
+/// the slices.
+fn mma_slice(out: usize, inp: usize, sm_count: usize) -> (usize, usize) {
+    let chunks = inp.div_ceil(32);
+    let blocks_x = out.div_ceil(16).div_ceil(8);
+    let fewest = chunks.div_ceil(32);
+    let most = (chunks / 16).max(fewest);
+    let slots = 2 * sm_count;
+    let slices = (fewest..=most)
+        .min_by_key(|&s| (blocks_x * s).div_ceil(slots) * chunks.div_ceil(s))
+        .unwrap_or(fewest);
+    let per = chunks.div_ceil(slices);
+    (chunks.div_ceil(per), per * 32)
+}
+
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
 }
@@ -84,6 +110,10 @@ impl Gpu {
             let xs = x.slice(start * inp..(start + n) * inp);
             let mut ys = y.slice_mut(start * out..(start + n) * out);
             let nr = n as i32;
+            if self.dense_mma.load(std::sync::atomic::Ordering::Relaxed) {
+                self.gemv_mma(w, &xs, norm, &mut ys, out, inp, n, accumulate)?;
+                continue;
+            }
             let (name, shared) = self.gemv_variant(out, inp, n, norm.is_some());
             let f = self.function("dense", &name)?;
             // 48 KiB of staged rows beside the kernel's own 576 bytes of static shared memory
@@ -102,6 +132,71 @@ impl Gpu {
             // SAFETY: as above; a null norm pointer selects the plain GEMV in the kernel.
             unsafe { b.launch(cfg) }?;
         }
+        Ok(())
+    }
+
+    /// One launch of the tensor-core GEMV (`gemv_mma_R`, R the next power of two of
+    /// `rows` <= 16) over the slices of `mma_slice`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_mma(
+        &self,
+        w: &CudaView<bf16>,
+        x: &CudaView<f32>,
+        norm: Option<(&CudaView<bf16>, f32)>,
+        y: &mut CudaViewMut<f32>,
+        out: usize,
+        inp: usize,
+        rows: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let r = rows.next_power_of_two();
+        let (slices, ks) = mma_slice(out, inp, self.sm_count as usize);
+        let tiles = out.div_ceil(16);
+        check(
+            slices == 1 || (slices * rows * out <= MMA_PARTIAL_FLOATS && tiles <= MMA_COUNTERS),
+            || {
+                format!(
+                    "gemv_bf16: {slices} slices of {rows} rows × {out} outputs exceed the \
+                     tensor-core GEMV's scratch"
+                )
+            },
+        )?;
+        let nq = (3 * r).div_ceil(8);
+        let shared = ks / 32 * nq * 512 + 8 * 16 * (8 * nq + 1) * 4;
+        let f = self.function("dense", &format!("gemv_mma_{r}"))?;
+        f.fit_shared(shared, STAGE_MAX_BYTES)?;
+        let cfg = launch_cfg(
+            (tiles.div_ceil(8) as u32, slices as u32),
+            256,
+            shared as u32,
+        );
+        let (o, i, nr, acc, k) = (
+            out as i32,
+            inp as i32,
+            rows as i32,
+            accumulate as i32,
+            ks as i32,
+        );
+        let null: u64 = 0;
+        let eps = norm.map_or(0.0, |n| n.1);
+        let mut b = self.launch(&f);
+        b.arg(w).arg(x);
+        match norm {
+            Some((nw, _)) => b.arg(nw),
+            None => b.arg(&null),
+        };
+        b.arg(&eps)
+            .arg(y)
+            .arg(&o)
+            .arg(&i)
+            .arg(&nr)
+            .arg(&acc)
+            .arg(&k)
+            .arg(&self.gemv_partial)
+            .arg(&self.gemv_counters);
+        // SAFETY: argument types match gemv_mma_R; shapes checked by gemv_bf16 and above; the
+        // kernel writes the scratch, which only launches on this stream use (device.rs).
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
@@ -266,5 +361,26 @@ impl Gpu {
                 .launch(launch_cfg((rows as u32, 1), 256, 0))
         }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mma_slice;
+
+    #[test]
+    fn tensor_core_gemv_slices_fill_one_wave_within_their_bounds() {
+        // XS 2.1 on the H200's 132 SMs: q|k|v|g (10304 × 2048) in three slices of 704 columns
+        // (243 blocks, one wave of 264), o_proj (2048 × 8192) in sixteen of 512, lm_head
+        // (100352 × 2048) in two of 1024 (the staging bound).
+        assert_eq!(mma_slice(10304, 2048, 132), (3, 704));
+        assert_eq!(mma_slice(2048, 8192, 132), (16, 512));
+        assert_eq!(mma_slice(100352, 2048, 132), (2, 1024));
+        // Narrow inputs take one slice; every slice holds columns.
+        assert_eq!(mma_slice(7, 8, 132), (1, 32));
+        for (out, inp) in [(1000, 136), (33, 8184), (40, 12288), (513, 2048)] {
+            let (s, ks) = mma_slice(out, inp, 132);
+            assert!(ks <= 1024 && ks % 32 == 0 && (s - 1) * ks < inp && s * ks >= inp);
+        }
     }
 }

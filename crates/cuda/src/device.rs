@@ -56,6 +56,15 @@ pub struct Gpu {
     pub gemv_stage: std::sync::atomic::AtomicBool,
     /// The expert GEMVs of `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`).
     pub moe_kernel: crate::ops::MoeKernel,
+    /// The bf16 GEMVs on the tensor cores (`gemv_mma_R`) rather than the f32 cores
+    /// (`FASTDECODE_DENSE`; tests switch it).
+    pub dense_mma: std::sync::atomic::AtomicBool,
+    /// The tensor-core GEMV's per-slice sums (`slices × rows × out` floats) and its counters per
+    /// 16-output tile, which the last arriving slice resets to zero: allocated once, so that
+    /// captured graphs keep their addresses. One stream runs every launch, and a launch touches
+    /// them only after its wait for its predecessor, so launches never share them.
+    pub(crate) gemv_partial: cudarc::driver::CudaSlice<f32>,
+    pub(crate) gemv_counters: cudarc::driver::CudaSlice<u32>,
 }
 
 /// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
@@ -141,6 +150,8 @@ impl Gpu {
                 )?;
             }
         }
+        let gemv_partial = stream.alloc_zeros::<f32>(crate::dense::MMA_PARTIAL_FLOATS)?;
+        let gemv_counters = stream.alloc_zeros::<u32>(crate::dense::MMA_COUNTERS)?;
         Ok(Gpu {
             ctx,
             stream,
@@ -155,6 +166,9 @@ impl Gpu {
             gemv_group: std::sync::atomic::AtomicUsize::new(knobs.gemv_group.unwrap_or(0)),
             gemv_stage: std::sync::atomic::AtomicBool::new(knobs.gemv_stage),
             moe_kernel: knobs.moe,
+            dense_mma: std::sync::atomic::AtomicBool::new(knobs.dense_mma),
+            gemv_partial,
+            gemv_counters,
         })
     }
 

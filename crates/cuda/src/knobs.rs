@@ -20,6 +20,9 @@ pub struct Knobs {
     pub gemv_stage: bool,
     /// `FASTDECODE_MOE=f32|mma2|mma4`: the expert GEMVs (default `mma2`).
     pub moe: MoeKernel,
+    /// `FASTDECODE_DENSE=f32|mma`: the bf16 GEMVs on the f32 cores or the tensor cores
+    /// (default `f32`).
+    pub dense_mma: bool,
 }
 
 impl Knobs {
@@ -64,6 +67,7 @@ impl Knobs {
                 Some("mma4") => MoeKernel::Mma4,
                 _ => MoeKernel::Mma2,
             },
+            dense_mma: pick("FASTDECODE_DENSE", &["f32", "mma"])? == Some("mma"),
         })
     }
 }
@@ -87,6 +91,7 @@ mod tests {
             gemv_group: None,
             gemv_stage: true,
             moe: MoeKernel::Mma2,
+            dense_mma: false,
         };
         assert_eq!(knobs(&[]).unwrap(), want);
         assert_eq!(
@@ -102,6 +107,7 @@ mod tests {
             ("FASTDECODE_GEMV_GROUP", "4"),
             ("FASTDECODE_GEMV_STAGE", "0"),
             ("FASTDECODE_MOE", "f32"),
+            ("FASTDECODE_DENSE", "mma"),
         ])
         .unwrap();
         assert_eq!(
@@ -111,6 +117,7 @@ mod tests {
                 gemv_group: Some(4),
                 gemv_stage: false,
                 moe: MoeKernel::F32,
+                dense_mma: true,
             }
         );
         assert_eq!(
@@ -127,6 +134,7 @@ mod tests {
         );
         assert!(knobs(&[("FASTDECODE_PDL", "1")]).unwrap().pdl);
         assert!(knobs(&[("FASTDECODE_GEMV_STAGE", "1")]).unwrap().gemv_stage);
+        assert!(!knobs(&[("FASTDECODE_DENSE", "f32")]).unwrap().dense_mma);
     }
 
     #[test]
@@ -136,6 +144,7 @@ mod tests {
             ("FASTDECODE_GEMV_GROUP", "3", "1, 2, 4"),
             ("FASTDECODE_GEMV_STAGE", "yes", "0, 1"),
             ("FASTDECODE_PDL", "off", "0, 1"),
+            ("FASTDECODE_DENSE", "tc", "f32, mma"),
         ] {
             let msg = knobs(&[(var, bad)]).unwrap_err().to_string();
             assert!(
