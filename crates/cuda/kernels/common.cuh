@@ -119,6 +119,19 @@ __device__ __forceinline__ bool block_arrives_last(unsigned int* counter, unsign
     return last;
 }
 
+// The same for a warp (its lanes' writes ordered before lane 0's atomic by the warp barrier):
+// true, in every lane, in the warp whose arrival at `counter` is the total-th.
+__device__ __forceinline__ bool warp_arrives_last(unsigned int* counter, unsigned int total) {
+    __syncwarp();
+    unsigned int last = 0;
+    if (threadIdx.x % WARP == 0) {
+        unsigned int before;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+        last = before == total - 1;
+    }
+    return __shfl_sync(0xffffffffu, last, 0);
+}
+
 // Eight bf16 from one 16-byte word, widened by a shift (bf16 is the top half of an f32).
 __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float out[8]) {
     const unsigned int u[4] = {raw.x, raw.y, raw.z, raw.w};

@@ -118,9 +118,10 @@ GEMV_ENTRIES(16)
 // pairs feed two mma steps whose k-slots map to those columns in order, which the staged terms
 // follow (a lane's 16 bytes of a chunk are its column's eight values). Two accumulators (the
 // chunk's first and second step) halve the chains. A slice's column sums are added per row as
-// (hi + mid) + lo; with several slices each warp leaves its part in `partial`, and the last of a
-// tile's warps to arrive (a counter per tile, reset by it) adds the slices in order, then the old
-// y (accumulate). The slicing depends on the shape only (dense.rs), never on the row count.
+// (hi + mid) + lo; with several slices each warp leaves its part in `partial`, and the last of
+// a tile's warps to arrive (warp_arrives_last: a counter per tile, which it resets) adds the
+// slices in order, then the old y (accumulate). The slicing depends on the shape only
+// (dense.rs), never on the row count.
 // grid (ceil(ceil(out / 16) / 8), slices), block 256; shared: staged terms
 // (ceil(ks / 32) · NQ · 512 bytes) then the warps' sums (8 · 16 · (8·NQ + 1) floats).
 __device__ __forceinline__ void mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
@@ -251,13 +252,7 @@ __device__ __forceinline__ void gemv_mma_body(const __nv_bfloat16* __restrict__ 
         else
             partial[((size_t)s * rows + r) * out + o] = part;
     }
-    if (S == 1) return;
-    __threadfence();
-    __syncwarp();
-    unsigned int last = 0;
-    if (lane == 0) last = atomicAdd(counters + tile, 1u) == (unsigned int)S - 1;
-    if (!__shfl_sync(0xffffffffu, last, 0)) return;
-    __threadfence();
+    if (S == 1 || !warp_arrives_last(counters + tile, S)) return;
     for (int i = lane; i < 16 * rows; i += WARP) {
         const int ol = i % 16, r = i / 16, o = o0 + ol;
         if (o >= out) continue;
