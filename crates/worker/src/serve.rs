@@ -97,8 +97,19 @@ type Decoding<'a> = (&'a mut dyn TargetBackend, Option<Box<dyn DraftSource>>);
 
 /// Whether a CUDA worker loads the GPU drafter (developer knob `FASTDECODE_WORKER_DRAFTER=0`:
 /// serial and oracle windows need none, and the drafter's memory and warm-up are then spared).
-fn gpu_drafter_wanted() -> bool {
-    std::env::var("FASTDECODE_WORKER_DRAFTER").map_or(true, |v| v != "0")
+fn gpu_drafter_wanted() -> Result<bool> {
+    drafter_knob(std::env::var("FASTDECODE_WORKER_DRAFTER").ok().as_deref())
+}
+
+/// The drafter knob's value: unset, empty or `1` loads it, `0` does not, and anything else is
+/// refused by name (a mistyped `off` would otherwise load it silently, as the CUDA backend's
+/// knobs did before they were checked).
+fn drafter_knob(value: Option<&str>) -> Result<bool> {
+    match value {
+        None | Some("") | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => bail!("FASTDECODE_WORKER_DRAFTER=\"{v}\": not a value it takes (one of 0, 1)"),
+    }
 }
 
 /// Verifies and loads the model; returns the engine and the digest the worker reports.
@@ -119,7 +130,7 @@ fn load(opts: &WorkerOptions) -> Result<(Engine, String)> {
                         dir,
                         MAX_BLOCK_SIZE,
                         max_context,
-                        gpu_drafter_wanted(),
+                        gpu_drafter_wanted()?,
                     )
                     .with_context(|| format!("{}: uploading to the GPU", dir.display()))?;
                     Engine::Cuda {
@@ -138,7 +149,7 @@ fn load(opts: &WorkerOptions) -> Result<(Engine, String)> {
                 *seed,
                 MAX_BLOCK_SIZE,
                 max_context,
-                gpu_drafter_wanted(),
+                gpu_drafter_wanted()?,
             )?;
             let digest = fastdecode_model::synth::synthetic_digest(preset, *seed)?;
             let engine = Engine::Cuda {
@@ -501,5 +512,25 @@ impl Server {
             start = end;
         }
         Ok(steps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drafter_knob;
+
+    #[test]
+    fn the_drafter_knob_takes_0_and_1_and_refuses_the_rest_by_name() {
+        assert!(drafter_knob(None).unwrap());
+        assert!(drafter_knob(Some("")).unwrap());
+        assert!(drafter_knob(Some("1")).unwrap());
+        assert!(!drafter_knob(Some("0")).unwrap());
+        let msg = drafter_knob(Some("off")).unwrap_err().to_string();
+        assert!(
+            msg.contains("FASTDECODE_WORKER_DRAFTER")
+                && msg.contains("\"off\"")
+                && msg.contains("0, 1"),
+            "{msg}"
+        );
     }
 }
