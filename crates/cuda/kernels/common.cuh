@@ -132,6 +132,18 @@ __device__ __forceinline__ bool warp_arrives_last(unsigned int* counter, unsigne
     return __shfl_sync(0xffffffffu, last, 0);
 }
 
+// d += a·b for one m16n8k16 tile: a = 16×16 bf16 (row), b = 16×8 bf16 (col), d 16×8 f32.
+// Fragments (g = lane / 4, t = lane % 4): a0 = (row g, k 2t..2t+1), a1 = (row g+8, k 2t..),
+// a2 = (row g, k 2t+8..), a3 = (row g+8, k 2t+8..); b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., col g);
+// d0,d1 = (row g, cols 2t, 2t+1), d2,d3 = (row g+8, cols 2t, 2t+1).
+__device__ __forceinline__ void mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // Eight bf16 from one 16-byte word, widened by a shift (bf16 is the top half of an f32).
 __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float out[8]) {
     const unsigned int u[4] = {raw.x, raw.y, raw.z, raw.w};

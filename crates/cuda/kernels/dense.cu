@@ -123,14 +123,7 @@ GEMV_ENTRIES(16)
 // slices in order, then the old y (accumulate). The slicing depends on the shape only
 // (dense.rs), never on the row count.
 // grid (ceil(ceil(out / 16) / 8), slices), block 256; shared: staged terms
-// (ceil(ks / 32) · NQ · 512 bytes) then the warps' sums (8 · 16 · (8·NQ + 1) floats).
-__device__ __forceinline__ void mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+// (ceil(ks / 32) · NQ · 512 bytes) then the warps' sums (8 · 16 · (8·NQ + 1) floats), mma_bf16 (common.cuh) the product.
 
 // The bf16 term `term` (0 hi, 1 mid, 2 lo) of v: hi = bf16(v), mid = bf16(v - hi),
 // lo = bf16(v - hi - mid), each difference exact in f32.

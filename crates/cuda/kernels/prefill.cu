@@ -12,18 +12,6 @@
 // ---------------------------------------------------------------------------------------------
 // Shared helpers
 
-// d += a·b for one m16n8k16 tile: a = 16×16 bf16 (row), b = 16×8 bf16 (col), d 16×8 f32.
-// Fragments (g = lane / 4, t = lane % 4): a0 = (row g, k 2t..2t+1), a1 = (row g+8, k 2t..),
-// a2 = (row g, k 2t+8..), a3 = (row g+8, k 2t+8..); b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., col g);
-// d0,d1 = (row g, cols 2t, 2t+1), d2,d3 = (row g+8, cols 2t, 2t+1).
-__device__ __forceinline__ void pf_mma(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                       unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ unsigned pf_pack(__nv_bfloat16 a, __nv_bfloat16 b) {
     return (unsigned)__bfloat16_as_ushort(a) | ((unsigned)__bfloat16_as_ushort(b) << 16);
 }
@@ -437,8 +425,8 @@ __device__ __forceinline__ void pf_moe_mainloop(uint4* smem, const PfMoeSrc& src
                     const uint4 b = as[nt * 8 * PF_ASTR + s * 4];
 #pragma unroll
                     for (int m = 0; m < 2; m++) {
-                        pf_mma(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b.x, b.y);
-                        pf_mma(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b.z, b.w);
+                        mma_bf16(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b.x, b.y);
+                        mma_bf16(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b.z, b.w);
                     }
                 }
         }
@@ -737,9 +725,9 @@ __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const __n
             for (int n = 0; n < PF_KT / 8; n++) {
                 unsigned bh0, bh1, bl0, bl1;
                 pf_ldsm4(ks + (n * 8 * DP + kk * 16) * 2, bh0, bh1, bl0, bl1);
-                pf_mma(s[n], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], bh0, bh1);
-                pf_mma(s[n], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], bl0, bl1);
-                pf_mma(s[n], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], bh0, bh1);
+                mma_bf16(s[n], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], bh0, bh1);
+                mma_bf16(s[n], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], bl0, bl1);
+                mma_bf16(s[n], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], bh0, bh1);
             }
         // Mask, then the online softmax (row max and sum over the 4 lanes sharing a row).
         float mx_a = ninf, mx_b = ninf;
@@ -799,9 +787,9 @@ __device__ __forceinline__ void pf_attend(const float* __restrict__ q, const __n
             for (int n = 0; n < D / 8; n++) {
                 unsigned bh0, bh1, bl0, bl1;
                 pf_ldsm4t(vs + (j * 16 * DP + n * 8) * 2, bh0, bh1, bl0, bl1);
-                pf_mma(o_acc[n], ph[0], ph[1], ph[2], ph[3], bh0, bh1);
-                pf_mma(o_acc[n], ph[0], ph[1], ph[2], ph[3], bl0, bl1);
-                pf_mma(o_acc[n], pl[0], pl[1], pl[2], pl[3], bh0, bh1);
+                mma_bf16(o_acc[n], ph[0], ph[1], ph[2], ph[3], bh0, bh1);
+                mma_bf16(o_acc[n], ph[0], ph[1], ph[2], ph[3], bl0, bl1);
+                mma_bf16(o_acc[n], pl[0], pl[1], pl[2], pl[3], bh0, bh1);
             }
         }
     }
