@@ -105,23 +105,27 @@ impl Gpu {
         let (o, i, acc) = (out as i32, inp as i32, accumulate as i32);
         let null: u64 = 0;
         let eps = norm.map_or(0.0, |n| n.1);
+        let mma = self.dense_mma.load(std::sync::atomic::Ordering::Relaxed);
         for start in (0..rows).step_by(MAX_ROWS) {
             let n = (rows - start).min(MAX_ROWS);
             let xs = x.slice(start * inp..(start + n) * inp);
             let mut ys = y.slice_mut(start * out..(start + n) * out);
             let nr = n as i32;
-            if self.dense_mma.load(std::sync::atomic::Ordering::Relaxed) {
-                self.gemv_mma(w, &xs, norm, &mut ys, out, inp, n, accumulate)?;
-                continue;
-            }
-            let (name, shared) = self.gemv_variant(out, inp, n, norm.is_some());
-            let f = self.function("dense", &name)?;
-            // 48 KiB of staged rows beside the kernel's own 576 bytes of static shared memory
-            // were refused without the raised cap (the XS 2.1 worker's start with staging on,
-            // H200). The cap is the same for every launch, whatever its size.
-            f.fit_shared(shared, STAGE_MAX_BYTES)?;
-            let grid = self.persistent_grid(&f, 256, shared, out.div_ceil(8))?;
-            let cfg = launch_cfg((grid, 1), 256, shared as u32);
+            // The tensor-core kernel takes the f32 kernels' arguments, then its slice width and
+            // scratch.
+            let (f, cfg, ks) = if mma {
+                let (f, cfg, ks) = self.gemv_mma_launch(out, inp, n)?;
+                (f, cfg, Some(ks))
+            } else {
+                let (name, shared) = self.gemv_variant(out, inp, n, norm.is_some());
+                let f = self.function("dense", &name)?;
+                // 48 KiB of staged rows beside the kernel's own 576 bytes of static shared
+                // memory were refused without the raised cap (the XS 2.1 worker's start with
+                // staging on, H200). The cap is the same for every launch, whatever its size.
+                f.fit_shared(shared, STAGE_MAX_BYTES)?;
+                let grid = self.persistent_grid(&f, 256, shared, out.div_ceil(8))?;
+                (f, launch_cfg((grid, 1), 256, shared as u32), None)
+            };
             let mut b = self.launch(&f);
             b.arg(w).arg(&xs);
             match norm {
@@ -129,26 +133,25 @@ impl Gpu {
                 None => b.arg(&null),
             };
             b.arg(&eps).arg(&mut ys).arg(&o).arg(&i).arg(&nr).arg(&acc);
-            // SAFETY: as above; a null norm pointer selects the plain GEMV in the kernel.
+            if let Some(ks) = &ks {
+                b.arg(ks).arg(&self.gemv_partial).arg(&self.gemv_counters);
+            }
+            // SAFETY: as above; a null norm pointer selects the plain GEMV in the kernel; the
+            // tensor-core kernel writes its scratch, which only launches on this stream use
+            // (device.rs).
             unsafe { b.launch(cfg) }?;
         }
         Ok(())
     }
 
-    /// One launch of the tensor-core GEMV (`gemv_mma_R`, R the next power of two of
-    /// `rows` <= 16) over the slices of `mma_slice`.
-    #[allow(clippy::too_many_arguments)]
-    fn gemv_mma(
+    /// The tensor-core GEMV for `rows` <= 16 rows (`gemv_mma_R`, R the next power of two), its
+    /// launch over the slices of `mma_slice`, and the slice width.
+    fn gemv_mma_launch(
         &self,
-        w: &CudaView<bf16>,
-        x: &CudaView<f32>,
-        norm: Option<(&CudaView<bf16>, f32)>,
-        y: &mut CudaViewMut<f32>,
         out: usize,
         inp: usize,
         rows: usize,
-        accumulate: bool,
-    ) -> Result<()> {
+    ) -> Result<(crate::device::Kernel, cudarc::driver::LaunchConfig, i32)> {
         let r = rows.next_power_of_two();
         let (slices, ks) = mma_slice(out, inp, self.sm_count as usize);
         let tiles = out.div_ceil(16);
@@ -170,34 +173,7 @@ impl Gpu {
             256,
             shared as u32,
         );
-        let (o, i, nr, acc, k) = (
-            out as i32,
-            inp as i32,
-            rows as i32,
-            accumulate as i32,
-            ks as i32,
-        );
-        let null: u64 = 0;
-        let eps = norm.map_or(0.0, |n| n.1);
-        let mut b = self.launch(&f);
-        b.arg(w).arg(x);
-        match norm {
-            Some((nw, _)) => b.arg(nw),
-            None => b.arg(&null),
-        };
-        b.arg(&eps)
-            .arg(y)
-            .arg(&o)
-            .arg(&i)
-            .arg(&nr)
-            .arg(&acc)
-            .arg(&k)
-            .arg(&self.gemv_partial)
-            .arg(&self.gemv_counters);
-        // SAFETY: argument types match gemv_mma_R; shapes checked by gemv_bf16 and above; the
-        // kernel writes the scratch, which only launches on this stream use (device.rs).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        Ok((f, cfg, ks as i32))
     }
 
     /// The GEMV kernel for `rows` rows (and its dynamic shared memory): one row with a small
