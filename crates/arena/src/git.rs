@@ -16,15 +16,9 @@ fn git(repo: &Path) -> Command {
 
 /// `git -C repo ARGS`'s standard output; a failure says `git ARGS: <what git said>`.
 pub fn output(repo: &Path, args: &[&str]) -> Result<Vec<u8>> {
-    let o = git(repo).args(args).output().context("running git")?;
-    if !o.status.success() {
-        bail!(
-            "git {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(o.stdout)
+    let mut c = git(repo);
+    c.args(args);
+    run(c, &args.join(" "))
 }
 
 fn run(mut c: Command, what: &str) -> Result<Vec<u8>> {
@@ -147,4 +141,48 @@ pub fn set_branch(repo: &Path, branch: &str, commit: &str) -> Result<()> {
     let mut c = git(repo);
     c.args(["update-ref", &format!("refs/heads/{branch}"), commit]);
     run(c, "update-ref").map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refs_resolve_to_commits_and_failures_name_what_git_was_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path();
+        output(repo, &["init", "--quiet"]).unwrap();
+        output(
+            repo,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t.invalid",
+                "commit",
+                "--quiet",
+                "--allow-empty",
+                "-m",
+                "first",
+            ],
+        )
+        .unwrap();
+        let head = resolve(repo, "HEAD").unwrap();
+        assert!(head.len() == 40 && head.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(resolve(repo, &head[..12]).unwrap(), head);
+
+        let e = format!("{:#}", resolve(repo, "no-such-ref").unwrap_err());
+        assert!(
+            e.starts_with(&format!(
+                "no-such-ref is not a commit in {}",
+                repo.display()
+            )),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            output(repo, &["cat-file", "-e", "no-such-ref"]).unwrap_err()
+        );
+        assert!(e.starts_with("git cat-file -e no-such-ref: "), "{e}");
+    }
 }

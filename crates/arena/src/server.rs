@@ -273,14 +273,7 @@ async fn intake(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> A
         .ok_or_else(|| bad("the Idempotency-Key header (1 to 128 characters) is required".into()))?
         .to_string();
     if let Some(id) = existing(&s, &solver, &key).await? {
-        return Ok((
-            StatusCode::OK,
-            Json(Accepted {
-                id,
-                duplicate: true,
-            }),
-        )
-            .into_response());
+        return Ok(accepted(id, true));
     }
     let req: NewSubmission =
         serde_json::from_slice(&body).map_err(|e| bad(format!("the request body: {e}")))?;
@@ -347,25 +340,22 @@ async fn intake(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> A
     if let Err(e) = inserted {
         // Two requests with one key at once: the other one's insert won.
         if let Some(id) = existing(&s, &solver, &key).await? {
-            return Ok((
-                StatusCode::OK,
-                Json(Accepted {
-                    id,
-                    duplicate: true,
-                }),
-            )
-                .into_response());
+            return Ok(accepted(id, true));
         }
         return Err(e.into());
     }
-    Ok((
-        StatusCode::CREATED,
-        Json(Accepted {
-            id,
-            duplicate: false,
-        }),
-    )
-        .into_response())
+    Ok(accepted(id, false))
+}
+
+/// The answer to a submission: 201 for a new one; 200 for an idempotency key already used,
+/// naming the earlier submission, so a solver retrying after a lost answer learns its id.
+fn accepted(id: String, duplicate: bool) -> Response {
+    let status = if duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    (status, Json(Accepted { id, duplicate })).into_response()
 }
 
 async fn one_submission(
@@ -603,4 +593,22 @@ pub async fn serve(
         })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_new_submission_is_created_and_a_used_key_answers_with_the_earlier_one() {
+        for (duplicate, status) in [(false, StatusCode::CREATED), (true, StatusCode::OK)] {
+            let r = accepted("s-1".into(), duplicate);
+            assert_eq!(r.status(), status);
+            let body = axum::body::to_bytes(r.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            let a: Accepted = serde_json::from_slice(&body).unwrap();
+            assert_eq!((a.id.as_str(), a.duplicate), ("s-1", duplicate));
+        }
+    }
 }
