@@ -482,13 +482,19 @@ impl Runner {
             .wrapper(candidate, &ro, &work.join("candidate"))
     }
 
-    fn gate(&self, job: &Job, lost: &AtomicBool) -> Result<Outcome> {
-        let t = &job.track;
+    /// The candidate and pinned baseline binaries the build stage made, as the gate and the
+    /// pricing run them.
+    fn binaries(&self, job: &Job) -> Result<(PathBuf, PathBuf)> {
         let b = &job.results[stages::BUILD];
         let (Some(cand), Some(base)) = (b["candidate"].as_str(), b["baseline"].as_str()) else {
             bail!("the build stage left no binaries");
         };
-        let (cand, base) = (self.artifact(cand, true)?, self.artifact(base, true)?);
+        Ok((self.artifact(cand, true)?, self.artifact(base, true)?))
+    }
+
+    fn gate(&self, job: &Job, lost: &AtomicBool) -> Result<Outcome> {
+        let t = &job.track;
+        let (cand, base) = self.binaries(job)?;
         let model = match self.model_args(t, lost)? {
             Ok(m) => m,
             Err(o) => return Ok(o),
@@ -596,11 +602,7 @@ impl Runner {
 
     fn price(&self, job: &Job, lost: &AtomicBool) -> Result<Outcome> {
         let t = &job.track;
-        let b = &job.results[stages::BUILD];
-        let (Some(cand), Some(base)) = (b["candidate"].as_str(), b["baseline"].as_str()) else {
-            bail!("the build stage left no binaries");
-        };
-        let (cand, base) = (self.artifact(cand, true)?, self.artifact(base, true)?);
+        let (cand, base) = self.binaries(job)?;
         let model = match self.model_args(t, lost)? {
             Ok(m) => m,
             Err(o) => return Ok(o),
