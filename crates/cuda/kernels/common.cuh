@@ -14,6 +14,40 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Σ over the warp of each of v[B..B + N) (N a power of two, 2 <= N <= 32) with warp_sum's bits, the
+// sums spread over the lanes: lane l ends with index l >> (5 - log2 N) (so every lane of N = 32
+// holds its own). Step o of warp_sum adds the partner's value to the lane's own; here, at the
+// first log2 N steps, a lane keeps half of its values (the upper half where bit o of the lane is
+// set), sends the partner the other half and adds what it receives for the half it keeps: the same
+// sums of the same pairs (a + b == b + a in IEEE), in 31 shuffles for N = 32 instead of 160.
+// One template instance per step, so every index is a constant (as a loop, NVVM left the inner
+// loop rolled and the array in local memory).
+template <int N, int B, int O, int L>
+__device__ __forceinline__ float warp_sum_scatter_from(float (&v)[L]) {
+    if constexpr (N == 1) {
+#pragma unroll
+        for (int o = O; o > 0; o >>= 1) v[B] += __shfl_xor_sync(0xffffffffu, v[B], o);
+        return v[B];
+    } else {
+        constexpr int H = N / 2;
+        // Chosen by mask (one LOP3 each), not by selects that NVVM may turn into a select of
+        // the address.
+        const unsigned up = threadIdx.x & O ? 0xffffffffu : 0u;
+#pragma unroll
+        for (int i = 0; i < H; i++) {
+            const unsigned lo = __float_as_uint(v[B + i]), hi = __float_as_uint(v[B + i + H]);
+            const float send = __uint_as_float((up & lo) | (~up & hi)), keep = __uint_as_float((up & hi) | (~up & lo));
+            v[B + i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+        }
+        return warp_sum_scatter_from<H, B, O / 2>(v);
+    }
+}
+template <int N, int B, int L>
+__device__ __forceinline__ float warp_sum_scatter(float (&v)[L]) {
+    static_assert(N >= 2 && N <= 32 && (N & (N - 1)) == 0, "N: a power of two up to 32");
+    return warp_sum_scatter_from<N, B, 16>(v);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -402,22 +436,40 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
 // q|k|v|g GEMV of an 8-row verify took 2.96 ms per forward against 0.65 for one row (H200,
 // bench --profile). Per (weight row, x row) the arithmetic is gemv_persistent's exactly: the
 // lane's chunks c ≡ lane (mod 32) in ascending order, each chunk's eight products one fma chain
-// onto the accumulator, the same butterfly, then the old y added (accumulate); so every row gives
-// the same bits as a one-row launch. Units are (group of G weight rows, block of U·32 chunks),
-// double-buffered like gemv_persistent's. The accumulate mode's old values are loaded when a
-// group starts, spread over the lanes (lane l holds pairs l and l + 32 of the group's G·R).
-template <int R, int G, int U, typename Prologue>
+// onto the accumulator, the same butterfly (as warp_sum_scatter), then the old y added
+// (accumulate); so every row gives the same bits as a one-row launch. Units are (group of G
+// weight rows, block of U·32 chunks), double-buffered like gemv_persistent's.
+//
+// With KB > 0 the rows' x' = norm ⊙ x · inv (norm required) is staged in shared memory `xs` by
+// the whole block, KB chunks (8·KB columns) at a time: the block's warps take groups in rounds
+// and walk their units in step, restaging at each k-block boundary between two barriers (once
+// per launch where the row fits in one k-block, as XS 2.1's 2048-wide rows do). A warp's 16-byte
+// reads are consecutive there (each row's first halves of the k-block's chunks, then their
+// second halves: no bank conflicts). Staged or not, x' has the same value (the same
+// expression), so the same bits. (Plain rows staged this way, an 8192-wide o_proj in four
+// k-blocks, gained little at 8 rows, lost at 4 and slowed the serial step beside them: H200,
+// BENCHMARKS, sixteenth measurement.)
+template <int R, int G, int U, int KB, typename Prologue>
 __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __restrict__ W,
                                                         const float* __restrict__ x,
                                                         const __nv_bfloat16* __restrict__ norm, const float* inv,
-                                                        float* __restrict__ y, int out, int in, int rows,
-                                                        int accumulate, Prologue ready) {
-    static_assert(G * R <= 2 * WARP, "old values: two per lane");
-    const int lane = threadIdx.x % WARP;
-    const int nw = gridDim.x * (blockDim.x / WARP);
+                                                        float* xs, float* __restrict__ y, int out, int in,
+                                                        int rows, int accumulate, Prologue ready) {
+    constexpr int N = G * R, NS = N < WARP ? N : WARP, SETS = N / NS;  // sums per scatter, scatters
+    static_assert(N % NS == 0 && SETS <= 2, "G·R: a power of two up to 64");
+    static_assert(KB % (U * WARP) == 0, "a k-block is whole units");
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    // The group's sum this lane ends with in scatter `h` (warp_sum_scatter), and whether it is the
+    // lane that stores it (the first of the lanes holding it).
+    const int shift = NS == 32 ? 0 : NS == 16 ? 1 : NS == 8 ? 2 : NS == 4 ? 3 : 4;
+    const int mine = lane >> shift;
+    const bool owner = (lane & ((1 << shift) - 1)) == 0;
+    const int nw = gridDim.x * warps;
     const int nc = in / 8, nblk = (nc + U * WARP - 1) / (U * WARP);
     const int groups = (out + G - 1) / G;
     const uint4* Wv = reinterpret_cast<const uint4*>(W);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float4* xs4 = reinterpret_cast<float4*>(xs);
     auto load = [&](uint4 (&buf)[G][U], int grp, int blk) {
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -429,25 +481,65 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
             }
         }
     };
-    int grp = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, blk = 0;
-    float acc[G][R];
+    // k-block kb of the rows' x' into xs: float4 (r, h, c) at (2r + h)·KB + c.
+    int staged = -1;
+    auto stage = [&](int kb) {
+        if (kb == staged) return;
+        staged = kb;
+        __syncthreads();  // every warp is done with the previous k-block
+        // SB float4s a thread requested at once, then stored: one L2 round trip per SB (xs may
+        // alias x as far as the compiler knows, which would order each load after the previous
+        // store). More would hold registers beside the weights in flight.
+        constexpr int SB = 4;
+        for (int i0 = 0; i0 < rows * 2 * KB; i0 += SB * blockDim.x) {
+            float4 v[SB];
+            uint4 nw[SB];
 #pragma unroll
-    for (int g = 0; g < G; g++)
+            for (int j = 0; j < SB; j++) {
+                const int i = i0 + j * blockDim.x + threadIdx.x;
+                const int r = i / (2 * KB), h = (i / KB) % 2, c = kb * KB + i % KB;
+                const bool in_range = i < rows * 2 * KB && c < nc;
+                v[j] = in_range ? x4[((size_t)r * in + 8 * c) / 4 + h] : make_float4(0.f, 0.f, 0.f, 0.f);
+                nw[j] = in_range ? *reinterpret_cast<const uint4*>(norm + 8 * c) : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[g][r] = 0.f;
+            for (int j = 0; j < SB; j++) {
+                const int i = i0 + j * blockDim.x + threadIdx.x;
+                if (i >= rows * 2 * KB) break;
+                const int r = i / (2 * KB), h = (i / KB) % 2;
+                float nwv[8];
+                unpack_bf16x8(nw[j], nwv);
+                xs4[(2 * r + h) * KB + i % KB] =
+                    make_float4(nwv[4 * h] * (v[j].x * inv[r]), nwv[4 * h + 1] * (v[j].y * inv[r]),
+                                nwv[4 * h + 2] * (v[j].z * inv[r]), nwv[4 * h + 3] * (v[j].w * inv[r]));
+            }
+        }
+        __syncthreads();
+    };
+    int grp = blockIdx.x * warps + warp, blk = 0;
+    float acc[N];  // sum i = g·R + r: weight row g of the group, row r of x
+#pragma unroll
+    for (int i = 0; i < N; i++) acc[i] = 0.f;
     auto advance = [&](int& gg, int& bb) {
         if (++bb == nblk) {
             bb = 0;
             gg += nw;
         }
     };
-    float old[2] = {0.f, 0.f};
+    // Staged, a warp keeps walking (and meeting the block's barriers) while any warp of its
+    // block's round has a group.
+    auto running = [&](int gg) { return KB > 0 ? gg - warp < groups : gg < groups; };
+    float old[SETS];
     auto consume = [&](const uint4 (&buf)[G][U], int gg, int bb) {
+        if constexpr (KB > 0) {
+            stage(bb * U * WARP / KB);
+            if (gg >= groups) return;
+        }
         if (accumulate && bb == 0) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int i = lane + h * WARP, g = i / R, r = i % R, o = gg * G + g;
-                if (i < G * R && r < rows && o < out) old[h] = y[(size_t)r * out + o];
+            for (int h = 0; h < SETS; h++) {
+                const int i = h * NS + mine, g = i / R, r = i % R, o = gg * G + g;
+                old[h] = owner && r < rows && o < out ? y[(size_t)r * out + o] : 0.f;
             }
         }
 #pragma unroll
@@ -457,53 +549,52 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
                 float w[G][8], nwv[8];
 #pragma unroll
                 for (int g = 0; g < G; g++) unpack_bf16x8(buf[g][u], w[g]);
-                if (norm) unpack_bf16x8(*reinterpret_cast<const uint4*>(norm + 8 * c), nwv);
+                if (KB == 0 && norm) unpack_bf16x8(*reinterpret_cast<const uint4*>(norm + 8 * c), nwv);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     const int rr = r < rows ? r : rows - 1;
-                    const float4 a = *reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c);
-                    const float4 b = *reinterpret_cast<const float4*>(x + (size_t)rr * in + 8 * c + 4);
+                    const float4 a = KB > 0 ? xs4[(2 * rr) * KB + c % KB] : x4[((size_t)rr * in + 8 * c) / 4];
+                    const float4 b = KB > 0 ? xs4[(2 * rr + 1) * KB + c % KB] : x4[((size_t)rr * in + 8 * c) / 4 + 1];
                     float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                    if (norm) {
+                    if (KB == 0 && norm) {
 #pragma unroll
                         for (int j = 0; j < 8; j++) xv[j] = nwv[j] * (xv[j] * inv[rr]);
                     }
 #pragma unroll
                     for (int g = 0; g < G; g++) {
-                        float s = acc[g][r];
+                        float s = acc[g * R + r];
 #pragma unroll
                         for (int j = 0; j < 8; j++) s += w[g][j] * xv[j];
-                        acc[g][r] = s;
+                        acc[g * R + r] = s;
                     }
                 }
             }
         }
         if (bb == nblk - 1) {
+            float s[SETS];
+            s[0] = warp_sum_scatter<NS, 0>(acc);
+            if constexpr (SETS == 2) s[1] = warp_sum_scatter<NS, NS>(acc);
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const float s = warp_sum(acc[g][r]);
-                    const int i = g * R + r, o = gg * G + g;
-                    if (lane == i % WARP && r < rows && o < out)
-                        y[(size_t)r * out + o] = accumulate ? old[i / WARP] + s : s;
-                    acc[g][r] = 0.f;
-                }
+            for (int h = 0; h < SETS; h++) {
+                const int i = h * NS + mine, g = i / R, r = i % R, o = gg * G + g;
+                if (owner && r < rows && o < out) y[(size_t)r * out + o] = accumulate ? old[h] + s[h] : s[h];
             }
+#pragma unroll
+            for (int i = 0; i < N; i++) acc[i] = 0.f;
         }
     };
     uint4 a[G][U], b[G][U];
     if (grp < groups) load(a, grp, 0);
     pdl_wait();
     ready();
-    while (grp < groups) {
+    while (running(grp)) {
         int g1 = grp, b1 = blk;
         advance(g1, b1);
         if (g1 < groups) load(b, g1, b1);
         consume(a, grp, blk);
         grp = g1;
         blk = b1;
-        if (grp >= groups) break;
+        if (!running(grp)) break;
         advance(g1, b1);
         if (g1 < groups) load(a, g1, b1);
         consume(b, grp, blk);
@@ -512,17 +603,19 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
     }
 }
 
-// The GEMV entry for R rows of x with weight rows in groups of G per warp (G = 1: one weight
-// row per warp, gemv_persistent). Every choice gives the same bits; they differ in how much of
-// x each warp reads per weight byte (R/G rows) and in how many warps the rows keep busy.
-template <int R, int G, typename Prologue>
+#ifndef FD_GEMV_U
+#define FD_GEMV_U 2  // 16-byte chunks per weight row a multi-row warp has in flight per buffer
+#endif
+#define GEMV_KB 256  // chunks of a staged k-block (2048 columns); dense.rs sizes the shared memory
+template <int R, int G, bool STAGED, typename Prologue>
 __device__ __forceinline__ void gemv_rows(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
-                                          const __nv_bfloat16* __restrict__ norm, const float* inv,
+                                          const __nv_bfloat16* __restrict__ norm, const float* inv, float* xs,
                                           float* __restrict__ y, int out, int in, int rows, int accumulate,
                                           Prologue ready) {
     if constexpr (G == 1) {
         gemv_persistent<R>(W, x, norm, inv, y, out, in, rows, accumulate, ready);
     } else {
-        gemv_persistent_grouped<R, G, 2>(W, x, norm, inv, y, out, in, rows, accumulate, ready);
+        gemv_persistent_grouped<R, G, FD_GEMV_U, STAGED ? GEMV_KB : 0>(W, x, norm, inv, xs, y, out, in, rows,
+                                                                       accumulate, ready);
     }
 }

@@ -23,15 +23,17 @@ __device__ __forceinline__ void gemv_bf16_body(const __nv_bfloat16* __restrict__
                                                const __nv_bfloat16* __restrict__ norm, float eps,
                                                float* __restrict__ y, int out, int in, int rows, int accumulate) {
     __shared__ float inv[16], red[8 * 16];
-    gemv_rows<R, G>(W, x, norm, inv, y, out, in, rows, accumulate, [&] {
+    gemv_rows<R, G, false>(W, x, norm, inv, nullptr, y, out, in, rows, accumulate, [&] {
         if (norm) block_inv_rms(x, in, rows, eps, inv, red);
     });
 }
 
-// The same with the rows' x' = norm ⊙ x / rms(x) staged in shared memory once per block (as
-// gemv_bf16_1s does for one row), so the inner loop reads it there instead of forming it anew
-// for every weight row: the same value (norm[i]·(x[i]·inv)), the same bits. norm required.
-// shared: 4·rows·in bytes (the launcher sizes it).
+// The same with the rows' x' = norm ⊙ x / rms(x) staged in shared memory, so the inner loop
+// reads it there instead of forming it anew for every weight row: the same value
+// (norm[i]·(x[i]·inv)), the same bits. norm required. With weight rows in groups (G > 1), in
+// k-blocks of GEMV_KB chunks (gemv_persistent_grouped; shared: 32·GEMV_KB·rows bytes); one
+// weight row per warp, whole rows once per block (shared: 4·rows·in bytes). The launcher sizes
+// it.
 template <int R, int G>
 __device__ __forceinline__ void gemv_bf16_staged_body(const __nv_bfloat16* __restrict__ W,
                                                       const float* __restrict__ x,
@@ -40,12 +42,17 @@ __device__ __forceinline__ void gemv_bf16_staged_body(const __nv_bfloat16* __res
                                                       int accumulate) {
     extern __shared__ __align__(16) float xs[];  // read as float4s
     __shared__ float inv[16], red[8 * 16];
-    gemv_rows<R, G>(W, xs, nullptr, inv, y, out, in, rows, accumulate, [&] {
-        block_inv_rms(x, in, rows, eps, inv, red);
-        for (int i = threadIdx.x; i < rows * in; i += blockDim.x)
-            xs[i] = __bfloat162float(norm[i % in]) * (x[i] * inv[i / in]);
-        __syncthreads();
-    });
+    if constexpr (G > 1) {
+        gemv_rows<R, G, true>(W, x, norm, inv, xs, y, out, in, rows, accumulate,
+                              [&] { block_inv_rms(x, in, rows, eps, inv, red); });
+    } else {
+        gemv_rows<R, 1, false>(W, xs, nullptr, inv, nullptr, y, out, in, rows, accumulate, [&] {
+            block_inv_rms(x, in, rows, eps, inv, red);
+            for (int i = threadIdx.x; i < rows * in; i += blockDim.x)
+                xs[i] = __bfloat162float(norm[i % in]) * (x[i] * inv[i / in]);
+            __syncthreads();
+        });
+    }
 }
 
 // Single-row variant for in <= 12288: the (normalised) row is staged in shared memory once per
@@ -87,8 +94,11 @@ extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) gemv_bf16_1s(
     });
 }
 
+#ifndef FD_GEMV_ROWS_MINB
+#define FD_GEMV_ROWS_MINB 1  // resident blocks per SM the multi-row entries are compiled for
+#endif
 #define GEMV_ENTRY(NAME, BODY, R, G)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) NAME(                                   \
+    extern "C" __global__ void __launch_bounds__(256, R == 1 ? FD_GEMV_MINB : FD_GEMV_ROWS_MINB) NAME(     \
         const __nv_bfloat16* __restrict__ W, const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, \
         float eps, float* __restrict__ y, int out, int in, int rows, int accumulate) {                      \
         FD_TRACE_KERNEL(2, out);                                                                            \

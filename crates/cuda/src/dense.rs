@@ -9,6 +9,9 @@ use crate::ops::MAX_ROWS;
 
 /// The most shared memory a staged multi-row GEMV takes (its rows of x').
 const STAGE_MAX_BYTES: usize = 200 * 1024;
+/// The chunks (8 columns each) of x' a grouped multi-row GEMV stages at once: common.cuh's
+/// `GEMV_KB`.
+const GEMV_KB: usize = 256;
 
 /// The tensor-core GEMV's scratch (`Gpu::gemv_partial`, `Gpu::gemv_counters`): 32 MiB of
 /// per-slice sums (XS 2.1's lm_head in two slices of 16 rows takes 12.8 MB) and a counter per
@@ -209,7 +212,16 @@ impl Gpu {
                 .find(|g| out / g * 4 >= warps * 3)
                 .unwrap_or(1)
         });
-        let staged = stage && normed && rows * inp * 4 <= STAGE_MAX_BYTES;
+        // Grouped weight rows stage normed rows a k-block of GEMV_KB chunks at a time, one
+        // weight row per warp whole rows. Plain rows (o_proj's) are not staged: in k-blocks they
+        // gained little at 8 rows, lost at 4, and the serial step lost 2 % in the same process
+        // (H200, BENCHMARKS, sixteenth measurement; not understood: its kernels are the same).
+        let shared = if g > 1 {
+            rows * GEMV_KB * 32
+        } else {
+            rows * inp * 4
+        };
+        let staged = stage && normed && shared <= STAGE_MAX_BYTES;
         let group = if g == 1 && !staged {
             String::new()
         } else {
@@ -218,7 +230,7 @@ impl Gpu {
         let s = if staged { "s" } else { "" };
         (
             format!("gemv_bf16_{r}{s}{group}"),
-            if staged { rows * inp * 4 } else { 0 },
+            if staged { shared } else { 0 },
         )
     }
 
