@@ -440,15 +440,17 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
 // (accumulate); so every row gives the same bits as a one-row launch. Units are (group of G
 // weight rows, block of U·32 chunks), double-buffered like gemv_persistent's.
 //
-// With KB > 0 the rows' x' = norm ⊙ x · inv (norm required) is staged in shared memory `xs` by
-// the whole block, KB chunks (8·KB columns) at a time: the block's warps take groups in rounds
-// and walk their units in step, restaging at each k-block boundary between two barriers (once
-// per launch where the row fits in one k-block, as XS 2.1's 2048-wide rows do). A warp's 16-byte
-// reads are consecutive there (each row's first halves of the k-block's chunks, then their
-// second halves: no bank conflicts). Staged or not, x' has the same value (the same
-// expression), so the same bits. (Plain rows staged this way, an 8192-wide o_proj in four
-// k-blocks, gained little at 8 rows, lost at 4 and slowed the serial step beside them: H200,
-// BENCHMARKS, sixteenth measurement.)
+// With KB > 0 the rows' x' (norm ⊙ x · inv, or x where norm is null) is staged in shared memory
+// `xs` by the whole block, KB chunks (8·KB columns) at a time: the block's warps take groups in
+// rounds and walk their units in step, restaging at each k-block boundary between two barriers
+// (once per launch where the row fits in one k-block, as XS 2.1's 2048-wide rows do). A warp's
+// 16-byte reads are consecutive there (each row's first halves of the k-block's chunks, then
+// their second halves: no bank conflicts). Staged or not, x' has the same value (the same
+// expression), so the same bits. dense.rs stages normed rows only: plain ones (an 8192-wide
+// o_proj in four k-blocks) gained little at 8 rows and lost at 4 (H200, BENCHMARKS, sixteenth
+// measurement). The plain path stays because the build with it timed the serial step at the
+// old speed and the build without it (norm required) 2 % slower, though the one-row step runs
+// neither: not understood, recorded there.
 template <int R, int G, int U, int KB, typename Prologue>
 __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __restrict__ W,
                                                         const float* __restrict__ x,
@@ -500,18 +502,20 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
                 const int r = i / (2 * KB), h = (i / KB) % 2, c = kb * KB + i % KB;
                 const bool in_range = i < rows * 2 * KB && c < nc;
                 v[j] = in_range ? x4[((size_t)r * in + 8 * c) / 4 + h] : make_float4(0.f, 0.f, 0.f, 0.f);
-                nw[j] = in_range ? *reinterpret_cast<const uint4*>(norm + 8 * c) : make_uint4(0, 0, 0, 0);
+                if (norm) nw[j] = in_range ? *reinterpret_cast<const uint4*>(norm + 8 * c) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int j = 0; j < SB; j++) {
                 const int i = i0 + j * blockDim.x + threadIdx.x;
                 if (i >= rows * 2 * KB) break;
                 const int r = i / (2 * KB), h = (i / KB) % 2;
-                float nwv[8];
-                unpack_bf16x8(nw[j], nwv);
-                xs4[(2 * r + h) * KB + i % KB] =
-                    make_float4(nwv[4 * h] * (v[j].x * inv[r]), nwv[4 * h + 1] * (v[j].y * inv[r]),
-                                nwv[4 * h + 2] * (v[j].z * inv[r]), nwv[4 * h + 3] * (v[j].w * inv[r]));
+                if (norm) {
+                    float nwv[8];
+                    unpack_bf16x8(nw[j], nwv);
+                    v[j] = make_float4(nwv[4 * h] * (v[j].x * inv[r]), nwv[4 * h + 1] * (v[j].y * inv[r]),
+                                       nwv[4 * h + 2] * (v[j].z * inv[r]), nwv[4 * h + 3] * (v[j].w * inv[r]));
+                }
+                xs4[(2 * r + h) * KB + i % KB] = v[j];
             }
         }
         __syncthreads();

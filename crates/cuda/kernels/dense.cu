@@ -30,10 +30,10 @@ __device__ __forceinline__ void gemv_bf16_body(const __nv_bfloat16* __restrict__
 
 // The same with the rows' x' = norm ⊙ x / rms(x) staged in shared memory, so the inner loop
 // reads it there instead of forming it anew for every weight row: the same value
-// (norm[i]·(x[i]·inv)), the same bits. norm required. With weight rows in groups (G > 1), in
-// k-blocks of GEMV_KB chunks (gemv_persistent_grouped; shared: 32·GEMV_KB·rows bytes); one
-// weight row per warp, whole rows once per block (shared: 4·rows·in bytes). The launcher sizes
-// it.
+// (norm[i]·(x[i]·inv)), the same bits. With weight rows in groups (G > 1), in k-blocks of
+// GEMV_KB chunks (gemv_persistent_grouped, which also stages plain rows; shared:
+// 32·GEMV_KB·rows bytes); one weight row per warp, whole rows once per block (norm required;
+// shared: 4·rows·in bytes). The launcher sizes it.
 template <int R, int G>
 __device__ __forceinline__ void gemv_bf16_staged_body(const __nv_bfloat16* __restrict__ W,
                                                       const float* __restrict__ x,
@@ -43,8 +43,9 @@ __device__ __forceinline__ void gemv_bf16_staged_body(const __nv_bfloat16* __res
     extern __shared__ __align__(16) float xs[];  // read as float4s
     __shared__ float inv[16], red[8 * 16];
     if constexpr (G > 1) {
-        gemv_rows<R, G, true>(W, x, norm, inv, xs, y, out, in, rows, accumulate,
-                              [&] { block_inv_rms(x, in, rows, eps, inv, red); });
+        gemv_rows<R, G, true>(W, x, norm, inv, xs, y, out, in, rows, accumulate, [&] {
+            if (norm) block_inv_rms(x, in, rows, eps, inv, red);
+        });
     } else {
         gemv_rows<R, 1, false>(W, xs, nullptr, inv, nullptr, y, out, in, rows, accumulate, [&] {
             block_inv_rms(x, in, rows, eps, inv, red);
