@@ -177,6 +177,14 @@ __device__ __forceinline__ void mma_bf16(float d[4], unsigned a0, unsigned a1, u
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// The same with f16 a and b (moe.cu's NVFP4 expert GEMVs).
+__device__ __forceinline__ void mma_f16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                        unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 
 // Eight bf16 from one 16-byte word, widened by a shift (bf16 is the top half of an f32).
 __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float out[8]) {

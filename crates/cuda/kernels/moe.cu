@@ -395,13 +395,6 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
 // Bytes per staged term of a warp's NC·4 words: ≡ 64 (mod 128), so the B loads of a quarter warp
 // (terms 0 and 1, four words each) hit eight distinct 16-byte bank groups.
 #define MMA_TERM_STRIDE(NC) (4 * (NC) * MMA_WORD_STRIDE + ((4 * (NC) * MMA_WORD_STRIDE) % 128 == 0 ? 64 : 0))
-__device__ __forceinline__ void mma_f16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                        unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // The f16 pairs (codes (0, 4), (1, 5), (2, 6), (3, 7)) of a word times the pair's scale, exact.
 __device__ __forceinline__ void nvfp4_word_pairs(unsigned int word, unsigned int s2, unsigned int out[4]) {
