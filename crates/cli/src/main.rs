@@ -76,6 +76,13 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // CUDA kernels load with their modules, not at first launch (CUDA's lazy default): loaded
+    // lazily, the decode step's speed moved by ~1 % with a kernel it never launches, whose first
+    // use changed where the step's own kernels were placed (BENCHMARKS.md, seventeenth
+    // measurement). Set here, before any thread or CUDA call exists; a user's setting wins.
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
+    }
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Synth(a) => model_cmds::synth(a),
