@@ -140,7 +140,9 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_store(
 // k/v into the cache. Each block leaves (max, sum, Σ p·v) per head in `part`; the last block of a
 // (row, kv head) to finish (counted in `counters`, reset afterwards) merges the splits in split
 // order, applies the softplus gate and writes out[r, h, :]. The ranges depend only on the row's
-// own position, so a row's bits never depend on the launch's other rows.
+// own position, so a row's bits never depend on the launch's other rows. grid: (kv heads, rows,
+// ATT_SPLITS), split slowest, so blocks are dispatched split by split: a launch's splits past
+// its rows' windows (half of them at 512 keys) come last, not between the working blocks.
 // Shared: (G·d + TILE·(d+4) + TILE·d + 2·WARPS·d + d + 8·TILE + 8) floats. d % 32 == 0, d <= 128.
 extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const float* __restrict__ qkvg, int width, const __nv_bfloat16* __restrict__ q_norm,
@@ -163,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     float* kcs = sn + d / 2;               // [WARPS][d]: per-warp tables of other positions
     float* sc = kcs + ATT_WARPS * d;       // [8][TILE]: a tile's scores, then its weights, per head
     float* corr = sc + 8 * ATT_TILE;       // [8]: per head, the tile's rescale of earlier sums
-    const int kvh = blockIdx.x, split = blockIdx.y, r = blockIdx.z;
+    const int kvh = blockIdx.x, r = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int p = pos[r], p0 = pos[0];
     const int koff = heads * d, voff = koff + kv_heads * d, goff = voff + kv_heads * d;

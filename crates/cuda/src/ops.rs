@@ -236,7 +236,7 @@ impl Gpu {
         ]
         .map(|v| v as i32);
         let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (kvh as u32, ATT_SPLITS as u32, rows as u32),
+            grid_dim: (kvh as u32, rows as u32, ATT_SPLITS as u32),
             block_dim: (256, 1, 1),
             shared_mem_bytes: shared as u32,
         };
