@@ -485,10 +485,7 @@ impl Runner {
     /// The candidate and pinned baseline binaries the build stage made, as the gate and the
     /// pricing run them.
     fn binaries(&self, job: &Job) -> Result<(PathBuf, PathBuf)> {
-        let b = &job.results[stages::BUILD];
-        let (Some(cand), Some(base)) = (b["candidate"].as_str(), b["baseline"].as_str()) else {
-            bail!("the build stage left no binaries");
-        };
+        let (cand, base) = built_binaries(job)?;
         Ok((self.artifact(cand, true)?, self.artifact(base, true)?))
     }
 
@@ -909,9 +906,61 @@ pub fn run(opts: Options) -> Result<()> {
     }
 }
 
+/// The artifact names of the candidate and baseline binaries in a job's build result. A job whose
+/// results lack them (a service that leased the gate without a recorded build) is refused with
+/// an error naming the submission, not a panic of the runner.
+fn built_binaries(job: &Job) -> Result<(&str, &str)> {
+    let b = job.results.get(stages::BUILD);
+    let (Some(cand), Some(base)) = (
+        b.and_then(|b| b["candidate"].as_str()),
+        b.and_then(|b| b["baseline"].as_str()),
+    ) else {
+        bail!(
+            "submission {}: the job has no build result with candidate and baseline binaries",
+            job.submission
+        );
+    };
+    Ok((cand, base))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_without_its_build_result_is_an_error_naming_it() {
+        let track = crate::track::load_dir(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks"),
+        )
+        .unwrap()
+        .remove("serial-tiny")
+        .unwrap();
+        let mut job = Job {
+            submission: "s-42".into(),
+            lease_id: "l".into(),
+            lease_seconds: 60,
+            stage: stages::GATE.into(),
+            track,
+            base_commit: "c".into(),
+            bundle_digest: "d".into(),
+            results: BTreeMap::new(),
+        };
+        let e = built_binaries(&job).unwrap_err().to_string();
+        assert!(e.contains("s-42") && e.contains("build result"), "{e}");
+        job.results.insert(
+            stages::BUILD.into(),
+            serde_json::json!({ "candidate": "cand-x" }),
+        );
+        assert!(
+            built_binaries(&job).is_err(),
+            "a build result without the baseline"
+        );
+        job.results.insert(
+            stages::BUILD.into(),
+            serde_json::json!({ "candidate": "cand-x", "baseline": "base-y" }),
+        );
+        assert_eq!(built_binaries(&job).unwrap(), ("cand-x", "base-y"));
+    }
 
     #[test]
     fn steps_are_bucketed_to_32() {
