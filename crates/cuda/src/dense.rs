@@ -11,7 +11,7 @@ use crate::ops::MAX_ROWS;
 const STAGE_MAX_BYTES: usize = 200 * 1024;
 /// The chunks (8 columns each) of x' a grouped multi-row GEMV stages at once: common.cuh's
 /// `GEMV_KB`.
-const GEMV_KB: usize = 256;
+pub(crate) const GEMV_KB: usize = 256;
 
 /// The tensor-core GEMV's scratch (`Gpu::gemv_partial`, `Gpu::gemv_counters`): 32 MiB of
 /// per-slice sums (XS 2.1's lm_head in two slices of 16 rows takes 12.8 MB) and a counter per

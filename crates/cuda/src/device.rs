@@ -541,3 +541,44 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T>
         self.push_ptr(p)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{COMMON, MODULES};
+
+    /// The integer a kernel source `#define`s `name` as (`#define NAME 32  // ...`).
+    fn define(src: &str, name: &str) -> usize {
+        src.lines()
+            .filter_map(|l| l.trim().strip_prefix("#define "))
+            .find_map(|l| {
+                let mut t = l.split_whitespace();
+                (t.next() == Some(name)).then(|| t.next().and_then(|v| v.parse().ok()))
+            })
+            .flatten()
+            .unwrap_or_else(|| panic!("no integer #define {name}"))
+    }
+
+    fn module(name: &str) -> &'static str {
+        MODULES.iter().find(|(n, _)| *n == name).unwrap().1
+    }
+
+    /// The launchers size grids and shared memory with constants the kernels also define: the
+    /// two copies must agree, or a launch is wrongly sized with no error (no GPU needed to see it).
+    #[test]
+    fn host_constants_match_the_kernels_defines() {
+        use crate::{dense, ops, prefill};
+        let att = module("attention");
+        assert_eq!(define(att, "ATT_SPLITS"), ops::ATT_SPLITS);
+        assert_eq!(define(att, "ATT_TILE"), ops::ATT_TILE);
+        assert_eq!(define(att, "ATT_WARPS"), ops::ATT_WARPS);
+        let moe = module("moe");
+        assert_eq!(define(moe, "MOE_OB"), ops::MOE_OB);
+        assert_eq!(define(moe, "DOWN_OB"), ops::DOWN_OB);
+        assert_eq!(define(COMMON, "GEMV_KB"), dense::GEMV_KB);
+        let pf = module("prefill");
+        // PF_TOK is (PF_NT * 8) and PF_MROWS (PF_MW * 32) there.
+        assert_eq!(define(pf, "PF_NT") * 8, prefill::MOE_TILE);
+        assert_eq!(define(pf, "PF_MW") * 32, prefill::MOE_ROWS);
+        assert_eq!(define(pf, "PF_ASTAGES"), prefill::ATTEND_STAGES);
+    }
+}

@@ -9,11 +9,11 @@ use crate::error::{CudaError, Result};
 
 /// Key ranges per (row, kv head) of `attend_decode` (`ATT_SPLITS` in attention.cu).
 pub const ATT_SPLITS: usize = 32;
-const ATT_TILE: usize = 32;
-const ATT_WARPS: usize = 8;
+pub(crate) const ATT_TILE: usize = 32;
+pub(crate) const ATT_WARPS: usize = 8;
 /// Output rows per block of the expert GEMVs (`MOE_OB`, `DOWN_OB` in moe.cu).
-const MOE_OB: usize = 4;
-const DOWN_OB: usize = 8;
+pub(crate) const MOE_OB: usize = 4;
+pub(crate) const DOWN_OB: usize = 8;
 /// The expert GEMVs behind `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`, knobs.rs):
 /// the tensor-core kernels, whose gate/up warps take 2 (`mma2`, the default) or 4 (`mma4`) chunks
 /// of 128 input columns (down: 4), or the f32 ones (`f32`); shapes past what the tensor-core

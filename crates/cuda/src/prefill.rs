@@ -13,16 +13,16 @@ use crate::error::{check, CudaError, Result};
 use crate::ops::{DevNvfp4, MoeShape};
 
 /// Tokens per MoE work tile (`PF_TOK` in the kernels).
-const MOE_TILE: usize = 32;
+pub(crate) const MOE_TILE: usize = 32;
 /// Weight rows per MoE GEMM block (`PF_MROWS`).
-const MOE_ROWS: usize = 256;
+pub(crate) const MOE_ROWS: usize = 256;
 /// Dynamic shared memory of the MoE GEMM blocks (`PF_MOE_SMEM`: 3 stages of 256 weight rows
 /// of 128 NVFP4 columns with their scales, and 32 tokens of 128 split columns, padded).
 const MOE_SMEM: u32 = 3 * (256 * 64 + 256 * 8 + 32 * 576);
 /// Experts the MoE tile kernel can scan (one thread each).
 pub const MOE_MAX_EXPERTS: usize = 1024;
 /// Pipeline stages of the attention kernels (`PF_ASTAGES`).
-const ATTEND_STAGES: usize = 3;
+pub(crate) const ATTEND_STAGES: usize = 3;
 
 /// The NVFP4 weights of one MoE layer: routed stacks `[E, I, H]` (gate, up) and `[E, H, I]`
 /// (down), and the shared expert as a one-expert stack (`[Is, H]`, `[H, Is]`).
