@@ -143,13 +143,9 @@ pub fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     fn track() -> Track {
-        crate::track::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks"))
-            .unwrap()
-            .remove("serial-tiny")
-            .unwrap()
+        crate::track::repo_tracks().remove("serial-tiny").unwrap()
     }
 
     fn file(path: &str, n: usize) -> Entry {

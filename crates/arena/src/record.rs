@@ -522,7 +522,6 @@ mod tests {
     use axum::http::StatusCode;
 
     use super::*;
-    use crate::track::load_dir;
 
     /// A service on a fresh SQLite file with the repository's tracks (nothing else of it is
     /// read by these queries).
@@ -550,7 +549,7 @@ mod tests {
 
     async fn service(dir: &Path, on: On) -> Service {
         let db = Db::open(&url(on, dir)).await.unwrap();
-        let tracks = load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks")).unwrap();
+        let tracks = crate::track::repo_tracks();
         Service {
             db,
             tracks,

@@ -929,12 +929,7 @@ mod tests {
 
     #[test]
     fn a_job_without_its_build_result_is_an_error_naming_it() {
-        let track = crate::track::load_dir(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks"),
-        )
-        .unwrap()
-        .remove("serial-tiny")
-        .unwrap();
+        let track = crate::track::repo_tracks().remove("serial-tiny").unwrap();
         let mut job = Job {
             submission: "s-42".into(),
             lease_id: "l".into(),

@@ -336,13 +336,15 @@ pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Track>> {
     Ok(out)
 }
 
+/// The repository's own tracks (`tracks/`), for the crate's tests.
+#[cfg(test)]
+pub(crate) fn repo_tracks() -> BTreeMap<String, Track> {
+    load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks")).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn repo_tracks() -> BTreeMap<String, Track> {
-        load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks")).unwrap()
-    }
 
     #[test]
     fn the_repository_tracks_load() {
