@@ -458,7 +458,7 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
 // o_proj in four k-blocks) gained little at 8 rows and lost at 4 (H200, BENCHMARKS, sixteenth
 // measurement). The plain path stays because the build with it timed the serial step at the
 // old speed and the build without it (norm required) 2 % slower, though the one-row step runs
-// neither: not understood, recorded there.
+// neither; still 1.1 % with modules loaded eagerly (seventeenth measurement): not understood.
 template <int R, int G, int U, int KB, typename Prologue>
 __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __restrict__ W,
                                                         const float* __restrict__ x,
