@@ -523,8 +523,6 @@ mod tests {
 
     use super::*;
 
-    /// A service on a fresh SQLite file with the repository's tracks (nothing else of it is
-    /// read by these queries).
     /// Where a test's records live.
     #[derive(Clone, Copy)]
     enum On {
@@ -547,6 +545,8 @@ mod tests {
         }
     }
 
+    /// A service on a fresh database (`on`) with the repository's tracks (nothing else of it
+    /// is read by these queries).
     async fn service(dir: &Path, on: On) -> Service {
         let db = Db::open(&url(on, dir)).await.unwrap();
         let tracks = crate::track::repo_tracks();

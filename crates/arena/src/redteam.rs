@@ -165,25 +165,18 @@ impl Case {
     }
 }
 
-/// The files `patch` changes, as they are after it is applied to `base`.
+/// The files `patch` changes, as they are after it is applied to `base`: `git apply` in a
+/// scratch directory holding those files as `base` has them.
 fn patched(repo: &Path, base: &str, patch: &Path) -> Result<Vec<(String, Content)>> {
-    let git_in = |dir: &Path, args: &[&std::ffi::OsStr]| -> Result<String> {
-        let o = std::process::Command::new("git")
-            .current_dir(dir)
-            .args(args)
-            .output()
-            .context("running git")?;
-        if !o.status.success() {
-            bail!("git apply: {}", String::from_utf8_lossy(&o.stderr).trim());
-        }
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    };
+    // git runs in the scratch directory, so a relative patch path is made absolute first.
+    let patch =
+        std::path::absolute(patch).with_context(|| format!("the patch {}", patch.display()))?;
+    let patch = patch
+        .to_str()
+        .with_context(|| format!("the patch path {} is not UTF-8", patch.display()))?;
     let tmp = tempfile::tempdir()?;
-    let stat = git_in(
-        tmp.path(),
-        &["apply".as_ref(), "--numstat".as_ref(), patch.as_os_str()],
-    )?;
-    let paths: Vec<String> = stat
+    let stat = git::output(tmp.path(), &["apply", "--numstat", patch])?;
+    let paths: Vec<String> = String::from_utf8_lossy(&stat)
         .lines()
         .filter_map(|l| l.split('\t').nth(2).map(str::to_string))
         .collect();
@@ -194,7 +187,7 @@ fn patched(repo: &Path, base: &str, patch: &Path) -> Result<Vec<(String, Content
             std::fs::write(at, old)?;
         }
     }
-    git_in(tmp.path(), &["apply".as_ref(), patch.as_os_str()])?;
+    git::output(tmp.path(), &["apply", patch])?;
     paths
         .into_iter()
         .map(|p| {

@@ -459,6 +459,9 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
 // measurement). The plain path stays because the build with it timed the serial step at the
 // old speed and the build without it (norm required) 2 % slower, though the one-row step runs
 // neither; still 1.1 % with modules loaded eagerly (seventeenth measurement): not understood.
+// floor(log2(n)) for n >= 1, at compile time.
+__host__ __device__ constexpr int ilog2(int n) { return n > 1 ? 1 + ilog2(n / 2) : 0; }
+
 template <int R, int G, int U, int KB, typename Prologue>
 __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __restrict__ W,
                                                         const float* __restrict__ x,
@@ -471,7 +474,7 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
     // The group's sum this lane ends with in scatter `h` (warp_sum_scatter), and whether it is the
     // lane that stores it (the first of the lanes holding it).
-    const int shift = NS == 32 ? 0 : NS == 16 ? 1 : NS == 8 ? 2 : NS == 4 ? 3 : 4;
+    constexpr int shift = 5 - ilog2(NS);  // lanes per sum: 2^shift = 32 / NS
     const int mine = lane >> shift;
     const bool owner = (lane & ((1 << shift) - 1)) == 0;
     const int nw = gridDim.x * warps;
