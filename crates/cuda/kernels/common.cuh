@@ -14,6 +14,9 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// floor(log2(n)) for n >= 1, at compile time (warp_sum_scatter's lane of a sum: l >> (5 - ilog2(N))).
+__host__ __device__ constexpr int ilog2(int n) { return n > 1 ? 1 + ilog2(n / 2) : 0; }
+
 // Σ over the warp of each of v[B..B + N) (N a power of two, 2 <= N <= 32) with warp_sum's bits, the
 // sums spread over the lanes: lane l ends with index l >> (5 - log2 N) (so every lane of N = 32
 // holds its own). Step o of warp_sum adds the partner's value to the lane's own; here, at the
@@ -459,9 +462,6 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
 // measurement). The plain path stays because the build with it timed the serial step at the
 // old speed and the build without it (norm required) 2 % slower, though the one-row step runs
 // neither; still 1.1 % with modules loaded eagerly (seventeenth measurement): not understood.
-// floor(log2(n)) for n >= 1, at compile time.
-__host__ __device__ constexpr int ilog2(int n) { return n > 1 ? 1 + ilog2(n / 2) : 0; }
-
 template <int R, int G, int U, int KB, typename Prologue>
 __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __restrict__ W,
                                                         const float* __restrict__ x,
