@@ -106,8 +106,9 @@ __device__ __forceinline__ size_t kv_slot(int p, int ring) { return (size_t)(rin
 
 // The slot k places after slot s (s < ring, 0 <= k <= ATT_TILE): a compare and at most one
 // subtraction where the ring holds a tile, instead of a division by the runtime ring (some 35
-// instructions; Nsight Compute: the divisions for every key's slot were a sixth of
-// attend_decode's instructions).
+// instructions). Nsight Compute: attend_decode's divisions by runtime values (a slot per cached
+// key, an element index per summed element, a split count per block) were a sixth of its
+// instructions.
 __device__ __forceinline__ int kv_slot_after(int s, int k, int ring) {
     int t = s + k;
     if (ring > 0)
@@ -202,6 +203,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     // queries are normalised, and the next tile's while the current one is scored (keys) and
     // weighted (values).
     // s0 is tile t0's first slot; the tiles' slots follow from the range's first by kv_slot_after.
+    // next_slot is the first slot of the tile the next fetches read.
     float4 kr[ATT_TILE / ATT_WARPS], vr[ATT_TILE / ATT_WARPS];
     auto fetch = [&](float4* dst, const float* cache, int t0, int s0) {
         const int nt = min(ATT_TILE, end - t0);
@@ -215,9 +217,9 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             }
         }
     };
-    int s0 = (int)kv_slot(beg, ring);
-    fetch(kr, ck, beg, s0);  // earlier steps' keys: no kernel of this step writes them before this one
-    fetch(vr, cv, beg, s0);
+    int next_slot = (int)kv_slot(beg, ring);
+    fetch(kr, ck, beg, next_slot);  // earlier steps' keys: no kernel of this step writes them before this one
+    fetch(vr, cv, beg, next_slot);
     rope_table(rope, p, cs, sn, threadIdx.x, blockDim.x);  // constants only: before the wait too
     // This launch's keys in the range's last tile (a decode step's own key, in its last split:
     // the straggler of every kv head) are normalised beside the queries, their rows requested
@@ -283,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         for (int c = 0; c < 4; c++) acc[h][c] = 0.f;
     for (int t0 = beg; t0 < end; t0 += ATT_TILE) {
         const int nt = min(ATT_TILE, end - t0);
-        s0 = kv_slot_after(s0, ATT_TILE, ring);  // the next tile's
+        next_slot = kv_slot_after(next_slot, ATT_TILE, ring);
         if (t0 + nt > p0) {
             // Keys of this launch's rows: normalised and rotated here (unless done beside the
             // queries, `early`), as the cache writer does, then picked up from shared memory into
@@ -330,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             const int h = lane / 4, j = warp + ATT_WARPS * (lane % 4);
             if (h < G) sc[h * ATT_TILE + j] = j < nt ? v[0] * scale : NEG_INF;
         }
-        if (t0 + ATT_TILE < end) fetch(kr, ck, t0 + ATT_TILE, s0);
+        if (t0 + ATT_TILE < end) fetch(kr, ck, t0 + ATT_TILE, next_slot);
         __syncthreads();
         // Softmax of the tile, online: warp h rescales head h's sums and turns scores into weights.
         if (warp < G) {
@@ -362,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
             }
         }
         if (t0 + ATT_TILE < end) {
-            fetch(vr, cv, t0 + ATT_TILE, s0);
+            fetch(vr, cv, t0 + ATT_TILE, next_slot);
             __syncthreads();  // every warp has read this tile's weights before the next scores land
         }
     }
@@ -388,7 +390,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         pp[1] = ls;
     }
     // Element (h, e) of the G·d, thread by thread as i = h·d + e; h and e are stepped, not divided
-    // out of i (a runtime division per element was a sixth of the kernel's instructions).
+    // out of i (see kv_slot_after).
     for (int h = 0, e = threadIdx.x; h < G;) {
         if (e >= d) {
             e -= d;
