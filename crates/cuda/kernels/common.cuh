@@ -223,22 +223,41 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 // fixed partition over the first 256 threads of the block (thread t takes float4s t, t + 256,
 // ...) and a fixed reduction, so every block of every launch computes bit-identical values
 // whatever `rows` or the block size (>= 256) is. `red` is shared scratch of 8 · 16 floats;
-// rows <= 16. Every thread of the block must call it; it ends with a barrier.
+// rows <= R <= 16 (R: the most rows the caller's kernel passes). A thread requests its float4
+// of every row at once and then adds each row's squares in the same order as a one-row call:
+// requested row after row, the rows' loads were one round trip each, after the kernel's wait
+// (an 8-row q|k|v|g launch of 2048 columns: sixteen, a fifth of its stall samples; H200,
+// Nsight Compute). Every thread of the block must call it; it ends with a barrier.
+template <int R = 1>
 __device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int n, int rows, float eps,
                                               float* inv, float* red) {
     const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
-    for (int r = 0; r < rows && t < 256; r++) {
-        const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * n);
-        float s = 0.f;
+    if (t < 256) {
+        float s[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) s[r] = 0.f;
         for (int i = t; i < n / 4; i += 256) {
-            const float4 v = xr[i];
-            s += v.x * v.x;
-            s += v.y * v.y;
-            s += v.z * v.z;
-            s += v.w * v.w;
+            float4 v[R];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (r < rows) v[r] = reinterpret_cast<const float4*>(x + (size_t)r * n)[i];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r < rows) {
+                    s[r] += v[r].x * v[r].x;
+                    s[r] += v[r].y * v[r].y;
+                    s[r] += v[r].z * v[r].z;
+                    s[r] += v[r].w * v[r].w;
+                }
+            }
         }
-        s = warp_sum(s);
-        if (lane == 0) red[warp * 16 + r] = s;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r < rows) {
+                const float w = warp_sum(s[r]);
+                if (lane == 0) red[warp * 16 + r] = w;
+            }
+        }
     }
     __syncthreads();
     if (t < rows) {

@@ -24,7 +24,7 @@ __device__ __forceinline__ void gemv_bf16_body(const __nv_bfloat16* __restrict__
                                                float* __restrict__ y, int out, int in, int rows, int accumulate) {
     __shared__ float inv[16], red[8 * 16];
     gemv_rows<R, G, false>(W, x, norm, inv, nullptr, y, out, in, rows, accumulate, [&] {
-        if (norm) block_inv_rms(x, in, rows, eps, inv, red);
+        if (norm) block_inv_rms<R>(x, in, rows, eps, inv, red);
     });
 }
 
@@ -44,11 +44,11 @@ __device__ __forceinline__ void gemv_bf16_staged_body(const __nv_bfloat16* __res
     __shared__ float inv[16], red[8 * 16];
     if constexpr (G > 1) {
         gemv_rows<R, G, true>(W, x, norm, inv, xs, y, out, in, rows, accumulate, [&] {
-            if (norm) block_inv_rms(x, in, rows, eps, inv, red);
+            if (norm) block_inv_rms<R>(x, in, rows, eps, inv, red);
         });
     } else {
         gemv_rows<R, 1, false>(W, xs, nullptr, inv, nullptr, y, out, in, rows, accumulate, [&] {
-            block_inv_rms(x, in, rows, eps, inv, red);
+            block_inv_rms<R>(x, in, rows, eps, inv, red);
             for (int i = threadIdx.x; i < rows * in; i += blockDim.x)
                 xs[i] = __bfloat162float(norm[i % in]) * (x[i] * inv[i / in]);
             __syncthreads();
@@ -184,7 +184,7 @@ __device__ __forceinline__ void gemv_mma_body(const __nv_bfloat16* __restrict__ 
         for (int u = 0; u < GEMV_MMA_P; u++) wa[u] = wb[u] = make_uint4(0, 0, 0, 0);
     }
     pdl_wait();
-    if (norm) block_inv_rms(x, in, rows, eps, inv, red);
+    if (norm) block_inv_rms<R>(x, in, rows, eps, inv, red);
     // Stage the slice's terms: item (r, c, t') of a row's eight columns 32c + 8t' .. + 8 writes
     // the lane-(g·4 + t') word of chunk c, column group q, for each column 3r + term = 8q + g.
     for (int i = threadIdx.x; i < rows * nch * 4; i += blockDim.x) {
