@@ -467,8 +467,10 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
 // bench --profile). Per (weight row, x row) the arithmetic is gemv_persistent's exactly: the
 // lane's chunks c ≡ lane (mod 32) in ascending order, each chunk's eight products one fma chain
 // onto the accumulator, the same butterfly (as warp_sum_scatter), then the old y added
-// (accumulate); so every row gives the same bits as a one-row launch. Units are (group of G
-// weight rows, block of U·32 chunks), double-buffered like gemv_persistent's.
+// (accumulate); so every row gives the same bits as a one-row launch. Units are (task, block of
+// U·32 chunks), double-buffered like gemv_persistent's, a task being a group of G weight rows over
+// one of RS equal sets of the R rows of x (RS = 2: each warp's reads of x serve G weight rows for
+// half of the rows, where RS = 1 with G / 2 weight rows gives as many tasks; dense.cu's `_g4h`).
 //
 // With KB > 0 the rows' x' (norm ⊙ x · inv, or x where norm is null) is staged in shared memory
 // `xs` by the whole block, KB chunks (8·KB columns) at a time: the block's warps take groups in
@@ -481,14 +483,15 @@ __device__ __forceinline__ void gemv_persistent(const __nv_bfloat16* __restrict_
 // measurement). The plain path stays because the build with it timed the serial step at the
 // old speed and the build without it (norm required) 2 % slower, though the one-row step runs
 // neither; still 1.1 % with modules loaded eagerly (seventeenth measurement): not understood.
-template <int R, int G, int U, int KB, typename Prologue>
+template <int R, int G, int U, int KB, int RS, typename Prologue>
 __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __restrict__ W,
                                                         const float* __restrict__ x,
                                                         const __nv_bfloat16* __restrict__ norm, const float* inv,
                                                         float* xs, float* __restrict__ y, int out, int in,
                                                         int rows, int accumulate, Prologue ready) {
-    constexpr int N = G * R, NS = N < WARP ? N : WARP, SETS = N / NS;  // sums per scatter, scatters
-    static_assert(N % NS == 0 && SETS <= 2, "G·R: a power of two up to 64");
+    constexpr int RR = R / RS;  // rows of x a warp's task sums
+    constexpr int N = G * RR, NS = N < WARP ? N : WARP, SETS = N / NS;  // sums per scatter, scatters
+    static_assert(R % RS == 0 && N % NS == 0 && SETS <= 2, "G·R/RS: a power of two up to 64");
     static_assert(KB % (U * WARP) == 0, "a k-block is whole units");
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
     // The group's sum this lane ends with in scatter `h` (warp_sum_scatter), and whether it is the
@@ -498,14 +501,16 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
     const bool owner = (lane & ((1 << shift) - 1)) == 0;
     const int nw = gridDim.x * warps;
     const int nc = in / 8, nblk = (nc + U * WARP - 1) / (U * WARP);
-    const int groups = (out + G - 1) / G;
+    // A task: a group of G weight rows over one of the RS sets of RR rows of x, (group, set) =
+    // (task / RS, task % RS). R is the next power of two of `rows`, so every set has a row.
+    const int groups = (out + G - 1) / G, tasks = groups * RS;
     const uint4* Wv = reinterpret_cast<const uint4*>(W);
     const float4* x4 = reinterpret_cast<const float4*>(x);
     float4* xs4 = reinterpret_cast<float4*>(xs);
-    auto load = [&](uint4 (&buf)[G][U], int grp, int blk) {
+    auto load = [&](uint4 (&buf)[G][U], int task, int blk) {
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            const int o = grp * G + g;
+            const int o = task / RS * G + g;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = blk * U * WARP + lane + u * WARP;
@@ -550,8 +555,8 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
         }
         __syncthreads();
     };
-    int grp = blockIdx.x * warps + warp, blk = 0;
-    float acc[N];  // sum i = g·R + r: weight row g of the group, row r of x
+    int task = blockIdx.x * warps + warp, blk = 0;
+    float acc[N];  // sum i = g·RR + r: weight row g of the group, row r of the task's set
 #pragma unroll
     for (int i = 0; i < N; i++) acc[i] = 0.f;
     auto advance = [&](int& gg, int& bb) {
@@ -562,17 +567,18 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
     };
     // Staged, a warp keeps walking (and meeting the block's barriers) while any warp of its
     // block's round has a group.
-    auto running = [&](int gg) { return KB > 0 ? gg - warp < groups : gg < groups; };
+    auto running = [&](int gg) { return KB > 0 ? gg - warp < tasks : gg < tasks; };
     float old[SETS];
     auto consume = [&](const uint4 (&buf)[G][U], int gg, int bb) {
         if constexpr (KB > 0) {
             stage(bb * U * WARP / KB);
-            if (gg >= groups) return;
+            if (gg >= tasks) return;
         }
+        const int grp = gg / RS, r0 = gg % RS * RR;
         if (accumulate && bb == 0) {
 #pragma unroll
             for (int h = 0; h < SETS; h++) {
-                const int i = h * NS + mine, g = i / R, r = i % R, o = gg * G + g;
+                const int i = h * NS + mine, g = i / RR, r = r0 + i % RR, o = grp * G + g;
                 old[h] = owner && r < rows && o < out ? y[(size_t)r * out + o] : 0.f;
             }
         }
@@ -585,8 +591,8 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
                 for (int g = 0; g < G; g++) unpack_bf16x8(buf[g][u], w[g]);
                 if (KB == 0 && norm) unpack_bf16x8(*reinterpret_cast<const uint4*>(norm + 8 * c), nwv);
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const int rr = r < rows ? r : rows - 1;
+                for (int r = 0; r < RR; r++) {
+                    const int rr = r0 + r < rows ? r0 + r : rows - 1;
                     const float4 a = KB > 0 ? xs4[(2 * rr) * KB + c % KB] : x4[((size_t)rr * in + 8 * c) / 4];
                     const float4 b = KB > 0 ? xs4[(2 * rr + 1) * KB + c % KB] : x4[((size_t)rr * in + 8 * c) / 4 + 1];
                     float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -596,10 +602,10 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
                     }
 #pragma unroll
                     for (int g = 0; g < G; g++) {
-                        float s = acc[g * R + r];
+                        float s = acc[g * RR + r];
 #pragma unroll
                         for (int j = 0; j < 8; j++) s += w[g][j] * xv[j];
-                        acc[g * R + r] = s;
+                        acc[g * RR + r] = s;
                     }
                 }
             }
@@ -610,7 +616,7 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
             if constexpr (SETS == 2) s[1] = warp_sum_scatter<NS, NS>(acc);
 #pragma unroll
             for (int h = 0; h < SETS; h++) {
-                const int i = h * NS + mine, g = i / R, r = i % R, o = gg * G + g;
+                const int i = h * NS + mine, g = i / RR, r = r0 + i % RR, o = grp * G + g;
                 if (owner && r < rows && o < out) y[(size_t)r * out + o] = accumulate ? old[h] + s[h] : s[h];
             }
 #pragma unroll
@@ -618,21 +624,21 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
         }
     };
     uint4 a[G][U], b[G][U];
-    if (grp < groups) load(a, grp, 0);
+    if (task < tasks) load(a, task, 0);
     pdl_wait();
     ready();
-    while (running(grp)) {
-        int g1 = grp, b1 = blk;
-        advance(g1, b1);
-        if (g1 < groups) load(b, g1, b1);
-        consume(a, grp, blk);
-        grp = g1;
+    while (running(task)) {
+        int t1 = task, b1 = blk;
+        advance(t1, b1);
+        if (t1 < tasks) load(b, t1, b1);
+        consume(a, task, blk);
+        task = t1;
         blk = b1;
-        if (!running(grp)) break;
-        advance(g1, b1);
-        if (g1 < groups) load(a, g1, b1);
-        consume(b, grp, blk);
-        grp = g1;
+        if (!running(task)) break;
+        advance(t1, b1);
+        if (t1 < tasks) load(a, t1, b1);
+        consume(b, task, blk);
+        task = t1;
         blk = b1;
     }
 }
@@ -641,7 +647,7 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
 #define FD_GEMV_U 2  // 16-byte chunks per weight row a multi-row warp has in flight per buffer
 #endif
 #define GEMV_KB 256  // chunks of a staged k-block (2048 columns); dense.rs sizes the shared memory
-template <int R, int G, bool STAGED, typename Prologue>
+template <int R, int G, bool STAGED, int RS = 1, typename Prologue>
 __device__ __forceinline__ void gemv_rows(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
                                           const __nv_bfloat16* __restrict__ norm, const float* inv, float* xs,
                                           float* __restrict__ y, int out, int in, int rows, int accumulate,
@@ -649,7 +655,7 @@ __device__ __forceinline__ void gemv_rows(const __nv_bfloat16* __restrict__ W, c
     if constexpr (G == 1) {
         gemv_persistent<R>(W, x, norm, inv, y, out, in, rows, accumulate, ready);
     } else {
-        gemv_persistent_grouped<R, G, FD_GEMV_U, STAGED ? GEMV_KB : 0>(W, x, norm, inv, xs, y, out, in, rows,
-                                                                       accumulate, ready);
+        gemv_persistent_grouped<R, G, FD_GEMV_U, STAGED ? GEMV_KB : 0, RS>(W, x, norm, inv, xs, y, out, in, rows,
+                                                                           accumulate, ready);
     }
 }

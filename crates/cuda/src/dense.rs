@@ -222,7 +222,14 @@ impl Gpu {
             rows * inp * 4
         };
         let staged = stage && normed && shared <= STAGE_MAX_BYTES;
-        let group = if g == 1 && !staged {
+        // Plain rows whose weight rows would go in pairs (o_proj's) go in fours over half of the
+        // rows of x each (`_g4h`): the same number of warp tasks, half the reads of x through L1
+        // per weight. The 8-row o_proj waited a quarter of its time for x there (H200,
+        // BENCHMARKS twentieth measurement).
+        let halves = self.gemv_halves.load(Relaxed) && g == 2 && !staged && r >= 4;
+        let group = if halves {
+            "_g4h".to_string()
+        } else if g == 1 && !staged {
             String::new()
         } else {
             format!("_g{g}")

@@ -54,6 +54,9 @@ pub struct Gpu {
     /// default; `FASTDECODE_GEMV_STAGE=0` turns it off).
     pub gemv_group: std::sync::atomic::AtomicUsize,
     pub gemv_stage: std::sync::atomic::AtomicBool,
+    /// Plain rows whose weight rows would go in pairs go in fours over half of the rows each
+    /// (`FASTDECODE_GEMV_HALVES`, on by default; `dense.rs`).
+    pub gemv_halves: std::sync::atomic::AtomicBool,
     /// The expert GEMVs of `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`).
     pub moe_kernel: crate::ops::MoeKernel,
     /// The bf16 GEMVs on the tensor cores (`gemv_mma_R`) rather than the f32 cores
@@ -165,6 +168,7 @@ impl Gpu {
             blas: Mutex::new(None),
             gemv_group: std::sync::atomic::AtomicUsize::new(knobs.gemv_group.unwrap_or(0)),
             gemv_stage: std::sync::atomic::AtomicBool::new(knobs.gemv_stage),
+            gemv_halves: std::sync::atomic::AtomicBool::new(knobs.gemv_halves),
             moe_kernel: knobs.moe,
             dense_mma: std::sync::atomic::AtomicBool::new(knobs.dense_mma),
             gemv_partial,

@@ -18,6 +18,9 @@ pub struct Knobs {
     /// `FASTDECODE_GEMV_STAGE=0|1`: normed rows of the multi-row GEMV staged in shared memory
     /// (default on).
     pub gemv_stage: bool,
+    /// `FASTDECODE_GEMV_HALVES=0|1`: plain rows of the multi-row GEMV whose weight rows would go
+    /// in pairs go in fours over half of the rows of x each (default on).
+    pub gemv_halves: bool,
     /// `FASTDECODE_MOE=f32|mma2|mma4`: the expert GEMVs (default `mma2`).
     pub moe: MoeKernel,
     /// `FASTDECODE_DENSE=f32|mma`: the bf16 GEMVs on the f32 cores or the tensor cores
@@ -62,6 +65,7 @@ impl Knobs {
                 None => None,
             },
             gemv_stage: pick("FASTDECODE_GEMV_STAGE", &["0", "1"])? != Some("0"),
+            gemv_halves: pick("FASTDECODE_GEMV_HALVES", &["0", "1"])? != Some("0"),
             moe: match pick("FASTDECODE_MOE", &["f32", "mma2", "mma4"])? {
                 Some("f32") => MoeKernel::F32,
                 Some("mma4") => MoeKernel::Mma4,
@@ -90,6 +94,7 @@ mod tests {
             pdl: true,
             gemv_group: None,
             gemv_stage: true,
+            gemv_halves: true,
             moe: MoeKernel::Mma2,
             dense_mma: false,
         };
@@ -106,6 +111,7 @@ mod tests {
             ("FASTDECODE_PDL", "0"),
             ("FASTDECODE_GEMV_GROUP", "4"),
             ("FASTDECODE_GEMV_STAGE", "0"),
+            ("FASTDECODE_GEMV_HALVES", "0"),
             ("FASTDECODE_MOE", "f32"),
             ("FASTDECODE_DENSE", "mma"),
         ])
@@ -116,6 +122,7 @@ mod tests {
                 pdl: false,
                 gemv_group: Some(4),
                 gemv_stage: false,
+                gemv_halves: false,
                 moe: MoeKernel::F32,
                 dense_mma: true,
             }
@@ -134,6 +141,11 @@ mod tests {
         );
         assert!(knobs(&[("FASTDECODE_PDL", "1")]).unwrap().pdl);
         assert!(knobs(&[("FASTDECODE_GEMV_STAGE", "1")]).unwrap().gemv_stage);
+        assert!(
+            knobs(&[("FASTDECODE_GEMV_HALVES", "1")])
+                .unwrap()
+                .gemv_halves
+        );
         assert!(!knobs(&[("FASTDECODE_DENSE", "f32")]).unwrap().dense_mma);
     }
 
@@ -143,6 +155,7 @@ mod tests {
             ("FASTDECODE_MOE", "mm4", "f32, mma2, mma4"),
             ("FASTDECODE_GEMV_GROUP", "3", "1, 2, 4"),
             ("FASTDECODE_GEMV_STAGE", "yes", "0, 1"),
+            ("FASTDECODE_GEMV_HALVES", "2", "0, 1"),
             ("FASTDECODE_PDL", "off", "0, 1"),
             ("FASTDECODE_DENSE", "tc", "f32, mma"),
         ] {

@@ -52,23 +52,26 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
         let nw = to_bf16(&rand_vec(&mut rng, inp, 1.0));
         let nwf: Vec<f32> = nw.iter().map(|x| x.to_f32()).collect();
         let dnw = g.stream.clone_htod(&nw).unwrap();
-        // Every multi-row variant (weight rows per warp forced, staging on and off; the
-        // tensor-core kernel, `mma`) must give the one-row bits of its kernel.
-        for (normed, group, stage, mma) in [false, true].into_iter().flat_map(|n| {
+        // Every multi-row variant (weight rows per warp forced, staging on and off, pairs of
+        // plain weight rows as fours over half of the rows each; the tensor-core kernel, `mma`)
+        // must give the one-row bits of its kernel.
+        for (normed, group, stage, halves, mma) in [false, true].into_iter().flat_map(|n| {
             [
-                (n, 0, true, false),
-                (n, 1, false, false),
-                (n, 2, true, false),
-                (n, 4, false, false),
-                (n, 4, true, false),
-                (n, 0, true, true),
+                (n, 0, true, true, false),
+                (n, 1, false, true, false),
+                (n, 2, true, true, false),
+                (n, 2, false, false, false),
+                (n, 2, false, true, false),
+                (n, 4, false, true, false),
+                (n, 4, true, true, false),
+                (n, 0, true, true, true),
             ]
         }) {
-            g.gemv_group
-                .store(group, std::sync::atomic::Ordering::Relaxed);
-            g.gemv_stage
-                .store(stage, std::sync::atomic::Ordering::Relaxed);
-            g.dense_mma.store(mma, std::sync::atomic::Ordering::Relaxed);
+            use std::sync::atomic::Ordering::Relaxed;
+            g.gemv_group.store(group, Relaxed);
+            g.gemv_stage.store(stage, Relaxed);
+            g.gemv_halves.store(halves, Relaxed);
+            g.dense_mma.store(mma, Relaxed);
             for rows in [1usize, 3, 6, 16, 37] {
                 let x = rand_vec(&mut rng, rows * inp, 2.0);
                 let dx = g.stream.clone_htod(&x).unwrap();
@@ -101,7 +104,7 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
                 let e = max_rel(&y, &want);
                 assert!(
                     e < 1e-5,
-                    "gemv {out}x{inp} rows {rows} norm {normed} G {group} staged {stage} mma {mma}: max rel err {e}"
+                    "gemv {out}x{inp} rows {rows} norm {normed} G {group} staged {stage} halves {halves} mma {mma}: max rel err {e}"
                 );
                 // Each row alone gives the same bits as inside the batch.
                 for r in [0, rows / 2, rows - 1] {
@@ -109,7 +112,7 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
                     let (y1, _) = run(&dx1, 1);
                     assert!(
                         y1 == y[r * out..(r + 1) * out],
-                        "row {r} of {rows} depends on the row count (norm {normed}, G {group}, staged {stage}, mma {mma})"
+                        "row {r} of {rows} depends on the row count (norm {normed}, G {group}, staged {stage}, halves {halves}, mma {mma})"
                     );
                 }
                 // Accumulate mode adds onto y; and a rerun is bit-identical.
