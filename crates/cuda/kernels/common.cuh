@@ -566,7 +566,7 @@ __device__ __forceinline__ void gemv_persistent_grouped(const __nv_bfloat16* __r
         }
     };
     // Staged, a warp keeps walking (and meeting the block's barriers) while any warp of its
-    // block's round has a group.
+    // block's round has a task.
     auto running = [&](int gg) { return KB > 0 ? gg - warp < tasks : gg < tasks; };
     float old[SETS];
     auto consume = [&](const uint4 (&buf)[G][U], int gg, int bb) {

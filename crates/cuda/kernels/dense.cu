@@ -98,12 +98,13 @@ extern "C" __global__ void __launch_bounds__(256, FD_GEMV_MINB) gemv_bf16_1s(
 #ifndef FD_GEMV_ROWS_MINB
 #define FD_GEMV_ROWS_MINB 1  // resident blocks per SM the multi-row entries are compiled for
 #endif
-#define GEMV_ENTRY(NAME, BODY, R, G)                                                                        \
+// An entry NAME running BODY<R, ...> (the body's other template arguments: G, and RS where given).
+#define GEMV_ENTRY(NAME, BODY, R, ...)                                                                      \
     extern "C" __global__ void __launch_bounds__(256, R == 1 ? FD_GEMV_MINB : FD_GEMV_ROWS_MINB) NAME(     \
         const __nv_bfloat16* __restrict__ W, const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, \
         float eps, float* __restrict__ y, int out, int in, int rows, int accumulate) {                      \
         FD_TRACE_KERNEL(2, out);                                                                            \
-        BODY<R, G>(W, x, norm, eps, y, out, in, rows, accumulate);                                          \
+        BODY<R, __VA_ARGS__>(W, x, norm, eps, y, out, in, rows, accumulate);                                \
     }
 #define GEMV_ENTRIES(R)                                                   \
     GEMV_ENTRY(gemv_bf16_##R, gemv_bf16_body, R, 1)                       \
@@ -123,15 +124,7 @@ GEMV_ENTRIES(16)
 // 16-byte chunk of x read through L1 serves four weight rows, not two. The pairs' plain 8-row
 // launch spent a quarter of its stall samples waiting for x through L1, at 60 % of its throughput
 // (H200, Nsight Compute, BENCHMARKS twentieth measurement). A row's sums are the same either way.
-template <int R, int G>
-__device__ __forceinline__ void gemv_bf16_halves_body(const __nv_bfloat16* __restrict__ W,
-                                                      const float* __restrict__ x,
-                                                      const __nv_bfloat16* __restrict__ norm, float eps,
-                                                      float* __restrict__ y, int out, int in, int rows,
-                                                      int accumulate) {
-    gemv_bf16_body<R, G, 2>(W, x, norm, eps, y, out, in, rows, accumulate);
-}
-#define GEMV_HALVES_ENTRY(R) GEMV_ENTRY(gemv_bf16_##R##_g4h, gemv_bf16_halves_body, R, 4)
+#define GEMV_HALVES_ENTRY(R) GEMV_ENTRY(gemv_bf16_##R##_g4h, gemv_bf16_body, R, 4, 2)
 GEMV_HALVES_ENTRY(4)
 GEMV_HALVES_ENTRY(8)
 GEMV_HALVES_ENTRY(16)
