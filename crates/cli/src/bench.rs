@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// FASTDECODE_NVRTC_DEFINES=-DFD_TRACE).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// CUDA only: with --trace, the timeline of two forwards of this many rows (a DFlash verify
+    /// block of that size, 1..=16) instead of two serial steps.
+    #[arg(long, default_value_t = 1, requires = "trace", value_parser = clap::value_parser!(u16).range(1..=16))]
+    trace_rows: u16,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -197,6 +201,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             json: a.json,
             profile: a.profile,
             trace: a.trace.clone(),
+            trace_rows: a.trace_rows.into(),
             block_sizes: a.block_sizes.clone().unwrap_or_default(),
             draft: a.draft,
         });

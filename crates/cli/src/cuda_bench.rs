@@ -73,6 +73,8 @@ pub struct CudaBenchArgs<'a> {
     pub json: bool,
     pub profile: bool,
     pub trace: Option<std::path::PathBuf>,
+    /// Rows per traced forward: 1, serial steps; more, a verify block's forwards.
+    pub trace_rows: usize,
     /// DFlash block sizes to time after serial decoding (none: serial only), with drafts from
     /// `draft`.
     pub block_sizes: Vec<usize>,
@@ -243,26 +245,43 @@ fn dflash_table(
     Ok(out)
 }
 
-/// A timeline of two serial decode steps after the prompt, as CSV (`fastdecode_cuda::timeline`), and
-/// its per-kernel table on stderr: needs kernels built with `FASTDECODE_NVRTC_DEFINES=-DFD_TRACE`.
+/// A timeline of two serial decode steps after the prompt, or with `rows` > 1 of two `rows`-row
+/// forwards (a DFlash verify block's), as CSV (`fastdecode_cuda::timeline`), and its per-kernel
+/// table on stderr: needs kernels built with `FASTDECODE_NVRTC_DEFINES=-DFD_TRACE`.
 fn trace(
     gpu: &Gpu,
     target: &mut CudaBackend,
     prompt: &[u32],
     path: &std::path::Path,
+    rows: usize,
 ) -> Result<()> {
     target.reset();
     let positions: Vec<usize> = (0..prompt.len()).collect();
     let mut tok = target.forward_greedy(prompt, &positions, &[], true)?.tokens[0];
-    // Graphs are captured on a step's first use: only steps 2 and 3, graph replays run as serial
-    // decoding runs them (each launched before the previous one's token is read), are kept.
-    for i in 0..2 {
-        tok = target
-            .forward_greedy(&[tok], &[prompt.len() + i], &[], true)?
-            .tokens[0];
+    if rows > 1 {
+        // The block's rows at the same positions each time (the cache cut back after each), so
+        // every forward does the same work; the first captures the block size's graph.
+        let block = vec![tok; rows];
+        let at: Vec<usize> = (prompt.len()..prompt.len() + rows).collect();
+        for i in 0..4 {
+            if i == 2 {
+                gpu.trace_take()?;
+            }
+            target.forward_greedy(&block, &at, &[], false)?;
+            target.truncate(prompt.len());
+        }
+    } else {
+        // Graphs are captured on a step's first use: only steps 2 and 3, graph replays run as
+        // serial decoding runs them (each launched before the previous one's token is read),
+        // are kept.
+        for i in 0..2 {
+            tok = target
+                .forward_greedy(&[tok], &[prompt.len() + i], &[], true)?
+                .tokens[0];
+        }
+        gpu.trace_take()?;
+        target.serial_greedy(tok, 2, &[], &mut |_| {})?;
     }
-    gpu.trace_take()?;
-    target.serial_greedy(tok, 2, &[], &mut |_| {})?;
     let recs = gpu.trace_take()?;
     if recs.is_empty() {
         bail!("--trace: no records; build the kernels with FASTDECODE_NVRTC_DEFINES=-DFD_TRACE");
@@ -279,7 +298,13 @@ fn trace(
 pub fn run(a: CudaBenchArgs) -> Result<()> {
     let t_load = Instant::now();
     let ctx = a.prompt_tokens + a.decode_tokens;
-    let max_block = a.block_sizes.iter().copied().max().unwrap_or(1);
+    let max_block = a
+        .block_sizes
+        .iter()
+        .copied()
+        .chain(a.trace.as_ref().map(|_| a.trace_rows))
+        .max()
+        .unwrap_or(1);
     let drafter = !a.block_sizes.is_empty() && a.draft == DraftSpec::Drafter;
     let (mut target, label) = match (a.synthetic, a.model) {
         (Some(p), _) => {
@@ -338,7 +363,7 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
     };
     let (pm, dm) = (med(&mut prefill_ms), med(&mut decode_ms));
     if let Some(path) = &a.trace {
-        trace(&gpu, &mut target, &prompt, path)?;
+        trace(&gpu, &mut target, &prompt, path, a.trace_rows)?;
     }
     let (prefill_breakdown, breakdown) = if a.profile {
         profile(&mut target, &prompt, 32)?

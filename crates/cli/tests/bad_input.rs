@@ -930,6 +930,21 @@ fn cases() -> Vec<Case> {
             "bench --model {M} --trace {D}/t.csv",
             &["--backend cuda"],
         ),
+        case(
+            "bench --trace-rows without --trace",
+            "bench --backend cuda --synthetic xs2.1 --trace-rows 8",
+            &["--trace-rows", "--trace"],
+        ),
+        case(
+            "bench --trace-rows 17",
+            "bench --backend cuda --synthetic xs2.1 --trace {D}/t.csv --trace-rows 17",
+            &["--trace-rows", "17"],
+        ),
+        case(
+            "bench --trace-rows 0",
+            "bench --backend cuda --synthetic xs2.1 --trace {D}/t.csv --trace-rows 0",
+            &["--trace-rows", "0"],
+        ),
         // timeline
         case("timeline missing", "timeline {D}/none.csv", &["none.csv"]),
         with(
