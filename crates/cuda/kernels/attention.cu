@@ -144,6 +144,42 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_store(
     }
 }
 
+// One warp: head h of row r, the `used` splits' partials (max, sum, Σ p·v; `part`, d + 2 floats a
+// split) merged in split order and gated by softplus(gates[h]) (the row's gate logits), into
+// out[r, h, :].
+__device__ __forceinline__ void warp_merge_head(const float* __restrict__ part, const float* gates, int r, int heads,
+                                                int h, int used, int d, float* __restrict__ out) {
+    static_assert(ATT_SPLITS == WARP, "the merge gives each lane one split");
+    const int lane = threadIdx.x % WARP, pw = d + 2;
+    const float gate = softplus(gates[h]);  // loaded alongside the partials
+    const float* pb = part + ((size_t)r * heads + h) * ATT_SPLITS * pw;
+    // Lane s holds split s's max and sum (one 8-byte load, aligned as pw is even: one round
+    // trip, not two): the maxima and the weighted sum reduce in a fixed butterfly, then each
+    // lane adds its dims over the splits in split order.
+    const float2 ml = lane < used ? __ldcg(reinterpret_cast<const float2*>(pb + lane * pw))
+                                  : make_float2(NEG_INF, 0.f);
+    const float ms = ml.x;
+    const float M = warp_max(ms);
+    const float wgt = ms == NEG_INF ? 0.f : expf(ms - M);  // unused splits weigh nothing
+    const float L = warp_sum(lane < used ? ml.y * wgt : 0.f);
+    float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 16
+    for (int s = 0; s < used; s++) {
+        const float ws = __shfl_sync(0xffffffffu, wgt, s);
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (lane + WARP * c < d) o[c] += __ldcg(pb + s * pw + 2 + lane + WARP * c) * ws;
+    }
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+        if (lane + WARP * c < d) out[((size_t)r * heads + h) * d + lane + WARP * c] = o[c] / L * gate;
+}
+
+// Keys per split of a row whose window holds n keys: ATT_SPLITS equal ranges, whole tiles.
+__device__ __forceinline__ int att_split_keys(int n) {
+    return ((n + ATT_SPLITS - 1) / ATT_SPLITS + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+}
+
 // Split-KV decode attention. Block (kv head, split, row) owns the keys of one of ATT_SPLITS
 // equal ranges (a multiple of ATT_TILE keys) of the row's visible window, max(0, p - window + 1)
 // ..= p, for all heads of the kv head's group (one warp per head, so heads/kv_heads <= 8). Keys of
@@ -156,7 +192,13 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_store(
 // ATT_SPLITS), split slowest, so blocks are dispatched split by split: a launch's splits past
 // its rows' windows (half of them at 512 keys) come last, not between the working blocks.
 // Shared: (G·d + TILE·(d+4) + TILE·d + 2·WARPS·d + d + 8·TILE + 8) floats. d % 32 == 0, d <= 128.
-extern "C" __global__ void __launch_bounds__(256) attend_decode(
+//
+// With MERGE false (`attend_decode_parts`, a verify block's launches) a block leaves once its
+// partials are written, and attend_merge merges them after the launch: the arrival, a release
+// atomic that waits for the partials to reach L2 and then its own round trip, held every block
+// of an 8-row launch 1.6 µs of its ~7 (bench --trace-rows 8), in waves of blocks.
+template <bool MERGE>
+__device__ __forceinline__ void attend_decode_body(
     const float* __restrict__ qkvg, int width, const __nv_bfloat16* __restrict__ q_norm,
     const __nv_bfloat16* __restrict__ k_norm, const int* __restrict__ pos, const float* __restrict__ inv_freq,
     int rot_dim, float rope_scaling, float eps, float* __restrict__ ck, float* __restrict__ cv, int ring, int window, int heads, int kv_heads, int d,
@@ -171,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
     const float* row = qkvg + (size_t)r * width;
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int n = p - lo + 1;
-    const int per = ((n + ATT_SPLITS - 1) / ATT_SPLITS + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    const int per = att_split_keys(n);
     // Splits past the window's end have no keys: they do nothing, and the merge skips them. (The
     // test needs no division, so idle blocks leave at once.)
     if (split * per >= n) {
@@ -403,34 +445,43 @@ extern "C" __global__ void __launch_bounds__(256) attend_decode(
         part[(((size_t)r * heads + kvh * G + h) * ATT_SPLITS + split) * pw + 2 + e] = o;
         e += ATT_WARPS * WARP;
     }
+    if constexpr (!MERGE) return;
     const bool is_last = block_arrives_last(&counters[r * kv_heads + kvh], (unsigned int)used);
     FD_MARK(5);
     if (!is_last) return;
-    static_assert(ATT_SPLITS == WARP, "the merge gives each lane one split");
-    if (warp < G) {
-        const int h = kvh * G + warp;
-        const float gate = softplus(row[goff + h]);  // loaded alongside the partials
-        const float* pb = part + ((size_t)r * heads + h) * ATT_SPLITS * pw;
-        // Lane s holds split s's max and sum (one 8-byte load, aligned as pw is even: one round
-        // trip, not two): the maxima and the weighted sum reduce in a fixed butterfly, then each
-        // lane adds its dims over the splits in split order.
-        const float2 ml = lane < used ? __ldcg(reinterpret_cast<const float2*>(pb + lane * pw))
-                                      : make_float2(NEG_INF, 0.f);
-        const float ms = ml.x;
-        const float M = warp_max(ms);
-        const float wgt = ms == NEG_INF ? 0.f : expf(ms - M);  // unused splits weigh nothing
-        const float L = warp_sum(lane < used ? ml.y * wgt : 0.f);
-        float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 16
-        for (int s = 0; s < used; s++) {
-            const float ws = __shfl_sync(0xffffffffu, wgt, s);
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                if (lane + WARP * c < d) o[c] += __ldcg(pb + s * pw + 2 + lane + WARP * c) * ws;
-        }
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            if (lane + WARP * c < d) out[((size_t)r * heads + h) * d + lane + WARP * c] = o[c] / L * gate;
-    }
+    if (warp < G) warp_merge_head(part, row + goff, r, heads, kvh * G + warp, used, d, out);
     if (threadIdx.x == 0) counters[r * kv_heads + kvh] = 0;
+}
+
+#define ATTEND_DECODE_ARGS                                                                                      \
+    const float *__restrict__ qkvg, int width, const __nv_bfloat16 *__restrict__ q_norm,                        \
+        const __nv_bfloat16 *__restrict__ k_norm, const int *__restrict__ pos, const float *__restrict__ inv_freq, \
+        int rot_dim, float rope_scaling, float eps, float *__restrict__ ck, float *__restrict__ cv, int ring,     \
+        int window, int heads, int kv_heads, int d, float *__restrict__ part, unsigned int *__restrict__ counters, \
+        float *__restrict__ out
+extern "C" __global__ void __launch_bounds__(256) attend_decode(ATTEND_DECODE_ARGS) {
+    attend_decode_body<true>(qkvg, width, q_norm, k_norm, pos, inv_freq, rot_dim, rope_scaling, eps, ck, cv, ring,
+                             window, heads, kv_heads, d, part, counters, out);
+}
+extern "C" __global__ void __launch_bounds__(256) attend_decode_parts(ATTEND_DECODE_ARGS) {
+    attend_decode_body<false>(qkvg, width, q_norm, k_norm, pos, inv_freq, rot_dim, rope_scaling, eps, ck, cv, ring,
+                              window, heads, kv_heads, d, part, counters, out);
+}
+
+// The merge of attend_decode_parts' splits: block (kv head, row), warp w < G merging head
+// kvh·G + w with attend_decode's last block's code (warp_merge_head), so the same bits.
+// grid: (kv heads, rows), block: 256.
+extern "C" __global__ void __launch_bounds__(256) attend_merge(const float* __restrict__ qkvg, int width,
+                                                               const int* __restrict__ pos, int window, int heads,
+                                                               int kv_heads, int d, const float* __restrict__ part,
+                                                               float* __restrict__ out) {
+    FD_TRACE_KERNEL(12, 0);
+    pdl_wait();
+    const int kvh = blockIdx.x, r = blockIdx.y, warp = threadIdx.x / WARP, G = heads / kv_heads;
+    if (warp >= G) return;
+    const int p = pos[r], lo = window > 0 ? max(0, p - window + 1) : 0, n = p - lo + 1;
+    const int per = att_split_keys(n), used = (n + per - 1) / per;
+    const int h = kvh * G + warp;
+    warp_merge_head(after_wait(part), qkvg + (size_t)r * width + heads * d + 2 * kv_heads * d, r, heads, h, used, d,
+                    out);
 }

@@ -59,6 +59,9 @@ pub struct Gpu {
     pub gemv_halves: std::sync::atomic::AtomicBool,
     /// The expert GEMVs of `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`).
     pub moe_kernel: crate::ops::MoeKernel,
+    /// A multi-row attention's splits merged by a kernel of their own (`attend_merge`) rather
+    /// than by each (row, kv head)'s last block (`FASTDECODE_ATT_MERGE`; tests switch it).
+    pub att_merge_kernel: std::sync::atomic::AtomicBool,
     /// The bf16 GEMVs on the tensor cores (`gemv_mma_R`) rather than the f32 cores
     /// (`FASTDECODE_DENSE`; tests switch it).
     pub dense_mma: std::sync::atomic::AtomicBool,
@@ -170,6 +173,7 @@ impl Gpu {
             gemv_stage: std::sync::atomic::AtomicBool::new(knobs.gemv_stage),
             gemv_halves: std::sync::atomic::AtomicBool::new(knobs.gemv_halves),
             moe_kernel: knobs.moe,
+            att_merge_kernel: std::sync::atomic::AtomicBool::new(knobs.att_merge_kernel),
             dense_mma: std::sync::atomic::AtomicBool::new(knobs.dense_mma),
             gemv_partial,
             gemv_counters,

@@ -23,6 +23,10 @@ pub struct Knobs {
     pub gemv_halves: bool,
     /// `FASTDECODE_MOE=f32|mma2|mma4`: the expert GEMVs (default `mma2`).
     pub moe: MoeKernel,
+    /// `FASTDECODE_ATT_MERGE=last|kernel`: a multi-row attention's splits merged by the last
+    /// block of each (row, kv head) to arrive, as one row's are, or by a kernel of their own
+    /// after the launch (default `kernel`).
+    pub att_merge_kernel: bool,
     /// `FASTDECODE_DENSE=f32|mma`: the bf16 GEMVs on the f32 cores or the tensor cores
     /// (default `f32`).
     pub dense_mma: bool,
@@ -71,6 +75,7 @@ impl Knobs {
                 Some("mma4") => MoeKernel::Mma4,
                 _ => MoeKernel::Mma2,
             },
+            att_merge_kernel: pick("FASTDECODE_ATT_MERGE", &["last", "kernel"])? != Some("last"),
             dense_mma: pick("FASTDECODE_DENSE", &["f32", "mma"])? == Some("mma"),
         })
     }
@@ -96,6 +101,7 @@ mod tests {
             gemv_stage: true,
             gemv_halves: true,
             moe: MoeKernel::Mma2,
+            att_merge_kernel: true,
             dense_mma: false,
         };
         assert_eq!(knobs(&[]).unwrap(), want);
@@ -113,6 +119,7 @@ mod tests {
             ("FASTDECODE_GEMV_STAGE", "0"),
             ("FASTDECODE_GEMV_HALVES", "0"),
             ("FASTDECODE_MOE", "f32"),
+            ("FASTDECODE_ATT_MERGE", "last"),
             ("FASTDECODE_DENSE", "mma"),
         ])
         .unwrap();
@@ -124,6 +131,7 @@ mod tests {
                 gemv_stage: false,
                 gemv_halves: false,
                 moe: MoeKernel::F32,
+                att_merge_kernel: false,
                 dense_mma: true,
             }
         );
@@ -147,6 +155,11 @@ mod tests {
                 .gemv_halves
         );
         assert!(!knobs(&[("FASTDECODE_DENSE", "f32")]).unwrap().dense_mma);
+        assert!(
+            knobs(&[("FASTDECODE_ATT_MERGE", "kernel")])
+                .unwrap()
+                .att_merge_kernel
+        );
     }
 
     #[test]
@@ -156,6 +169,7 @@ mod tests {
             ("FASTDECODE_GEMV_GROUP", "3", "1, 2, 4"),
             ("FASTDECODE_GEMV_STAGE", "yes", "0, 1"),
             ("FASTDECODE_GEMV_HALVES", "2", "0, 1"),
+            ("FASTDECODE_ATT_MERGE", "1", "last, kernel"),
             ("FASTDECODE_PDL", "off", "0, 1"),
             ("FASTDECODE_DENSE", "tc", "f32, mma"),
         ] {

@@ -224,7 +224,20 @@ impl Gpu {
         let shared =
             (g * d + ATT_TILE * (d + 4) + ATT_TILE * d + 2 * ATT_WARPS * d + d + 8 * ATT_TILE + 8)
                 * 4;
-        let f = self.function("attention", "attend_decode")?;
+        // Several rows: the blocks leave with their partials written and attend_merge merges
+        // them, instead of each (row, kv head)'s last block to arrive (attention.cu).
+        let apart = rows > 1
+            && self
+                .att_merge_kernel
+                .load(std::sync::atomic::Ordering::Relaxed);
+        let f = self.function(
+            "attention",
+            if apart {
+                "attend_decode_parts"
+            } else {
+                "attend_decode"
+            },
+        )?;
         let ints = [
             shape.width(),
             rope.rot_dim,
@@ -259,11 +272,28 @@ impl Gpu {
                 .arg(&ints[4])
                 .arg(&ints[5])
                 .arg(&ints[6])
-                .arg(part)
+                .arg(&mut *part)
                 .arg(counters)
-                .arg(out)
+                .arg(&mut *out)
                 .launch(cfg)
         }?;
+        if apart {
+            let f = self.function("attention", "attend_merge")?;
+            // SAFETY: as above; reads the partials the launch above wrote for these rows.
+            unsafe {
+                self.launch(&f)
+                    .arg(qkvg)
+                    .arg(&ints[0])
+                    .arg(pos)
+                    .arg(&ints[3])
+                    .arg(&ints[4])
+                    .arg(&ints[5])
+                    .arg(&ints[6])
+                    .arg(&*part)
+                    .arg(out)
+                    .launch(launch_cfg((kvh as u32, rows as u32), 256, 0))
+            }?;
+        }
         Ok(())
     }
 

@@ -44,11 +44,12 @@ pub fn kind_name(kind: u32) -> String {
         9 => "router_topk",
         10 => "copy_taps",
         11 => "rms_norm_rows",
+        12 => "attend_merge",
         _ => "kernel",
     };
     match (kind >> 20, kind & 0xfffff) {
-        (1..=11, 0) => name.to_string(),
-        (1..=11, tag) => format!("{name} ({tag})"),
+        (1..=12, 0) => name.to_string(),
+        (1..=12, tag) => format!("{name} ({tag})"),
         (id, _) => format!("{name} {id}"),
     }
 }

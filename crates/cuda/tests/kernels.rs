@@ -390,14 +390,21 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
             .take(total)
             .copied()
             .collect();
-        let (out, _) = run(&mixed);
         let (single, _) = run(&vec![1; total]);
-        assert!(
-            out == single,
-            "heads {heads}/{kv_heads} window {window}: a row's output depends on the launch's other rows"
-        );
-        let (again, _) = run(&mixed);
-        assert!(out == again, "attend_decode is not deterministic");
+        // Multi-row launches' splits merged by a kernel of their own and by their last block.
+        for merge_kernel in [true, false] {
+            g.att_merge_kernel
+                .store(merge_kernel, std::sync::atomic::Ordering::Relaxed);
+            let (out, _) = run(&mixed);
+            assert!(
+                out == single,
+                "heads {heads}/{kv_heads} window {window} (merge kernel {merge_kernel}): a row's \
+                 output depends on the launch's other rows"
+            );
+            let (again, _) = run(&mixed);
+            assert!(out == again, "attend_decode is not deterministic");
+        }
+        let out = single;
         // CPU reference: its own q/k norm + RoPE, raw v, the softplus gate.
         let (mut cpu_k, mut cpu_v) = (vec![], vec![]);
         for p in 0..total {
