@@ -175,9 +175,16 @@ __device__ __forceinline__ void warp_merge_head(const float* __restrict__ part, 
         if (lane + WARP * c < d) out[((size_t)r * heads + h) * d + lane + WARP * c] = o[c] / L * gate;
 }
 
-// Keys per split of a row whose window holds n keys: ATT_SPLITS equal ranges, whole tiles.
-__device__ __forceinline__ int att_split_keys(int n) {
-    return ((n + ATT_SPLITS - 1) / ATT_SPLITS + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+// The keys a row at position p attends to, lo ..= p (n of them: its sliding window's, or all),
+// in ATT_SPLITS equal ranges of `per` keys (whole tiles), of which `used()` hold keys. The
+// attention's blocks and the merge of their partials both take the ranges from here.
+struct AttSplits {
+    int lo, n, per;
+    __device__ __forceinline__ int used() const { return (n + per - 1) / per; }
+};
+__device__ __forceinline__ AttSplits att_splits(int p, int window) {
+    const int lo = window > 0 ? max(0, p - window + 1) : 0, n = p - lo + 1;
+    return {lo, n, ((n + ATT_SPLITS - 1) / ATT_SPLITS + ATT_TILE - 1) / ATT_TILE * ATT_TILE};
 }
 
 // Split-KV decode attention. Block (kv head, split, row) owns the keys of one of ATT_SPLITS
@@ -211,16 +218,15 @@ __device__ __forceinline__ void attend_decode_body(
     const int p = pos[r], p0 = pos[0];
     const int koff = heads * d, voff = koff + kv_heads * d, goff = voff + kv_heads * d;
     const float* row = qkvg + (size_t)r * width;
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int n = p - lo + 1;
-    const int per = att_split_keys(n);
+    const AttSplits sp = att_splits(p, window);
+    const int lo = sp.lo, n = sp.n, per = sp.per;
     // Splits past the window's end have no keys: they do nothing, and the merge skips them. (The
     // test needs no division, so idle blocks leave at once.)
     if (split * per >= n) {
         pdl_wait();  // lets the successor start once every block has passed here
         return;
     }
-    const int used = (n + per - 1) / per;
+    const int used = sp.used();
     const int G = heads / kv_heads;
     float* qs = sm;                        // [G][d]
     // [TILE][d + 4]: keys of this launch's rows, normalised here and picked up into registers
@@ -479,9 +485,7 @@ extern "C" __global__ void __launch_bounds__(256) attend_merge(const float* __re
     pdl_wait();
     const int kvh = blockIdx.x, r = blockIdx.y, warp = threadIdx.x / WARP, G = heads / kv_heads;
     if (warp >= G) return;
-    const int p = pos[r], lo = window > 0 ? max(0, p - window + 1) : 0, n = p - lo + 1;
-    const int per = att_split_keys(n), used = (n + per - 1) / per;
     const int h = kvh * G + warp;
-    warp_merge_head(after_wait(part), qkvg + (size_t)r * width + heads * d + 2 * kv_heads * d, r, heads, h, used, d,
-                    out);
+    warp_merge_head(after_wait(part), qkvg + (size_t)r * width + heads * d + 2 * kv_heads * d, r, heads, h,
+                    att_splits(pos[r], window).used(), d, out);
 }
