@@ -5,6 +5,8 @@
 # - bubblewrap: the arena's runners run candidates only inside its sandbox.
 # - chromium and chromium-driver: the arena's pages are tested in headless Chromium
 #   (crates/cli/tests/pages.rs starts chromedriver itself).
+# - g++ and python3: the CUDA kernels' own code is run on the CPU (tools/emu,
+#   crates/cuda/tests/emu.rs).
 # - PostgreSQL: the arena's tests run on it as well as on SQLite. A private cluster is made in a
 #   new temporary directory (owned by the `postgres` user when run as root: the server refuses
 #   to run as root), listens on a free port of 127.0.0.1 only, and is stopped and removed on exit.
@@ -18,6 +20,8 @@ cd "$(dirname "$0")/.."
 . tools/packages.sh
 need bwrap bubblewrap
 need chromedriver chromium chromium-driver
+need g++ g++
+need python3 python3
 # The newest server's binaries: the client package alone (psql, on many machines) has the same
 # directory without initdb or postgres.
 pg_bin() {

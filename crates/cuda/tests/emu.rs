@@ -1,0 +1,26 @@
+//! The GPU kernels' own code run on the CPU (tools/emu: a host thread per CUDA thread, the
+//! kernel module compiled by g++ with the PTX-only helpers swapped for host stand-ins), so that a
+//! change to a kernel's indexing, barriers or reduction order fails here, on any machine, before
+//! a GPU call. Not the GPU's bits or speed: `kernels.rs` checks those on the GPU.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn the_f32_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("python3")
+        .current_dir(&root)
+        .args(["tools/emu/run.py", "dense", "tools/emu/gemv_bf16.cpp"])
+        .output()
+        .expect("python3 runs tools/emu/run.py (tools/test.sh installs python3 and g++)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    // Every shape was checked, and the driver says so.
+    assert_eq!(text.matches("every multi-row entry").count(), 3, "{text}");
+    assert!(text.contains("all passed"), "{text}");
+}

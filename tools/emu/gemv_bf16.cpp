@@ -1,0 +1,119 @@
+// Driver for tools/emu/run.py dense: the f32-core GEMVs (gemv_bf16_*) on awkward shapes. For
+// launches of 1, 3 and 8 rows of every multi-row entry dense.rs may pick (weight rows per warp
+// G = 1, 2, 4, normed rows staged or not, plain pairs as fours over half of the rows): each row
+// gives the bits of the one-row kernel (gemv_bf16_1s), every value is within 1e-5 (relative to
+// the largest) of a double-precision y = x'·Wᵀ, and accumulate adds onto y exactly. Exit status
+// 0 when all hold.
+#include <random>
+#include <string>
+
+namespace emu_driver {
+
+using Kernel = void (*)(const __nv_bfloat16*, const float*, const __nv_bfloat16*, float, float*, int, int, int, int);
+
+struct Variant {
+    const char* name;
+    Kernel k[3];  // R = 2, 4, 8
+    bool staged;  // stages x' (normed rows only)
+    int group;
+};
+
+const Variant VARIANTS[] = {
+    {"g1", {gemv_bf16_2, gemv_bf16_4, gemv_bf16_8}, false, 1},
+    {"g2", {gemv_bf16_2_g2, gemv_bf16_4_g2, gemv_bf16_8_g2}, false, 2},
+    {"g4", {gemv_bf16_2_g4, gemv_bf16_4_g4, gemv_bf16_8_g4}, false, 4},
+    {"g4h", {nullptr, gemv_bf16_4_g4h, gemv_bf16_8_g4h}, false, 4},
+    {"s_g1", {gemv_bf16_2s_g1, gemv_bf16_4s_g1, gemv_bf16_8s_g1}, true, 1},
+    {"s_g2", {gemv_bf16_2s_g2, gemv_bf16_4s_g2, gemv_bf16_8s_g2}, true, 2},
+    {"s_g4", {gemv_bf16_2s_g4, gemv_bf16_4s_g4, gemv_bf16_8s_g4}, true, 4},
+};
+
+std::vector<float> run(Kernel k, const std::vector<__nv_bfloat16>& w, const std::vector<float>& x,
+                       const std::vector<__nv_bfloat16>* norm, int out, int in, int rows, unsigned grid,
+                       std::vector<float> y = {}, bool accumulate = false) {
+    if (y.empty()) y.assign((size_t)rows * out, 0.f);
+    const __nv_bfloat16* nw = norm ? norm->data() : nullptr;
+    float* yp = y.data();
+    emu_launch(grid, 256, [&] { k(w.data(), x.data(), nw, 1e-6f, yp, out, in, rows, accumulate); });
+    return y;
+}
+
+int check() {
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    int failures = 0;
+    // (out, in, grid): outputs not a multiple of the groups, inputs not a multiple of 256 columns,
+    // fewer warps than groups (persistent warps).
+    const int shapes[][3] = {{37, 1000, 2}, {64, 2048, 1}, {9, 2056, 3}};
+    for (const auto& s : shapes) {
+        const int out = s[0], in = s[1];
+        const unsigned grid = s[2];
+        std::vector<__nv_bfloat16> w((size_t)out * in), nw(in);
+        for (auto& v : w) v = __float2bfloat16_rn(0.1f * u(rng));
+        for (auto& v : nw) v = __float2bfloat16_rn(1.f + 0.5f * u(rng));
+        for (int normed = 0; normed < 2; normed++) {
+            const auto* norm = normed ? &nw : nullptr;
+            for (int rows : {1, 3, 8}) {
+                std::vector<float> x((size_t)rows * in);
+                for (auto& v : x) v = 2.f * u(rng);
+                // The one-row kernel's bits, row by row.
+                std::vector<float> alone((size_t)rows * out);
+                for (int r = 0; r < rows; r++) {
+                    const std::vector<float> xr(x.begin() + (size_t)r * in, x.begin() + (size_t)(r + 1) * in);
+                    const auto y1 = run(gemv_bf16_1s, w, xr, norm, out, in, 1, grid);
+                    std::copy(y1.begin(), y1.end(), alone.begin() + (size_t)r * out);
+                }
+                // Against double precision.
+                double worst = 0, scale = 0;
+                for (int r = 0; r < rows; r++) {
+                    double inv = 1;
+                    if (normed) {
+                        double ss = 0;
+                        for (int i = 0; i < in; i++) ss += (double)x[(size_t)r * in + i] * x[(size_t)r * in + i];
+                        inv = 1 / std::sqrt(ss / in + 1e-6);
+                    }
+                    for (int o = 0; o < out; o++) {
+                        double want = 0;
+                        for (int i = 0; i < in; i++) {
+                            const double xi = x[(size_t)r * in + i] * (normed ? inv * __bfloat162float(nw[i]) : 1.0);
+                            want += (double)__bfloat162float(w[(size_t)o * in + i]) * xi;
+                        }
+                        worst = std::max(worst, std::abs(want - alone[(size_t)r * out + o]));
+                        scale = std::max(scale, std::abs(want));
+                    }
+                }
+                if (worst > 1e-5 * std::max(scale, 1e-3)) {
+                    std::printf("FAIL %dx%d norm %d: one-row kernel off by %g (largest %g)\n", out, in, normed, worst, scale);
+                    failures++;
+                }
+                if (rows == 1) continue;
+                const int ri = rows <= 2 ? 0 : rows <= 4 ? 1 : 2;
+                for (const auto& v : VARIANTS) {
+                    if (!v.k[ri] || (v.staged && !normed)) continue;
+                    const bool grouped_stage = v.staged && v.group > 1;
+                    if (v.staged && !grouped_stage && (size_t)rows * in * 4 > emu_block_dyn_bytes) continue;
+                    const auto y = run(v.k[ri], w, x, norm, out, in, rows, grid);
+                    if (std::memcmp(y.data(), alone.data(), sizeof(float) * y.size()) != 0) {
+                        std::printf("FAIL %dx%d rows %d norm %d %s: a row differs from its one-row launch\n", out, in,
+                                    rows, normed, v.name);
+                        failures++;
+                    }
+                    const auto y2 = run(v.k[ri], w, x, norm, out, in, rows, grid + 1, y, true);
+                    for (size_t i = 0; i < y.size(); i++)
+                        if (y2[i] != y[i] + y[i]) {
+                            std::printf("FAIL %dx%d rows %d norm %d %s: accumulate\n", out, in, rows, normed, v.name);
+                            failures++;
+                            break;
+                        }
+                }
+            }
+        }
+        std::printf("%dx%d: checked rows 1, 3, 8, plain and normed, every multi-row entry\n", out, in);
+    }
+    std::printf(failures ? "%d failures\n" : "all passed\n", failures);
+    return failures != 0;
+}
+
+}  // namespace emu_driver
+
+int main() { return emu_driver::check(); }

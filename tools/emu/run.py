@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Runs a kernel module's code on the CPU (no GPU): common.cuh and MODULE.cu, with the device
+functions that are inline PTX swapped for shim.h's host versions, compiled by g++ with a driver
+program that launches kernels through shim.h's thread-per-CUDA-thread emulation and checks them.
+A check of a kernel's indexing, barriers and reduction order (batch invariance, agreement with a
+double-precision reference) before a GPU call, not of its speed or of the GPU's own bits.
+
+    tools/emu/run.py MODULE DRIVER.cpp [-DNAME=VALUE ...]     e.g. tools/emu/run.py dense tools/emu/gemv_bf16.cpp
+"""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+KERNELS = os.path.join(ROOT, "crates", "cuda", "kernels")
+OUT = os.path.join(ROOT, ".cache", "emu")
+
+# Device functions made of inline PTX, and what stands in for them on the host.
+SWAPPED = {
+    "after_wait": "template <typename T>\ninline const T* after_wait(const T* p) { return p; }\n",
+    "block_arrives_last": "inline bool block_arrives_last(unsigned int*, unsigned int) { emu_unsupported(\"block_arrives_last\"); }\n",
+    "warp_arrives_last": "inline bool warp_arrives_last(unsigned int*, unsigned int) { emu_unsupported(\"warp_arrives_last\"); }\n",
+    "mma_bf16": "inline void mma_bf16(float*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) { emu_unsupported(\"mma\"); }\n",
+    "mma_f16": "inline void mma_f16(float*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) { emu_unsupported(\"mma\"); }\n",
+    # shim.h's own (clusters are emulated).
+    "cluster_rank": "",
+    "cluster_barrier": "",
+    "cluster_load": "",
+}
+
+
+def swap_functions(src):
+    """src with each SWAPPED function's definition (and its template line) replaced."""
+    for name, host in SWAPPED.items():
+        m = re.search(r"^(template <[^\n]*>\n)?__device__ __forceinline__ [^\n(]*\b" + name + r"\(", src, re.M)
+        if not m:
+            continue
+        i = src.index("{", m.end())
+        depth = 0
+        for j in range(i, len(src)):
+            depth += {"{": 1, "}": -1}.get(src[j], 0)
+            if depth == 0:
+                break
+        src = src[: m.start()] + host + src[j + 1:]
+    return src
+
+
+DECL_IDS = iter(range(1 << 30))
+
+
+def shared_decl(m):
+    """A function's `__shared__ TYPE a[..], b;` as references into the running block's arena."""
+    indent, body = m.group(1), m.group(2)
+    t = re.match(r"((?:unsigned |const )*\w+) ", body)
+    names, out = body[t.end():], []
+    depth, cur = 0, ""
+    for ch in names + ",":
+        if ch == "," and depth == 0:
+            d = re.match(r"\s*(\w+)(.*)", cur)
+            out.append(f"auto& {d.group(1)} = emu_shared<{t.group(1)}{d.group(2).strip()}>({next(DECL_IDS)});")
+            cur = ""
+            continue
+        depth += ch in "([" and 1 or ch in ")]" and -1 or 0
+        cur += ch
+    return indent + " ".join(out)
+
+
+def source(module):
+    text = open(os.path.join(KERNELS, "common.cuh")).read() + "\n" + open(os.path.join(KERNELS, module + ".cu")).read()
+    text = re.sub(r"^#include <cuda_(bf16|fp16)\.h>\n", "", text, flags=re.M)
+    text = swap_functions(text)
+    # Dynamic shared memory: a pointer into the block's buffer.
+    text = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?(\w[\w ]*?) (\w+)\[\];",
+                  r"\1* \2 = reinterpret_cast<\1*>(emu_block->dyn.data());", text)
+    text = re.sub(r"^( *)__shared__ (?:__align__\(\d+\) )?([^;\n]*);", shared_decl, text, flags=re.M)
+    return text
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    module, driver, defines = sys.argv[1], sys.argv[2], sys.argv[3:]
+    os.makedirs(OUT, exist_ok=True)
+    stem = module + "_" + os.path.splitext(os.path.basename(driver))[0]
+    tu = os.path.join(OUT, stem + ".cpp")
+    with open(tu, "w") as f:
+        f.write('#include "' + os.path.join(ROOT, "tools", "emu", "shim.h") + '"\n')
+        f.write(source(module))
+        f.write('\n#include "' + os.path.abspath(driver) + '"\n')
+    exe = os.path.join(OUT, stem)
+    # FD_WEIGHT_LOAD=2: the weights' plain __ldg flavour (the default is a PTX load).
+    cmd = ["g++", "-std=c++20", "-O1", "-pthread", "-mfma", "-ffp-contract=fast", "-w", "-DFD_WEIGHT_LOAD=2",
+           *defines, "-o", exe, tu]
+    subprocess.run(cmd, check=True)
+    sys.exit(subprocess.run([exe]).returncode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+// A CPU stand-in for the CUDA device environment our kernels use, so that a kernel's indexing,
+// barriers and reduction order can be checked on a machine without a GPU (tools/emu/run.py).
+// Each CUDA thread is a host thread; the blocks of a cluster run at once, clusters one after
+// another; a block's __shared__ data lives in its own arena (run.py rewrites each declaration to
+// look it up there), so a cluster's blocks can read each other's (distributed shared memory);
+// warp shuffles trade values through a per-warp slot array between two warp barriers.
+// Tensor-core MMAs and global atomics are not emulated (run.py's stand-ins abort).
+// Floating point: products and sums in f32 with contraction to fma (the caller compiles with
+// -ffp-contract=fast -mfma), so a kernel's bits match across its own row counts here, not
+// necessarily the GPU's bits.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __cluster_dims__(...)
+#define __align__(n) __attribute__((aligned(n)))
+
+#include <map>
+#include <mutex>
+
+struct emu_dim3 {
+    unsigned int x = 0, y = 0, z = 0;
+};
+inline thread_local emu_dim3 threadIdx, blockIdx;
+inline emu_dim3 blockDim, gridDim;
+
+// The dynamic shared memory a block may have (the H200's 227 KiB and the static arrays).
+inline constexpr size_t emu_block_dyn_bytes = 228 * 1024;
+
+// One running block: its barrier, warp barriers and shuffle slots, shared-memory arena (a buffer
+// per __shared__ declaration, by run.py's id, and the dynamic buffer) and rank in its cluster.
+struct EmuBlock {
+    std::unique_ptr<std::barrier<>> bar;
+    std::vector<std::unique_ptr<std::barrier<>>> warp_bar;
+    std::vector<uint64_t> slots;  // [warp][lane]
+    std::mutex m;
+    std::map<int, std::vector<unsigned char>> shared;
+    std::vector<unsigned char> dyn = std::vector<unsigned char>(emu_block_dyn_bytes);
+    unsigned int rank = 0;
+    EmuBlock(unsigned int threads) : slots(threads) {
+        bar = std::make_unique<std::barrier<>>(threads);
+        for (unsigned int w = 0; w < (threads + 31) / 32; w++)
+            warp_bar.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
+    }
+};
+inline thread_local EmuBlock* emu_block;
+inline thread_local std::vector<std::unique_ptr<EmuBlock>>* emu_cluster;
+inline thread_local std::barrier<>* emu_cluster_bar;
+
+// The block's buffer for __shared__ declaration `id` (zeroed when first asked for).
+template <typename T>
+inline T& emu_shared(int id) {
+    std::lock_guard<std::mutex> g(emu_block->m);
+    auto& b = emu_block->shared[id];
+    if (b.empty()) b.assign(sizeof(T) + 16, 0);
+    return *reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(b.data()) + 15) & ~uintptr_t(15));
+}
+
+[[noreturn]] inline void emu_unsupported(const char* what) {
+    std::fprintf(stderr, "emu: %s is not emulated\n", what);
+    std::abort();
+}
+
+struct uint4 {
+    unsigned int x, y, z, w;
+};
+struct float4 {
+    float x, y, z, w;
+};
+struct float2 {
+    float x, y;
+};
+inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+template <typename To, typename From>
+inline To emu_bits(From v) {
+    static_assert(sizeof(To) == sizeof(From));
+    To t;
+    std::memcpy(&t, &v, sizeof t);
+    return t;
+}
+inline float __int_as_float(int v) { return emu_bits<float>(v); }
+inline float __uint_as_float(unsigned int v) { return emu_bits<float>(v); }
+inline unsigned int __float_as_uint(float v) { return emu_bits<unsigned int>(v); }
+inline int __float_as_int(float v) { return emu_bits<int>(v); }
+inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
+    const uint64_t v = (uint64_t)y << 32 | x;
+    unsigned int r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned int)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
+using std::max;
+using std::min;
+
+// bf16 and f16, as stored (the kernels only convert them).
+struct __nv_bfloat16 {
+    uint16_t x;
+};
+inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float((unsigned int)h.x << 16); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    const unsigned int u = __float_as_uint(f);
+    if (std::isnan(f)) return {(uint16_t)((u >> 16) | 0x40)};
+    return {(uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16)};
+}
+using __half = _Float16;
+struct __half2 {
+    _Float16 x, y;
+};
+inline float __half2float(__half h) { return (float)h; }
+inline __half __float2half_rn(float f) { return (_Float16)f; }
+inline __half __ushort_as_half(unsigned short b) { return emu_bits<_Float16>(b); }
+inline float2 __half22float2(__half2 h) { return {(float)h.x, (float)h.y}; }
+inline __half2 __float2half2_rn(float f) { return {(_Float16)f, (_Float16)f}; }
+inline __half2 __hmul2(__half2 a, __half2 b) { return {(_Float16)(a.x * b.x), (_Float16)(a.y * b.y)}; }
+
+template <typename T>
+inline T __ldg(const T* p) {
+    return *p;
+}
+template <typename T>
+inline T __ldcg(const T* p) {
+    return *p;
+}
+inline long long clock64() { return 0; }
+inline unsigned int atomicAdd(unsigned int*, unsigned int) { emu_unsupported("atomicAdd"); }
+
+inline void __syncthreads() { emu_block->bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned int = 0xffffffffu) { emu_block->warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+// Every lane of the warp calls it (the kernels shuffle with full masks only): lane l gets lane
+// src(l)'s v.
+template <typename T>
+inline T emu_shfl(T v, int src) {
+    const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    uint64_t b = 0;
+    std::memcpy(&b, &v, sizeof v);
+    emu_block->slots[w * 32 + l] = b;
+    emu_block->warp_bar[w]->arrive_and_wait();
+    const uint64_t got = emu_block->slots[w * 32 + src];
+    emu_block->warp_bar[w]->arrive_and_wait();
+    T r;
+    std::memcpy(&r, &got, sizeof r);
+    return r;
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned int, T v, int o) {
+    return emu_shfl(v, (int)(threadIdx.x % 32) ^ o);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned int, T v, int o) {
+    const int l = threadIdx.x % 32;
+    return emu_shfl(v, l + o < 32 ? l + o : l);
+}
+template <typename T>
+inline T __shfl_sync(unsigned int, T v, int src) {
+    return emu_shfl(v, src);
+}
+
+// Clusters (__cluster_dims__): the block's rank, a barrier of all the cluster's threads, and a
+// float at p's place in block `rank`'s copy of the same shared buffer.
+inline unsigned int cluster_rank() { return emu_block->rank; }
+inline void cluster_barrier() { emu_cluster_bar->arrive_and_wait(); }
+inline float cluster_load(const float* p, unsigned int rank) {
+    const auto* c = reinterpret_cast<const unsigned char*>(p);
+    for (auto& [id, b] : emu_block->shared) {
+        if (c >= b.data() && c < b.data() + b.size()) {
+            EmuBlock& other = *(*emu_cluster)[rank];
+            std::lock_guard<std::mutex> g(other.m);
+            const auto& ob = other.shared.at(id);
+            float v;
+            std::memcpy(&v, ob.data() + (c - b.data()), sizeof v);
+            return v;
+        }
+    }
+    emu_unsupported("cluster_load of an address outside shared memory");
+}
+
+// Runs kernel() over a grid (x only) of blocks of `threads` threads in clusters of `cluster`
+// blocks: a cluster's blocks at once, clusters in turn.
+template <typename F>
+inline void emu_launch(unsigned int grid, unsigned int threads, F kernel, unsigned int cluster = 1) {
+    gridDim = {grid, 1, 1};
+    blockDim = {threads, 1, 1};
+    for (unsigned int c0 = 0; c0 < grid; c0 += cluster) {
+        std::vector<std::unique_ptr<EmuBlock>> blocks;
+        for (unsigned int q = 0; q < cluster; q++) {
+            blocks.push_back(std::make_unique<EmuBlock>(threads));
+            blocks.back()->rank = q;
+        }
+        std::barrier<> cbar(cluster * threads);
+        std::vector<std::thread> ts;
+        for (unsigned int q = 0; q < cluster; q++)
+            for (unsigned int t = 0; t < threads; t++)
+                ts.emplace_back([&, q, t] {
+                    threadIdx = {t, 0, 0};
+                    blockIdx = {c0 + q, 0, 0};
+                    emu_block = blocks[q].get();
+                    emu_cluster = &blocks;
+                    emu_cluster_bar = &cbar;
+                    kernel();
+                });
+        for (auto& t : ts) t.join();
+    }
+}
