@@ -1,9 +1,10 @@
-// Driver for tools/emu/run.py dense: the f32-core GEMVs (gemv_bf16_*) on awkward shapes. For
-// launches of 1, 3 and 8 rows of every multi-row entry dense.rs may pick (weight rows per warp
-// G = 1, 2, 4, normed rows staged or not, plain pairs as fours over half of the rows): each row
-// gives the bits of the one-row kernel (gemv_bf16_1s), every value is within 1e-5 (relative to
-// the largest) of a double-precision y = x'·Wᵀ, and accumulate adds onto y exactly. Exit status
-// 0 when all hold.
+// Driver for tools/emu/run.py dense: the GEMVs on awkward shapes. For launches of 1, 3 and 8
+// rows of every multi-row f32 entry dense.rs may pick (weight rows per warp G = 1, 2, 4, normed
+// rows staged or not, plain pairs as fours over half of the rows): each row gives the bits of the
+// one-row kernel (gemv_bf16_1s), every value is within 1e-5 (relative to the largest) of a
+// double-precision y = x'·Wᵀ, and accumulate adds onto y exactly. The same for the tensor-core
+// GEMV (gemv_mma_R, its input in slices summed by the last warp of a tile to arrive) against its
+// own one-row launch. Exit status 0 when all hold.
 #include <random>
 #include <string>
 
@@ -35,6 +36,29 @@ std::vector<float> run(Kernel k, const std::vector<__nv_bfloat16>& w, const std:
     const __nv_bfloat16* nw = norm ? norm->data() : nullptr;
     float* yp = y.data();
     emu_launch(grid, 256, [&] { k(w.data(), x.data(), nw, 1e-6f, yp, out, in, rows, accumulate); });
+    return y;
+}
+
+using MmaKernel = void (*)(const __nv_bfloat16*, const float*, const __nv_bfloat16*, float, float*, int, int, int, int,
+                          int, float*, unsigned int*);
+
+// gemv_mma_R over slices of `ks` columns (dense.rs's launch: blocks of 8 16-output tiles).
+std::vector<float> run_mma(int rows, const std::vector<__nv_bfloat16>& w, const std::vector<float>& x,
+                           const std::vector<__nv_bfloat16>* norm, int out, int in, int ks) {
+    const MmaKernel ks_[5] = {gemv_mma_1, gemv_mma_2, gemv_mma_4, gemv_mma_8, gemv_mma_16};
+    const MmaKernel k = ks_[rows <= 1 ? 0 : rows <= 2 ? 1 : rows <= 4 ? 2 : rows <= 8 ? 3 : 4];
+    const int slices = (in + ks - 1) / ks, tiles = (out + 15) / 16;
+    std::vector<float> y((size_t)rows * out), partial((size_t)slices * rows * out);
+    std::vector<unsigned int> counters(tiles);
+    const __nv_bfloat16* nw = norm ? norm->data() : nullptr;
+    emu_launch((tiles + 7) / 8, 256, [&] {
+        k(w.data(), x.data(), nw, 1e-6f, y.data(), out, in, rows, 0, ks, partial.data(), counters.data());
+    }, 1, slices);
+    for (unsigned int c : counters)
+        if (c != 0) {
+            std::printf("FAIL gemv_mma: a tile's counter left at %u\n", c);
+            std::exit(1);
+        }
     return y;
 }
 
@@ -86,6 +110,26 @@ int check() {
                     std::printf("FAIL %dx%d norm %d: one-row kernel off by %g (largest %g)\n", out, in, normed, worst, scale);
                     failures++;
                 }
+                // The tensor-core GEMV: its rows alone give its bits; within 1e-5 of double.
+                {
+                    const int ks = in <= 1024 ? 512 : 704;
+                    const auto y = run_mma(rows, w, x, norm, out, in, ks);
+                    double off = 0;
+                    for (size_t i = 0; i < y.size(); i++) off = std::max(off, (double)std::abs(y[i] - alone[i]));
+                    if (off > 1e-5 * std::max(scale, 1e-3)) {
+                        std::printf("FAIL %dx%d rows %d norm %d mma: off by %g\n", out, in, rows, normed, off);
+                        failures++;
+                    }
+                    for (int r = 0; r < rows && rows > 1; r++) {
+                        const std::vector<float> xr(x.begin() + (size_t)r * in, x.begin() + (size_t)(r + 1) * in);
+                        const auto y1 = run_mma(1, w, xr, norm, out, in, ks);
+                        if (std::memcmp(y1.data(), y.data() + (size_t)r * out, sizeof(float) * out) != 0) {
+                            std::printf("FAIL %dx%d rows %d norm %d mma: row %d differs from its one-row launch\n", out, in,
+                                        rows, normed, r);
+                            failures++;
+                        }
+                    }
+                }
                 if (rows == 1) continue;
                 const int ri = rows <= 2 ? 0 : rows <= 4 ? 1 : 2;
                 for (const auto& v : VARIANTS) {
@@ -108,7 +152,7 @@ int check() {
                 }
             }
         }
-        std::printf("%dx%d: checked rows 1, 3, 8, plain and normed, every multi-row entry\n", out, in);
+        std::printf("%dx%d: checked rows 1, 3, 8, plain and normed, every multi-row entry and the tensor-core GEMV\n", out, in);
     }
     std::printf(failures ? "%d failures\n" : "all passed\n", failures);
     return failures != 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Runs a kernel module's code on the CPU (no GPU): common.cuh and MODULE.cu, with the device
-functions that are inline PTX swapped for shim.h's host versions, compiled by g++ with a driver
+functions that are inline PTX replaced by shim.h's host versions, compiled by g++ with a driver
 program that launches kernels through shim.h's thread-per-CUDA-thread emulation and checks them.
 A check of a kernel's indexing, barriers and reduction order (batch invariance, agreement with a
 double-precision reference) before a GPU call, not of its speed or of the GPU's own bits.
@@ -16,23 +16,15 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 KERNELS = os.path.join(ROOT, "crates", "cuda", "kernels")
 OUT = os.path.join(ROOT, ".cache", "emu")
 
-# Device functions made of inline PTX, and what stands in for them on the host.
-SWAPPED = {
-    "after_wait": "template <typename T>\ninline const T* after_wait(const T* p) { return p; }\n",
-    "block_arrives_last": "inline bool block_arrives_last(unsigned int*, unsigned int) { emu_unsupported(\"block_arrives_last\"); }\n",
-    "warp_arrives_last": "inline bool warp_arrives_last(unsigned int*, unsigned int) { emu_unsupported(\"warp_arrives_last\"); }\n",
-    "mma_bf16": "inline void mma_bf16(float*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) { emu_unsupported(\"mma\"); }\n",
-    "mma_f16": "inline void mma_f16(float*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) { emu_unsupported(\"mma\"); }\n",
-    # shim.h's own (clusters are emulated).
-    "cluster_rank": "",
-    "cluster_barrier": "",
-    "cluster_load": "",
-}
+# Device functions made of inline PTX: shim.h has a host version of each, and the kernel
+# source's definition is dropped.
+DROPPED = ["after_wait", "block_arrives_last", "warp_arrives_last", "mma_bf16", "mma_f16", "cluster_rank",
+           "cluster_barrier", "cluster_load"]
 
 
-def swap_functions(src):
-    """src with each SWAPPED function's definition (and its template line) replaced."""
-    for name, host in SWAPPED.items():
+def drop_functions(src):
+    """src without the DROPPED functions' definitions (and their template lines)."""
+    for name in DROPPED:
         m = re.search(r"^(template <[^\n]*>\n)?__device__ __forceinline__ [^\n(]*\b" + name + r"\(", src, re.M)
         if not m:
             continue
@@ -42,7 +34,7 @@ def swap_functions(src):
             depth += {"{": 1, "}": -1}.get(src[j], 0)
             if depth == 0:
                 break
-        src = src[: m.start()] + host + src[j + 1:]
+        src = src[: m.start()] + src[j + 1:]
     return src
 
 
@@ -69,7 +61,7 @@ def shared_decl(m):
 def source(module):
     text = open(os.path.join(KERNELS, "common.cuh")).read() + "\n" + open(os.path.join(KERNELS, module + ".cu")).read()
     text = re.sub(r"^#include <cuda_(bf16|fp16)\.h>\n", "", text, flags=re.M)
-    text = swap_functions(text)
+    text = drop_functions(text)
     # Dynamic shared memory: a pointer into the block's buffer.
     text = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?(\w[\w ]*?) (\w+)\[\];",
                   r"\1* \2 = reinterpret_cast<\1*>(emu_block->dyn.data());", text)

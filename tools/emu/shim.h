@@ -4,12 +4,15 @@
 // another; a block's __shared__ data lives in its own arena (run.py rewrites each declaration to
 // look it up there), so a cluster's blocks can read each other's (distributed shared memory);
 // warp shuffles trade values through a per-warp slot array between two warp barriers.
-// Tensor-core MMAs and global atomics are not emulated (run.py's stand-ins abort).
+// Tensor-core m16n8k16 MMAs are emulated per lane from the warp's gathered fragments (products
+// exact, summed in k order onto the accumulator: not the tensor cores' own rounding), the
+// last-block and last-warp arrivals with host atomics.
 // Floating point: products and sums in f32 with contraction to fma (the caller compiles with
 // -ffp-contract=fast -mfma), so a kernel's bits match across its own row counts here, not
 // necessarily the GPU's bits.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -47,12 +50,13 @@ inline constexpr size_t emu_block_dyn_bytes = 228 * 1024;
 struct EmuBlock {
     std::unique_ptr<std::barrier<>> bar;
     std::vector<std::unique_ptr<std::barrier<>>> warp_bar;
-    std::vector<uint64_t> slots;  // [warp][lane]
+    std::vector<uint64_t> slots;        // [warp][lane]
+    std::vector<uint32_t> mma_slots;    // [warp][lane][6]: a0..a3, b0, b1
     std::mutex m;
     std::map<int, std::vector<unsigned char>> shared;
     std::vector<unsigned char> dyn = std::vector<unsigned char>(emu_block_dyn_bytes);
     unsigned int rank = 0;
-    EmuBlock(unsigned int threads) : slots(threads) {
+    EmuBlock(unsigned int threads) : slots(threads), mma_slots(6 * threads) {
         bar = std::make_unique<std::barrier<>>(threads);
         for (unsigned int w = 0; w < (threads + 31) / 32; w++)
             warp_bar.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
@@ -171,6 +175,64 @@ inline T __shfl_sync(unsigned int, T v, int src) {
     return emu_shfl(v, src);
 }
 
+// d += a·b for one m16n8k16 tile, called by every lane of the warp with its fragments (layout:
+// common.cuh's mma_bf16); `elem` widens a 16-bit element. Products of bf16 or f16 pairs are exact
+// in f32; they are added in k order onto d.
+inline void emu_mma(float d[4], const uint32_t frag[6], float (*elem)(uint16_t)) {
+    const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    uint32_t* mine = &emu_block->mma_slots[(w * 32 + l) * 6];
+    std::memcpy(mine, frag, 6 * sizeof(uint32_t));
+    emu_block->warp_bar[w]->arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (unsigned int ln = 0; ln < 32; ln++) {
+        const uint32_t* f = &emu_block->mma_slots[(w * 32 + ln) * 6];
+        const unsigned int gg = ln / 4, tt = ln % 4;
+        for (int h = 0; h < 2; h++) {
+            A[gg][2 * tt + h] = elem(f[0] >> (16 * h));
+            A[gg + 8][2 * tt + h] = elem(f[1] >> (16 * h));
+            A[gg][2 * tt + 8 + h] = elem(f[2] >> (16 * h));
+            A[gg + 8][2 * tt + 8 + h] = elem(f[3] >> (16 * h));
+            B[2 * tt + h][gg] = elem(f[4] >> (16 * h));
+            B[2 * tt + 8 + h][gg] = elem(f[5] >> (16 * h));
+        }
+    }
+    emu_block->warp_bar[w]->arrive_and_wait();
+    const unsigned int row[4] = {g, g, g + 8, g + 8}, col[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 16; k++) d[i] += A[row[i]][k] * B[k][col[i]];
+}
+inline float emu_bf16_elem(uint16_t b) { return __uint_as_float((unsigned int)b << 16); }
+inline float emu_f16_elem(uint16_t b) { return (float)emu_bits<_Float16>(b); }
+inline void mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    const uint32_t f[6] = {a0, a1, a2, a3, b0, b1};
+    emu_mma(d, f, emu_bf16_elem);
+}
+inline void mma_f16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    const uint32_t f[6] = {a0, a1, a2, a3, b0, b1};
+    emu_mma(d, f, emu_f16_elem);
+}
+
+// Loads after pdl_wait() need no ordering here: every launch runs to its end before the next.
+template <typename T>
+inline const T* after_wait(const T* p) {
+    return p;
+}
+
+// The arrivals at a counter (common.cuh): true in the block (warp) that arrives total-th.
+inline bool block_arrives_last(unsigned int* counter, unsigned int total) {
+    int& last = emu_shared<int>(-1);
+    __syncthreads();
+    if (threadIdx.x == 0) last = std::atomic_ref<unsigned int>(*counter).fetch_add(1) == total - 1;
+    __syncthreads();
+    return last;
+}
+inline bool warp_arrives_last(unsigned int* counter, unsigned int total) {
+    __syncwarp();
+    unsigned int last = 0;
+    if (threadIdx.x % 32 == 0) last = std::atomic_ref<unsigned int>(*counter).fetch_add(1) == total - 1;
+    return __shfl_sync(0xffffffffu, last, 0);
+}
+
 // Clusters (__cluster_dims__): the block's rank, a barrier of all the cluster's threads, and a
 // float at p's place in block `rank`'s copy of the same shared buffer.
 inline unsigned int cluster_rank() { return emu_block->rank; }
@@ -190,30 +252,31 @@ inline float cluster_load(const float* p, unsigned int rank) {
     emu_unsupported("cluster_load of an address outside shared memory");
 }
 
-// Runs kernel() over a grid (x only) of blocks of `threads` threads in clusters of `cluster`
-// blocks: a cluster's blocks at once, clusters in turn.
+// Runs kernel() over a grid of gx × gy blocks of `threads` threads in clusters of `cluster`
+// blocks along x: a cluster's blocks at once, clusters in turn.
 template <typename F>
-inline void emu_launch(unsigned int grid, unsigned int threads, F kernel, unsigned int cluster = 1) {
-    gridDim = {grid, 1, 1};
+inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned int cluster = 1, unsigned int gy = 1) {
+    gridDim = {gx, gy, 1};
     blockDim = {threads, 1, 1};
-    for (unsigned int c0 = 0; c0 < grid; c0 += cluster) {
-        std::vector<std::unique_ptr<EmuBlock>> blocks;
-        for (unsigned int q = 0; q < cluster; q++) {
-            blocks.push_back(std::make_unique<EmuBlock>(threads));
-            blocks.back()->rank = q;
+    for (unsigned int y = 0; y < gy; y++)
+        for (unsigned int c0 = 0; c0 < gx; c0 += cluster) {
+            std::vector<std::unique_ptr<EmuBlock>> blocks;
+            for (unsigned int q = 0; q < cluster; q++) {
+                blocks.push_back(std::make_unique<EmuBlock>(threads));
+                blocks.back()->rank = q;
+            }
+            std::barrier<> cbar(cluster * threads);
+            std::vector<std::thread> ts;
+            for (unsigned int q = 0; q < cluster; q++)
+                for (unsigned int t = 0; t < threads; t++)
+                    ts.emplace_back([&, q, t] {
+                        threadIdx = {t, 0, 0};
+                        blockIdx = {c0 + q, y, 0};
+                        emu_block = blocks[q].get();
+                        emu_cluster = &blocks;
+                        emu_cluster_bar = &cbar;
+                        kernel();
+                    });
+            for (auto& t : ts) t.join();
         }
-        std::barrier<> cbar(cluster * threads);
-        std::vector<std::thread> ts;
-        for (unsigned int q = 0; q < cluster; q++)
-            for (unsigned int t = 0; t < threads; t++)
-                ts.emplace_back([&, q, t] {
-                    threadIdx = {t, 0, 0};
-                    blockIdx = {c0 + q, 0, 0};
-                    emu_block = blocks[q].get();
-                    emu_cluster = &blocks;
-                    emu_cluster_bar = &cbar;
-                    kernel();
-                });
-        for (auto& t : ts) t.join();
-    }
 }

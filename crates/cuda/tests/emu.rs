@@ -1,5 +1,5 @@
 //! The GPU kernels' own code run on the CPU (tools/emu: a host thread per CUDA thread, the
-//! kernel module compiled by g++ with the PTX-only helpers swapped for host stand-ins), so that a
+//! kernel module compiled by g++ with the PTX-only helpers replaced by host versions), so that a
 //! change to a kernel's indexing, barriers or reduction order fails here, on any machine, before
 //! a GPU call. Not the GPU's bits or speed: `kernels.rs` checks those on the GPU.
 
@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 #[test]
-fn the_f32_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
+fn the_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new("python3")
         .current_dir(&root)
@@ -21,6 +21,11 @@ fn the_f32_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
     );
     assert!(out.status.success(), "{text}");
     // Every shape was checked, and the driver says so.
-    assert_eq!(text.matches("every multi-row entry").count(), 3, "{text}");
+    assert_eq!(
+        text.matches("every multi-row entry and the tensor-core GEMV")
+            .count(),
+        3,
+        "{text}"
+    );
     assert!(text.contains("all passed"), "{text}");
 }
