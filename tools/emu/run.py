@@ -15,6 +15,7 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 KERNELS = os.path.join(ROOT, "crates", "cuda", "kernels")
 OUT = os.path.join(ROOT, ".cache", "emu")
+TIMEOUT_S = 1200
 
 # Device functions made of inline PTX: shim.h has a host version of each, and the kernel
 # source's definition is dropped.
@@ -85,7 +86,11 @@ def main():
     cmd = ["g++", "-std=c++20", "-O1", "-pthread", "-mfma", "-ffp-contract=fast", "-w", "-DFD_WEIGHT_LOAD=2",
            *defines, "-o", exe, tu]
     subprocess.run(cmd, check=True)
-    sys.exit(subprocess.run([exe]).returncode)
+    # A barrier that some thread never reaches hangs the emulation, as it would the GPU.
+    try:
+        sys.exit(subprocess.run([exe], timeout=TIMEOUT_S).returncode)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"{exe}: no end after {TIMEOUT_S} s (a barrier or shuffle some thread never reaches?)")
 
 
 if __name__ == "__main__":
