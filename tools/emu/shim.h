@@ -161,6 +161,20 @@ inline T emu_shfl(T v, int src) {
     std::memcpy(&r, &got, sizeof r);
     return r;
 }
+// The warp's predicates as a mask (every lane calls it).
+inline unsigned int __ballot_sync(unsigned int, int p) {
+    const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    emu_block->slots[w * 32 + l] = p != 0;
+    emu_block->warp_bar[w]->arrive_and_wait();
+    unsigned int m = 0;
+    for (unsigned int i = 0; i < 32 && w * 32 + i < emu_block->slots.size(); i++)
+        m |= (unsigned int)(emu_block->slots[w * 32 + i] != 0) << i;
+    emu_block->warp_bar[w]->arrive_and_wait();
+    return m;
+}
+inline int __any_sync(unsigned int mask, int p) { return __ballot_sync(mask, p) != 0; }
+inline int __popc(unsigned int v) { return __builtin_popcount(v); }
+
 template <typename T>
 inline T __shfl_xor_sync(unsigned int, T v, int o) {
     return emu_shfl(v, (int)(threadIdx.x % 32) ^ o);
@@ -233,6 +247,20 @@ inline bool warp_arrives_last(unsigned int* counter, unsigned int total) {
     return __shfl_sync(0xffffffffu, last, 0);
 }
 
+// Two e4m3 bytes (bits 0..15 of s01) as f16 pairs (s0, s0) and (s1, s1), times 2^7 (moe.cu's
+// e4m3_pair_x128, a cvt.rn.f16x2.e4m3x2 there): every e4m3 value and its 2^7 multiple are f16s.
+inline float emu_e4m3(unsigned int b) {
+    const unsigned int e = (b >> 3) & 15, m = b & 7;
+    const float v = e == 0 ? std::ldexp((float)m, -9) : (e == 15 && m == 7) ? NAN : std::ldexp(1.f + m / 8.f, (int)e - 7);
+    return b & 0x80 ? -v : v;
+}
+inline void e4m3_pair_x128(unsigned int s01, unsigned int& s00, unsigned int& s11) {
+    const uint16_t lo = emu_bits<uint16_t>((_Float16)(emu_e4m3(s01 & 0xff) * 128.f));
+    const uint16_t hi = emu_bits<uint16_t>((_Float16)(emu_e4m3((s01 >> 8) & 0xff) * 128.f));
+    s00 = (unsigned int)lo << 16 | lo;
+    s11 = (unsigned int)hi << 16 | hi;
+}
+
 // Clusters (__cluster_dims__): the block's rank, a barrier of all the cluster's threads, and a
 // float at p's place in block `rank`'s copy of the same shared buffer.
 inline unsigned int cluster_rank() { return emu_block->rank; }
@@ -252,12 +280,14 @@ inline float cluster_load(const float* p, unsigned int rank) {
     emu_unsupported("cluster_load of an address outside shared memory");
 }
 
-// Runs kernel() over a grid of gx × gy blocks of `threads` threads in clusters of `cluster`
+// Runs kernel() over a grid of gx × gy × gz blocks of `threads` threads in clusters of `cluster`
 // blocks along x: a cluster's blocks at once, clusters in turn.
 template <typename F>
-inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned int cluster = 1, unsigned int gy = 1) {
-    gridDim = {gx, gy, 1};
+inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned int cluster = 1, unsigned int gy = 1,
+                       unsigned int gz = 1) {
+    gridDim = {gx, gy, gz};
     blockDim = {threads, 1, 1};
+    for (unsigned int z = 0; z < gz; z++)
     for (unsigned int y = 0; y < gy; y++)
         for (unsigned int c0 = 0; c0 < gx; c0 += cluster) {
             std::vector<std::unique_ptr<EmuBlock>> blocks;
@@ -271,7 +301,7 @@ inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned
                 for (unsigned int t = 0; t < threads; t++)
                     ts.emplace_back([&, q, t] {
                         threadIdx = {t, 0, 0};
-                        blockIdx = {c0 + q, y, 0};
+                        blockIdx = {c0 + q, y, z};
                         emu_block = blocks[q].get();
                         emu_cluster = &blocks;
                         emu_cluster_bar = &cbar;

@@ -6,12 +6,13 @@
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn the_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
+/// `tools/emu/run.py MODULE DRIVER` from the repository root: its output, after asserting that it
+/// exited 0.
+fn emulate(module: &str, driver: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new("python3")
         .current_dir(&root)
-        .args(["tools/emu/run.py", "dense", "tools/emu/gemv_bf16.cpp"])
+        .args(["tools/emu/run.py", module, driver])
         .output()
         .expect("python3 runs tools/emu/run.py (tools/test.sh installs python3 and g++)");
     let text = format!(
@@ -20,6 +21,13 @@ fn the_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
+    assert!(text.contains("all passed"), "{text}");
+    text
+}
+
+#[test]
+fn the_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
+    let text = emulate("dense", "tools/emu/gemv_bf16.cpp");
     // Every shape was checked, and the driver says so.
     assert_eq!(
         text.matches("every multi-row entry and the tensor-core GEMV")
@@ -27,5 +35,15 @@ fn the_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
         3,
         "{text}"
     );
-    assert!(text.contains("all passed"), "{text}");
+}
+
+#[test]
+fn the_router_and_expert_gemvs_are_batch_invariant_run_on_the_cpu() {
+    let text = emulate("moe", "tools/emu/moe.cpp");
+    assert_eq!(
+        text.matches("router, gate/up and down (f32 and tensor-core) checked")
+            .count(),
+        3,
+        "{text}"
+    );
 }
