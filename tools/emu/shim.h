@@ -282,32 +282,53 @@ inline float cluster_load(const float* p, unsigned int rank) {
 }
 
 // Runs kernel() over a grid of gx × gy × gz blocks of `threads` threads in clusters of `cluster`
-// blocks along x: a cluster's blocks at once, clusters in turn.
+// blocks along x: a cluster's blocks at once, clusters in turn, on one pool of host threads made
+// per launch (a thread per CUDA thread of a cluster). A thread that returns leaves its block's,
+// warp's and cluster's barriers, as an exited GPU thread stops counting at them.
 template <typename F>
 inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned int cluster = 1, unsigned int gy = 1,
                        unsigned int gz = 1) {
     gridDim = {gx, gy, gz};
     blockDim = {threads, 1, 1};
-    for (unsigned int z = 0; z < gz; z++)
-    for (unsigned int y = 0; y < gy; y++)
-        for (unsigned int c0 = 0; c0 < gx; c0 += cluster) {
-            std::vector<std::unique_ptr<EmuBlock>> blocks;
-            for (unsigned int q = 0; q < cluster; q++) {
-                blocks.push_back(std::make_unique<EmuBlock>(threads));
-                blocks.back()->rank = q;
+    const unsigned int workers = cluster * threads;
+    std::vector<std::unique_ptr<EmuBlock>> blocks;
+    std::unique_ptr<std::barrier<>> cbar;
+    emu_dim3 first;  // the cluster's first block
+    bool done = false;
+    std::barrier<> step(workers + 1);  // the pool and this thread: a cluster starts, and ends
+    std::vector<std::thread> pool;
+    for (unsigned int i = 0; i < workers; i++)
+        pool.emplace_back([&, i] {
+            const unsigned int q = i / threads, t = i % threads;
+            for (;;) {
+                step.arrive_and_wait();
+                if (done) return;
+                threadIdx = {t, 0, 0};
+                blockIdx = {first.x + q, first.y, first.z};
+                emu_block = blocks[q].get();
+                emu_cluster = &blocks;
+                emu_cluster_bar = cbar.get();
+                kernel();
+                emu_block->bar->arrive_and_drop();
+                emu_block->warp_bar[t / 32]->arrive_and_drop();
+                cbar->arrive_and_drop();
+                step.arrive_and_wait();
             }
-            std::barrier<> cbar(cluster * threads);
-            std::vector<std::thread> ts;
-            for (unsigned int q = 0; q < cluster; q++)
-                for (unsigned int t = 0; t < threads; t++)
-                    ts.emplace_back([&, q, t] {
-                        threadIdx = {t, 0, 0};
-                        blockIdx = {c0 + q, y, z};
-                        emu_block = blocks[q].get();
-                        emu_cluster = &blocks;
-                        emu_cluster_bar = &cbar;
-                        kernel();
-                    });
-            for (auto& t : ts) t.join();
-        }
+        });
+    for (unsigned int z = 0; z < gz; z++)
+        for (unsigned int y = 0; y < gy; y++)
+            for (unsigned int c0 = 0; c0 < gx; c0 += cluster) {
+                blocks.clear();
+                for (unsigned int q = 0; q < cluster; q++) {
+                    blocks.push_back(std::make_unique<EmuBlock>(threads));
+                    blocks.back()->rank = q;
+                }
+                cbar = std::make_unique<std::barrier<>>(workers);
+                first = {c0, y, z};
+                step.arrive_and_wait();  // start
+                step.arrive_and_wait();  // every thread has returned
+            }
+    done = true;
+    step.arrive_and_wait();
+    for (auto& t : pool) t.join();
 }
