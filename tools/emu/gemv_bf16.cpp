@@ -5,8 +5,7 @@
 // double-precision y = x'·Wᵀ, and accumulate adds onto y exactly. The same for the tensor-core
 // GEMV (gemv_mma_R, its input in slices summed by the last warp of a tile to arrive) against its
 // own one-row launch. Exit status 0 when all hold.
-#include <random>
-#include <string>
+#include "driver.h"
 
 namespace emu_driver {
 
@@ -83,29 +82,11 @@ int check() {
                 // The one-row kernel's bits, row by row.
                 std::vector<float> alone((size_t)rows * out);
                 for (int r = 0; r < rows; r++) {
-                    const std::vector<float> xr(x.begin() + (size_t)r * in, x.begin() + (size_t)(r + 1) * in);
-                    const auto y1 = run(gemv_bf16_1s, w, xr, norm, out, in, 1, grid);
+                    const auto y1 = run(gemv_bf16_1s, w, row_of(x, r, in), norm, out, in, 1, grid);
                     std::copy(y1.begin(), y1.end(), alone.begin() + (size_t)r * out);
                 }
                 // Against double precision.
-                double worst = 0, scale = 0;
-                for (int r = 0; r < rows; r++) {
-                    double inv = 1;
-                    if (normed) {
-                        double ss = 0;
-                        for (int i = 0; i < in; i++) ss += (double)x[(size_t)r * in + i] * x[(size_t)r * in + i];
-                        inv = 1 / std::sqrt(ss / in + 1e-6);
-                    }
-                    for (int o = 0; o < out; o++) {
-                        double want = 0;
-                        for (int i = 0; i < in; i++) {
-                            const double xi = x[(size_t)r * in + i] * (normed ? inv * __bfloat162float(nw[i]) : 1.0);
-                            want += (double)__bfloat162float(w[(size_t)o * in + i]) * xi;
-                        }
-                        worst = std::max(worst, std::abs(want - alone[(size_t)r * out + o]));
-                        scale = std::max(scale, std::abs(want));
-                    }
-                }
+                const auto [worst, scale] = worst_error(alone, reference_gemv(w, x, norm, out, in, rows));
                 if (worst > 1e-5 * std::max(scale, 1e-3)) {
                     std::printf("FAIL %dx%d norm %d: one-row kernel off by %g (largest %g)\n", out, in, normed, worst, scale);
                     failures++;
@@ -121,8 +102,7 @@ int check() {
                         failures++;
                     }
                     for (int r = 0; r < rows && rows > 1; r++) {
-                        const std::vector<float> xr(x.begin() + (size_t)r * in, x.begin() + (size_t)(r + 1) * in);
-                        const auto y1 = run_mma(1, w, xr, norm, out, in, ks);
+                        const auto y1 = run_mma(1, w, row_of(x, r, in), norm, out, in, ks);
                         if (std::memcmp(y1.data(), y.data() + (size_t)r * out, sizeof(float) * out) != 0) {
                             std::printf("FAIL %dx%d rows %d norm %d mma: row %d differs from its one-row launch\n", out, in,
                                         rows, normed, r);
@@ -134,8 +114,8 @@ int check() {
                 const int ri = rows <= 2 ? 0 : rows <= 4 ? 1 : 2;
                 for (const auto& v : VARIANTS) {
                     if (!v.k[ri] || (v.staged && !normed)) continue;
-                    const bool grouped_stage = v.staged && v.group > 1;
-                    if (v.staged && !grouped_stage && (size_t)rows * in * 4 > emu_block_dyn_bytes) continue;
+                    // The ungrouped staging holds every row's x' in the block's shared memory.
+                    if (v.staged && v.group == 1 && (size_t)rows * in * 4 > emu_block_dyn_bytes) continue;
                     const auto y = run(v.k[ri], w, x, norm, out, in, rows, grid);
                     if (std::memcmp(y.data(), alone.data(), sizeof(float) * y.size()) != 0) {
                         std::printf("FAIL %dx%d rows %d norm %d %s: a row differs from its one-row launch\n", out, in,
@@ -154,10 +134,7 @@ int check() {
         }
         std::printf("%dx%d: checked rows 1, 3, 8, plain and normed, every multi-row entry and the tensor-core GEMV\n", out, in);
     }
-    std::printf(failures ? "%d failures\n" : "all passed\n", failures);
-    return failures != 0;
+    return report(failures);
 }
 
 }  // namespace emu_driver
-
-int main() { return emu_driver::check(); }

@@ -3,7 +3,7 @@
 // router outputs (xn, logits, experts, weights), gate/up h and down x are the bits of its one-row
 // launch, every router counter is reset, and the tensor-core kernels agree with the f32 ones to
 // within 1e-4 of the largest value. Exit status 0 when all hold.
-#include <random>
+#include "driver.h"
 
 namespace emu_driver {
 
@@ -122,8 +122,7 @@ int check() {
             failures++;
         }
         for (int r = 0; r < rows && rows > 1; r++) {
-            const std::vector<float> xr(x.begin() + (size_t)r * H, x.begin() + (size_t)(r + 1) * H);
-            const Out one = run(w, xr, 1);
+            const Out one = run(w, row_of(x, r, H), 1);
             const bool ok = same_row(all.xn, one.xn, r) && same_row(all.logits, one.logits, r) &&
                             same_row(all.ids, one.ids, r) && same_row(all.wts, one.wts, r) &&
                             same_row(all.h_f32, one.h_f32, r) && same_row(all.h_mma, one.h_mma, r) &&
@@ -135,10 +134,7 @@ int check() {
         }
         std::printf("rows %d: router, gate/up and down (f32 and tensor-core) checked\n", rows);
     }
-    std::printf(failures ? "%d failures\n" : "all passed\n", failures);
-    return failures != 0;
+    return report(failures);
 }
 
 }  // namespace emu_driver
-
-int main() { return emu_driver::check(); }

@@ -19,8 +19,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -32,9 +33,6 @@
 #define __launch_bounds__(...)
 #define __cluster_dims__(...)
 #define __align__(n) __attribute__((aligned(n)))
-
-#include <map>
-#include <mutex>
 
 struct emu_dim3 {
     unsigned int x = 0, y = 0, z = 0;
@@ -147,31 +145,36 @@ inline unsigned int atomicAdd(unsigned int*, unsigned int) { emu_unsupported("at
 
 inline void __syncthreads() { emu_block->bar->arrive_and_wait(); }
 inline void __syncwarp(unsigned int = 0xffffffffu) { emu_block->warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
-// Every lane of the warp calls it (the kernels shuffle with full masks only): lane l gets lane
-// src(l)'s v.
+// Every lane of the warp calls it (the kernels shuffle and vote with full masks only): publishes
+// this lane's word in the warp's slots, returns read(the warp's slots, how many lanes) once every
+// lane has published, and leaves when every lane has read, so no slot is written again before.
+template <typename Read>
+inline auto emu_warp_exchange(uint64_t mine, Read read) {
+    const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    const uint64_t* warp = &emu_block->slots[w * 32];
+    emu_block->slots[w * 32 + l] = mine;
+    emu_block->warp_bar[w]->arrive_and_wait();
+    const auto r = read(warp, std::min<size_t>(32, emu_block->slots.size() - w * 32));
+    emu_block->warp_bar[w]->arrive_and_wait();
+    return r;
+}
+// Lane l gets lane src(l)'s v.
 template <typename T>
 inline T emu_shfl(T v, int src) {
-    const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32;
     uint64_t b = 0;
     std::memcpy(&b, &v, sizeof v);
-    emu_block->slots[w * 32 + l] = b;
-    emu_block->warp_bar[w]->arrive_and_wait();
-    const uint64_t got = emu_block->slots[w * 32 + src];
-    emu_block->warp_bar[w]->arrive_and_wait();
+    const uint64_t got = emu_warp_exchange(b, [&](const uint64_t* warp, size_t) { return warp[src]; });
     T r;
     std::memcpy(&r, &got, sizeof r);
     return r;
 }
-// The warp's predicates as a mask (every lane calls it).
+// The warp's predicates as a mask.
 inline unsigned int __ballot_sync(unsigned int, int p) {
-    const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu_block->slots[w * 32 + l] = p != 0;
-    emu_block->warp_bar[w]->arrive_and_wait();
-    unsigned int m = 0;
-    for (unsigned int i = 0; i < 32 && w * 32 + i < emu_block->slots.size(); i++)
-        m |= (unsigned int)(emu_block->slots[w * 32 + i] != 0) << i;
-    emu_block->warp_bar[w]->arrive_and_wait();
-    return m;
+    return emu_warp_exchange(p != 0, [](const uint64_t* warp, size_t lanes) {
+        unsigned int m = 0;
+        for (size_t i = 0; i < lanes; i++) m |= (unsigned int)(warp[i] != 0) << i;
+        return m;
+    });
 }
 inline int __any_sync(unsigned int mask, int p) { return __ballot_sync(mask, p) != 0; }
 inline int __popc(unsigned int v) { return __builtin_popcount(v); }
