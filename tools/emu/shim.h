@@ -1,28 +1,30 @@
 // A CPU stand-in for the CUDA device environment our kernels use, so that a kernel's indexing,
 // barriers and reduction order can be checked on a machine without a GPU (tools/emu/run.py).
-// Each CUDA thread is a host thread; the blocks of a cluster run at once, clusters one after
-// another; a block's __shared__ data lives in its own arena (run.py rewrites each declaration to
+// Each CUDA thread is a fiber (its own stack) on the launching host thread, switched at barriers,
+// shuffles and votes; the blocks of a cluster run at once, clusters one after another; a block's __shared__ data lives in its own arena (run.py rewrites each declaration to
 // look it up there), so a cluster's blocks can read each other's (distributed shared memory);
-// warp shuffles trade values through a per-warp slot array between two warp barriers.
+// warp shuffles trade values through a per-warp slot array between two warp barriers. A barrier
+// that some thread never reaches is reported at once (no fiber can go on), not hung on.
 // Tensor-core m16n8k16 MMAs are emulated per lane from the warp's gathered fragments (products
 // exact, summed in k order onto the accumulator: not the tensor cores' own rounding), the
-// last-block and last-warp arrivals with host atomics.
+// last-block and last-warp arrivals with plain counters (one host thread runs every fiber).
 // Floating point: products and sums in f32 with contraction to fma (the caller compiles with
 // -ffp-contract=fast -mfma), so a kernel's bits match across its own row counts here, not
 // necessarily the GPU's bits.
 #pragma once
+#include <ucontext.h>
+
 #include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <cmath>
+#include <csetjmp>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <thread>
+#include <random>
 #include <vector>
 
 #define __global__
@@ -37,43 +39,97 @@
 struct emu_dim3 {
     unsigned int x = 0, y = 0, z = 0;
 };
-inline thread_local emu_dim3 threadIdx, blockIdx;
-inline emu_dim3 blockDim, gridDim;
+// The running fiber's thread and block index (set by the scheduler before it resumes a fiber).
+inline emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 // The dynamic shared memory a block may have (the H200's 227 KiB and the static arrays).
 inline constexpr size_t emu_block_dyn_bytes = 228 * 1024;
 
+// A barrier of fibers: the arrival that completes a phase starts the next; the others yield until
+// it has. A fiber that exits stops being expected (as an exited GPU thread stops counting).
+struct EmuBarrier {
+    unsigned int expected, arrived = 0;
+    uint64_t phase = 0;
+    explicit EmuBarrier(unsigned int n) : expected(n) {}
+};
+
 // One running block: its barrier, warp barriers and shuffle slots, shared-memory arena (a buffer
-// per __shared__ declaration, by run.py's id, and the dynamic buffer) and rank in its cluster.
+// per __shared__ declaration, by run.py's id, and the dynamic buffer, made when first used) and
+// rank in its cluster.
 struct EmuBlock {
-    std::unique_ptr<std::barrier<>> bar;
-    std::vector<std::unique_ptr<std::barrier<>>> warp_bar;
+    EmuBarrier bar;
+    std::vector<EmuBarrier> warp_bar;
     std::vector<uint64_t> slots;        // [warp][lane]
     std::vector<uint32_t> mma_slots;    // [warp][lane][6]: a0..a3, b0, b1
-    std::mutex m;
     std::map<int, std::vector<unsigned char>> shared;
-    std::vector<unsigned char> dyn = std::vector<unsigned char>(emu_block_dyn_bytes);
+    std::vector<unsigned char> dyn;
     unsigned int rank = 0;
-    EmuBlock(unsigned int threads) : slots(threads), mma_slots(6 * threads) {
-        bar = std::make_unique<std::barrier<>>(threads);
-        for (unsigned int w = 0; w < (threads + 31) / 32; w++)
-            warp_bar.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
+    EmuBlock(unsigned int threads) : bar(threads), slots(threads), mma_slots(6 * threads) {
+        for (unsigned int w = 0; w < (threads + 31) / 32; w++) warp_bar.emplace_back(std::min(32u, threads - 32 * w));
     }
 };
-inline thread_local EmuBlock* emu_block;
-inline thread_local std::vector<std::unique_ptr<EmuBlock>>* emu_cluster;
-inline thread_local std::barrier<>* emu_cluster_bar;
+
+// One CUDA thread of the running cluster.
+struct EmuFiber {
+    jmp_buf ctx;  // where it yielded
+    ucontext_t start;
+    std::unique_ptr<char[]> stack;
+    emu_dim3 thread, block;
+    EmuBlock* home = nullptr;
+    bool started = false, done = false;
+};
+
+// The running cluster: its blocks, barrier and fibers, the fiber running and the scheduler's
+// context, and whether any fiber arrived somewhere or ended in the current pass.
+struct EmuCluster {
+    std::vector<std::unique_ptr<EmuBlock>> blocks;
+    std::unique_ptr<EmuBarrier> bar;
+    std::vector<EmuFiber> fibers;
+    EmuFiber* running = nullptr;
+    jmp_buf scheduler;
+    bool progress = false;
+    const std::function<void()>* kernel = nullptr;
+};
+inline EmuCluster* emu_cluster;
+inline EmuBlock* emu_block;
+
+// Back to the scheduler; returns when the scheduler resumes this fiber.
+inline void emu_yield() {
+    if (!_setjmp(emu_cluster->running->ctx)) _longjmp(emu_cluster->scheduler, 1);
+}
+inline void emu_arrive_and_wait(EmuBarrier& b) {
+    const uint64_t phase = b.phase;
+    emu_cluster->progress = true;
+    if (++b.arrived == b.expected) {
+        b.arrived = 0;
+        b.phase++;
+        return;
+    }
+    while (b.phase == phase) emu_yield();
+}
+inline void emu_drop(EmuBarrier& b) {
+    b.expected--;
+    if (b.arrived > 0 && b.arrived == b.expected) {
+        b.arrived = 0;
+        b.phase++;
+    }
+}
 
 // The block's buffer for __shared__ declaration `id` (zeroed when first asked for).
 template <typename T>
 inline T& emu_shared(int id) {
-    std::lock_guard<std::mutex> g(emu_block->m);
     auto& b = emu_block->shared[id];
     if (b.empty()) b.assign(sizeof(T) + 16, 0);
     return *reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(b.data()) + 15) & ~uintptr_t(15));
 }
+// The block's dynamic shared memory (extern __shared__).
+inline unsigned char* emu_dyn_shared() {
+    if (emu_block->dyn.empty()) emu_block->dyn.assign(emu_block_dyn_bytes, 0);
+    return emu_block->dyn.data();
+}
 
 [[noreturn]] inline void emu_unsupported(const char* what) {
+    std::fflush(stdout);
     std::fprintf(stderr, "emu: %s is not emulated\n", what);
     std::abort();
 }
@@ -143,8 +199,8 @@ inline T __ldcg(const T* p) {
 inline long long clock64() { return 0; }
 inline unsigned int atomicAdd(unsigned int*, unsigned int) { emu_unsupported("atomicAdd"); }
 
-inline void __syncthreads() { emu_block->bar->arrive_and_wait(); }
-inline void __syncwarp(unsigned int = 0xffffffffu) { emu_block->warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+inline void __syncthreads() { emu_arrive_and_wait(emu_block->bar); }
+inline void __syncwarp(unsigned int = 0xffffffffu) { emu_arrive_and_wait(emu_block->warp_bar[threadIdx.x / 32]); }
 // Every lane of the warp calls it (the kernels shuffle and vote with full masks only): publishes
 // this lane's word in the warp's slots, returns read(the warp's slots, how many lanes) once every
 // lane has published, and leaves when every lane has read, so no slot is written again before.
@@ -153,9 +209,9 @@ inline auto emu_warp_exchange(uint64_t mine, Read read) {
     const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32;
     const uint64_t* warp = &emu_block->slots[w * 32];
     emu_block->slots[w * 32 + l] = mine;
-    emu_block->warp_bar[w]->arrive_and_wait();
+    emu_arrive_and_wait(emu_block->warp_bar[w]);
     const auto r = read(warp, std::min<size_t>(32, emu_block->slots.size() - w * 32));
-    emu_block->warp_bar[w]->arrive_and_wait();
+    emu_arrive_and_wait(emu_block->warp_bar[w]);
     return r;
 }
 // Lane l gets lane src(l)'s v.
@@ -163,7 +219,10 @@ template <typename T>
 inline T emu_shfl(T v, int src) {
     uint64_t b = 0;
     std::memcpy(&b, &v, sizeof v);
-    const uint64_t got = emu_warp_exchange(b, [&](const uint64_t* warp, size_t) { return warp[src]; });
+    const uint64_t got = emu_warp_exchange(b, [&](const uint64_t* warp, size_t lanes) {
+        if ((size_t)src >= lanes) emu_unsupported("a shuffle from a lane past the block's last thread");
+        return warp[src];
+    });
     T r;
     std::memcpy(&r, &got, sizeof r);
     return r;
@@ -200,7 +259,7 @@ inline void emu_mma(float d[4], const uint32_t frag[6], float (*elem)(uint16_t))
     const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
     uint32_t* mine = &emu_block->mma_slots[(w * 32 + l) * 6];
     std::memcpy(mine, frag, 6 * sizeof(uint32_t));
-    emu_block->warp_bar[w]->arrive_and_wait();
+    emu_arrive_and_wait(emu_block->warp_bar[w]);
     float A[16][16], B[16][8];
     for (unsigned int ln = 0; ln < 32; ln++) {
         const uint32_t* f = &emu_block->mma_slots[(w * 32 + ln) * 6];
@@ -214,7 +273,7 @@ inline void emu_mma(float d[4], const uint32_t frag[6], float (*elem)(uint16_t))
             B[2 * tt + 8 + h][gg] = elem(f[5] >> (16 * h));
         }
     }
-    emu_block->warp_bar[w]->arrive_and_wait();
+    emu_arrive_and_wait(emu_block->warp_bar[w]);
     const unsigned int row[4] = {g, g, g + 8, g + 8}, col[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
     for (int i = 0; i < 4; i++)
         for (int k = 0; k < 16; k++) d[i] += A[row[i]][k] * B[k][col[i]];
@@ -236,18 +295,19 @@ inline const T* after_wait(const T* p) {
     return p;
 }
 
-// The arrivals at a counter (common.cuh): true in the block (warp) that arrives total-th.
+// The arrivals at a counter (common.cuh): true in the block (warp) that arrives total-th (one host
+// thread runs every fiber, so a plain increment is atomic here).
 inline bool block_arrives_last(unsigned int* counter, unsigned int total) {
     int& last = emu_shared<int>(-1);
     __syncthreads();
-    if (threadIdx.x == 0) last = std::atomic_ref<unsigned int>(*counter).fetch_add(1) == total - 1;
+    if (threadIdx.x == 0) last = (*counter)++ == total - 1;
     __syncthreads();
     return last;
 }
 inline bool warp_arrives_last(unsigned int* counter, unsigned int total) {
     __syncwarp();
     unsigned int last = 0;
-    if (threadIdx.x % 32 == 0) last = std::atomic_ref<unsigned int>(*counter).fetch_add(1) == total - 1;
+    if (threadIdx.x % 32 == 0) last = (*counter)++ == total - 1;
     return __shfl_sync(0xffffffffu, last, 0);
 }
 
@@ -268,14 +328,12 @@ inline void e4m3_pair_x128(unsigned int s01, unsigned int& s00, unsigned int& s1
 // Clusters (__cluster_dims__): the block's rank, a barrier of all the cluster's threads, and a
 // float at p's place in block `rank`'s copy of the same shared buffer.
 inline unsigned int cluster_rank() { return emu_block->rank; }
-inline void cluster_barrier() { emu_cluster_bar->arrive_and_wait(); }
+inline void cluster_barrier() { emu_arrive_and_wait(*emu_cluster->bar); }
 inline float cluster_load(const float* p, unsigned int rank) {
     const auto* c = reinterpret_cast<const unsigned char*>(p);
     for (auto& [id, b] : emu_block->shared) {
         if (c >= b.data() && c < b.data() + b.size()) {
-            EmuBlock& other = *(*emu_cluster)[rank];
-            std::lock_guard<std::mutex> g(other.m);
-            const auto& ob = other.shared.at(id);
+            const auto& ob = emu_cluster->blocks[rank]->shared.at(id);
             float v;
             std::memcpy(&v, ob.data() + (c - b.data()), sizeof v);
             return v;
@@ -284,54 +342,84 @@ inline float cluster_load(const float* p, unsigned int rank) {
     emu_unsupported("cluster_load of an address outside shared memory");
 }
 
+// A fiber's life: the kernel, then out of its barriers, then back to the scheduler for good.
+inline void emu_fiber_main() {
+    EmuFiber& f = *emu_cluster->running;
+    (*emu_cluster->kernel)();
+    emu_drop(f.home->bar);
+    emu_drop(f.home->warp_bar[f.thread.x / 32]);
+    emu_drop(*emu_cluster->bar);
+    f.done = true;
+    emu_cluster->progress = true;
+    _longjmp(emu_cluster->scheduler, 1);
+}
+
 // Runs kernel() over a grid of gx × gy × gz blocks of `threads` threads in clusters of `cluster`
-// blocks along x: a cluster's blocks at once, clusters in turn, on one pool of host threads made
-// per launch (a thread per CUDA thread of a cluster). A thread that returns leaves its block's,
-// warp's and cluster's barriers, as an exited GPU thread stops counting at them.
+// blocks along x: a cluster's threads at once as fibers, each resumed once a pass until every one
+// has returned; clusters one after another. Each pass resumes them in a new random order (seeded:
+// EMU_SEED, default 1), so a read of another thread's write with no barrier between them gets
+// the old value in some pass, whichever thread comes first. A pass in which no fiber arrives
+// anywhere or returns means a barrier some thread never reaches: reported, and the run aborted.
 template <typename F>
 inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned int cluster = 1, unsigned int gy = 1,
                        unsigned int gz = 1) {
+    constexpr size_t stack_bytes = 256 * 1024;  // the kernels' arrays of registers live here at -O1
     gridDim = {gx, gy, gz};
     blockDim = {threads, 1, 1};
-    const unsigned int workers = cluster * threads;
-    std::vector<std::unique_ptr<EmuBlock>> blocks;
-    std::unique_ptr<std::barrier<>> cbar;
-    emu_dim3 first;  // the cluster's first block
-    bool done = false;
-    std::barrier<> step(workers + 1);  // the pool and this thread: a cluster starts, and ends
-    std::vector<std::thread> pool;
-    for (unsigned int i = 0; i < workers; i++)
-        pool.emplace_back([&, i] {
-            const unsigned int q = i / threads, t = i % threads;
-            for (;;) {
-                step.arrive_and_wait();
-                if (done) return;
-                threadIdx = {t, 0, 0};
-                blockIdx = {first.x + q, first.y, first.z};
-                emu_block = blocks[q].get();
-                emu_cluster = &blocks;
-                emu_cluster_bar = cbar.get();
-                kernel();
-                emu_block->bar->arrive_and_drop();
-                emu_block->warp_bar[t / 32]->arrive_and_drop();
-                cbar->arrive_and_drop();
-                step.arrive_and_wait();
-            }
-        });
+    const std::function<void()> body = kernel;
+    EmuCluster c;
+    c.kernel = &body;
+    c.fibers.resize(cluster * threads);
+    for (auto& f : c.fibers) f.stack.reset(new char[stack_bytes]);  // untouched pages cost nothing
+    emu_cluster = &c;
+    static std::minstd_rand order_rng(std::getenv("EMU_SEED") ? std::atoi(std::getenv("EMU_SEED")) : 1);
+    std::vector<unsigned int> order(cluster * threads);
     for (unsigned int z = 0; z < gz; z++)
         for (unsigned int y = 0; y < gy; y++)
             for (unsigned int c0 = 0; c0 < gx; c0 += cluster) {
-                blocks.clear();
+                c.blocks.clear();
                 for (unsigned int q = 0; q < cluster; q++) {
-                    blocks.push_back(std::make_unique<EmuBlock>(threads));
-                    blocks.back()->rank = q;
+                    c.blocks.push_back(std::make_unique<EmuBlock>(threads));
+                    c.blocks.back()->rank = q;
                 }
-                cbar = std::make_unique<std::barrier<>>(workers);
-                first = {c0, y, z};
-                step.arrive_and_wait();  // start
-                step.arrive_and_wait();  // every thread has returned
+                c.bar = std::make_unique<EmuBarrier>(cluster * threads);
+                for (unsigned int i = 0; i < cluster * threads; i++) {
+                    EmuFiber& f = c.fibers[i];
+                    f.thread = {i % threads, 0, 0};
+                    f.block = {c0 + i / threads, y, z};
+                    f.home = c.blocks[i / threads].get();
+                    f.started = f.done = false;
+                    getcontext(&f.start);
+                    f.start.uc_stack = {f.stack.get(), 0, stack_bytes};
+                    f.start.uc_link = nullptr;
+                    makecontext(&f.start, emu_fiber_main, 0);
+                }
+                for (unsigned int live = 1; live;) {
+                    live = 0;
+                    c.progress = false;
+                    for (unsigned int i = 0; i < order.size(); i++) order[i] = i;
+                    std::shuffle(order.begin(), order.end(), order_rng);
+                    for (unsigned int i : order) {
+                        EmuFiber& f = c.fibers[i];
+                        if (f.done) continue;
+                        live++;
+                        threadIdx = f.thread;
+                        blockIdx = f.block;
+                        emu_block = f.home;
+                        c.running = &f;
+                        if (!_setjmp(c.scheduler)) {
+                            if (f.started) _longjmp(f.ctx, 1);
+                            f.started = true;
+                            setcontext(&f.start);
+                        }
+                    }
+                    if (live && !c.progress) {
+                        std::fflush(stdout);  // what the driver printed so far, before the reason
+                        std::fprintf(stderr, "emu: block (%u, %u, %u)'s threads all wait at a barrier that some thread "
+                                             "never reaches\n", c0, y, z);
+                        std::abort();
+                    }
+                }
             }
-    done = true;
-    step.arrive_and_wait();
-    for (auto& t : pool) t.join();
+    emu_cluster = nullptr;
 }

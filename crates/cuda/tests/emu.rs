@@ -1,4 +1,4 @@
-//! The GPU kernels' own code run on the CPU (tools/emu: a host thread per CUDA thread, the
+//! The GPU kernels' own code run on the CPU (tools/emu: a fiber per CUDA thread, the
 //! kernel module compiled by g++ with the PTX-only helpers replaced by host versions), so that a
 //! change to a kernel's indexing, barriers or reduction order fails here, on any machine, before
 //! a GPU call. Not the GPU's bits or speed: `kernels.rs` checks those on the GPU.
@@ -23,6 +23,18 @@ fn emulate(module: &str, driver: &str) -> String {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("all passed"), "{text}");
     text
+}
+
+#[test]
+fn the_emulator_catches_a_missing_barrier_and_one_never_reached() {
+    let text = emulate("none", "tools/emu/selftest.cpp");
+    for line in [
+        "shuffles and ballots checked",
+        "with a barrier: 0 stale reads",
+        "a barrier never reached: the run aborted",
+    ] {
+        assert!(text.contains(line), "{text}");
+    }
 }
 
 #[test]
