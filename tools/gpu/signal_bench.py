@@ -11,16 +11,16 @@ monotonic counter between blocks uses), relaxed volatile stores with a `__thread
 counter bumped by `atomicAdd` (the "n producers done" form) polled by the consumer. A third block
 on an idle SM does not matter; the SMs of the two blocks are reported (%smid).
 
-Runs on the GPU machine with the driver and NVRTC of the CUDA toolkit, no build:
+Runs on the GPU machine with the driver and NVRTC of the CUDA toolkit, no build (cuprobe.py):
     python3 tools/gpu/signal_bench.py [--rounds N] [--json FILE]
+and `--compile-only` checks the kernels' source here, without a GPU.
 """
 import argparse
 import ctypes
-import glob
 import json
-import os
 import statistics
-import sys
+
+import cuprobe
 
 SRC = r"""
 __device__ unsigned long long now() {
@@ -102,80 +102,31 @@ extern "C" __global__ void pingpong_atomic(unsigned* flags, int rounds, unsigned
 KERNELS = ["pingpong_acquire", "pingpong_fence", "pingpong_atomic"]
 
 
-def lib(names):
-    """The first of `names` (globs, or bare names the dynamic loader searches for) that loads."""
-    for n in names:
-        for path in glob.glob(n) or [n]:
-            try:
-                return ctypes.CDLL(path)
-            except OSError:
-                continue
-    sys.exit(f"none of {names} could be loaded")
-
-
-def check(rc, what):
-    if rc != 0:
-        sys.exit(f"{what} failed with CUDA error {rc}")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=20000, help="round trips per launch")
     ap.add_argument("--launches", type=int, default=5, help="timed launches per variant")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--compile-only", action="store_true", help="compile the kernels (no GPU needed) and stop")
     a = ap.parse_args()
-    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    cu = lib(["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1", "libcuda.so.1"])
-    nvrtc = lib([os.path.join(cuda_home, "lib64", "libnvrtc.so*")])
-
-    check(cu.cuInit(0), "cuInit")
-    dev = ctypes.c_int()
-    check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    check(cu.cuDeviceGetAttribute(ctypes.byref(major), 75, dev), "compute capability")
-    check(cu.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev), "compute capability")
-    ctx = ctypes.c_void_p()
-    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-
-    prog = ctypes.c_void_p()
-    check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), SRC.encode(), b"signal.cu", 0, None, None), "nvrtcCreateProgram")
-    opts = [f"-arch=compute_{major.value}{minor.value}".encode(), b"--std=c++17"]
-    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-    n = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-    log = ctypes.create_string_buffer(n.value)
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    check(rc, "NVRTC compile:\n" + log.value.decode())
-    nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(n))
-    ptx = ctypes.create_string_buffer(n.value)
-    nvrtc.nvrtcGetPTX(prog, ptx)
-    mod = ctypes.c_void_p()
-    check(cu.cuModuleLoadData(ctypes.byref(mod), ptx), "cuModuleLoadData")
-
-    flags, out = ctypes.c_uint64(), ctypes.c_uint64()
-    check(cu.cuMemAlloc_v2(ctypes.byref(flags), 256), "cuMemAlloc")
-    check(cu.cuMemAlloc_v2(ctypes.byref(out), 24), "cuMemAlloc")
+    if a.compile_only:
+        cuprobe.ptx_only(SRC, "signal.cu")
+        print("signal.cu compiles")
+        return
+    gpu = cuprobe.Gpu()
+    mod = gpu.module(SRC, "signal.cu")
+    flags, out = gpu.alloc(256), gpu.alloc(24)
     results = {}
     for k in KERNELS:
-        f = ctypes.c_void_p()
-        check(cu.cuModuleGetFunction(ctypes.byref(f), mod, k.encode()), f"cuModuleGetFunction {k}")
+        f = gpu.function(mod, k)
         one_way = []
         sms = None
         for launch in range(a.launches + 1):  # the first launch warms up
-            check(cu.cuMemsetD32_v2(flags, 0, 64), "cuMemsetD32")
-            rounds = ctypes.c_int(a.rounds)
-            args = (ctypes.c_void_p * 3)(
-                ctypes.cast(ctypes.byref(flags), ctypes.c_void_p),
-                ctypes.cast(ctypes.byref(rounds), ctypes.c_void_p),
-                ctypes.cast(ctypes.byref(out), ctypes.c_void_p),
-            )
+            gpu.memset32(flags, 0, 64)
             # Two blocks of one warp: they cannot share an SM's scheduler slot with each other's
             # spin loop unnoticed, and %smid says where they ran.
-            check(cu.cuLaunchKernel(f, 2, 1, 1, 32, 1, 1, 0, None, args, None), f"launch {k}")
-            check(cu.cuCtxSynchronize(), f"run {k}")
-            host = (ctypes.c_uint64 * 3)()
-            check(cu.cuMemcpyDtoH_v2(host, out, 24), "cuMemcpyDtoH")
+            gpu.launch(f, 2, 32, [flags, ctypes.c_int(a.rounds), out])
+            host = gpu.read(out, ctypes.c_uint64, 3)
             if launch:
                 one_way.append(host[0] / (2 * a.rounds))
             sms = (host[1], host[2])
