@@ -87,8 +87,11 @@ def main():
         f.write('\n#include "' + os.path.abspath(driver) + '"\n')
     exe = os.path.join(OUT, stem)
     # FD_WEIGHT_LOAD=2: the weights' plain __ldg flavour (the default is a PTX load). No
-    # _FORTIFY_SOURCE: its longjmp check refuses the jumps between fiber stacks (shim.h).
-    cmd = ["g++", "-std=c++20", "-O1", "-mfma", "-ffp-contract=fast", "-w", "-U_FORTIFY_SOURCE", "-DFD_WEIGHT_LOAD=2",
+    # _FORTIFY_SOURCE: its longjmp check refuses the jumps between fiber stacks (shim.h). Stack
+    # clash protection touches every page of a large frame, so a fiber's overflow reaches its
+    # stack's guard page and faults there rather than writing past it.
+    cmd = ["g++", "-std=c++20", "-O1", "-mfma", "-ffp-contract=fast", "-w", "-U_FORTIFY_SOURCE",
+           "-fstack-clash-protection", "-DFD_WEIGHT_LOAD=2",
            *defines, "-o", exe, tu]
     subprocess.run(cmd, check=True)
     # A barrier that some thread never reaches is reported by shim.h; a loop that never ends is not.

@@ -1,8 +1,8 @@
 // Driver for tools/emu/run.py none: the emulator itself (shim.h), on small kernels of its own.
 // Shuffles, ballots and barriers give what the GPU's give; a read of another thread's write with
 // no barrier between them gets the old value in some launch (the random resume order), and never
-// with the barrier; a barrier that some thread never reaches ends the run with its report (in a
-// child process). Exit status 0 when all hold.
+// with the barrier; a barrier that some thread never reaches ends the run with its report, and a
+// fiber that overflows its stack faults (each in a child process). Exit status 0 when all hold.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +10,24 @@
 #include "driver.h"
 
 namespace emu_driver {
+
+// The signal that ended a child process running f (0 if it exited), its stderr silenced and
+// no core file left behind.
+template <typename F>
+int child_signal(F f) {
+    std::fflush(stdout);
+    const pid_t child = fork();
+    if (child == 0) {
+        const rlimit no_core{0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        std::freopen("/dev/null", "w", stderr);
+        f();
+        std::_Exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+}
 
 int check() {
     int failures = 0;
@@ -50,23 +68,26 @@ int check() {
             fail(barrier ? "a barrier let a stale read through" : "no stale read without a barrier");
         std::printf("%s a barrier: %d stale reads in 20 launches\n", barrier ? "with" : "without", stale);
     }
-    // A barrier some thread never reaches: lane 0 waits for its warp, the rest for the block.
-    std::fflush(stdout);
-    const pid_t child = fork();
-    if (child == 0) {
-        const rlimit no_core{0, 0};  // the abort is expected: no core file left behind
-        setrlimit(RLIMIT_CORE, &no_core);
-        std::freopen("/dev/null", "w", stderr);
-        emu_launch(1, 64, [] {
-            if (threadIdx.x % 32 == 0) __syncwarp();
-            __syncthreads();
-        });
-        std::_Exit(0);
-    }
-    int status = 0;
-    waitpid(child, &status, 0);
-    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT) fail("a barrier never reached did not abort the run");
-    std::printf("a barrier never reached: the run aborted\n");
+    // A barrier some thread never reaches (lane 0 waits for its warp, the rest for the block)
+    // aborts the run; a thread that overflows its stack faults.
+    if (child_signal([] {
+            emu_launch(1, 64, [] {
+                if (threadIdx.x % 32 == 0) __syncwarp();
+                __syncthreads();
+            });
+        }) != SIGABRT)
+        fail("a barrier never reached did not abort the run");
+    else
+        std::printf("a barrier never reached: the run aborted\n");
+    if (child_signal([] {
+            emu_launch(1, 32, [] {
+                volatile char frame[256 * 1024];  // a fiber's whole stack: into its guard page
+                frame[0] = (char)threadIdx.x;
+            });
+        }) != SIGSEGV)
+        fail("a fiber's stack overflow did not fault");
+    else
+        std::printf("a stack overflow: the run faulted\n");
     return report(failures);
 }
 

@@ -12,6 +12,7 @@
 // -ffp-contract=fast -mfma), so a kernel's bits match across its own row counts here, not
 // necessarily the GPU's bits.
 #pragma once
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -73,7 +74,26 @@ struct EmuBlock {
 struct EmuFiber {
     jmp_buf ctx;  // where it yielded
     ucontext_t start;
-    std::unique_ptr<char[]> stack;
+    // Its stack: mapped with an inaccessible lowest page, so overflowing it faults at once
+    // instead of writing over another fiber's.
+    struct Stack {
+        static constexpr size_t bytes = 256 * 1024;  // the kernels' arrays of registers live here at -O1
+        static constexpr size_t guard = 4096;
+        char* base;
+        Stack() {
+            void* m = mmap(nullptr, guard + bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED || mprotect(m, guard, PROT_NONE) != 0) {
+                std::fprintf(stderr, "emu: no memory for a fiber's stack\n");
+                std::abort();
+            }
+            base = static_cast<char*>(m);
+        }
+        ~Stack() { munmap(base, guard + bytes); }
+        Stack(const Stack&) = delete;
+        Stack& operator=(const Stack&) = delete;
+        char* usable() const { return base + guard; }
+    };
+    std::unique_ptr<Stack> stack = std::make_unique<Stack>();
     emu_dim3 thread, block;
     EmuBlock* home = nullptr;
     bool started = false, done = false;
@@ -363,14 +383,12 @@ inline void emu_fiber_main() {
 template <typename F>
 inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned int cluster = 1, unsigned int gy = 1,
                        unsigned int gz = 1) {
-    constexpr size_t stack_bytes = 256 * 1024;  // the kernels' arrays of registers live here at -O1
     gridDim = {gx, gy, gz};
     blockDim = {threads, 1, 1};
     const std::function<void()> body = kernel;
     EmuCluster c;
     c.kernel = &body;
     c.fibers.resize(cluster * threads);
-    for (auto& f : c.fibers) f.stack.reset(new char[stack_bytes]);  // untouched pages cost nothing
     emu_cluster = &c;
     static std::minstd_rand order_rng(std::getenv("EMU_SEED") ? std::atoi(std::getenv("EMU_SEED")) : 1);
     std::vector<unsigned int> order(cluster * threads);
@@ -390,7 +408,7 @@ inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned
                     f.home = c.blocks[i / threads].get();
                     f.started = f.done = false;
                     getcontext(&f.start);
-                    f.start.uc_stack = {f.stack.get(), 0, stack_bytes};
+                    f.start.uc_stack = {f.stack->usable(), 0, EmuFiber::Stack::bytes};
                     f.start.uc_link = nullptr;
                     makecontext(&f.start, emu_fiber_main, 0);
                 }

@@ -26,12 +26,13 @@ fn emulate(module: &str, driver: &str) -> String {
 }
 
 #[test]
-fn the_emulator_catches_a_missing_barrier_and_one_never_reached() {
+fn the_emulator_catches_a_missing_barrier_one_never_reached_and_a_stack_overflow() {
     let text = emulate("none", "tools/emu/selftest.cpp");
     for line in [
         "shuffles and ballots checked",
         "with a barrier: 0 stale reads",
         "a barrier never reached: the run aborted",
+        "a stack overflow: the run faulted",
     ] {
         assert!(text.contains(line), "{text}");
     }
