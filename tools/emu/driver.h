@@ -49,6 +49,20 @@ inline std::pair<double, double> worst_error(const std::vector<float>& got, cons
     return {worst, scale};
 }
 
+// An NVFP4 matrix as the kernels take it: 32 codes a 16-byte word, an e4m3 scale a 16 columns.
+struct Nvfp4 {
+    std::vector<uint4> codes;
+    std::vector<unsigned char> scales;
+};
+
+// `rows` rows of `in` NVFP4 columns: random codes, scales of moderate e4m3 values.
+inline Nvfp4 random_nvfp4(std::mt19937& rng, int rows, int in) {
+    Nvfp4 m{std::vector<uint4>((size_t)rows * in / 32), std::vector<unsigned char>((size_t)rows * in / 16)};
+    for (auto& c : m.codes) c = {(unsigned)rng(), (unsigned)rng(), (unsigned)rng(), (unsigned)rng()};
+    for (auto& s : m.scales) s = (unsigned char)(0x28 + rng() % 24);  // 0.25 .. ~1.9
+    return m;
+}
+
 // The closing line and the exit status.
 inline int report(int failures) {
     std::printf(failures ? "%d failures\n" : "all passed\n", failures);

@@ -9,19 +9,6 @@ namespace emu_driver {
 
 constexpr int H = 512, E = 16, K = 4, I = 64, IS = 128, SW = I > IS ? I : IS;
 
-struct Nvfp4 {
-    std::vector<uint4> codes;
-    std::vector<unsigned char> scales;
-};
-
-// `rows` rows of `in` NVFP4 columns: random codes, scales of moderate e4m3 values.
-Nvfp4 random_nvfp4(std::mt19937& rng, int rows, int in) {
-    Nvfp4 m{std::vector<uint4>((size_t)rows * in / 32), std::vector<unsigned char>((size_t)rows * in / 16)};
-    for (auto& c : m.codes) c = {(unsigned)rng(), (unsigned)rng(), (unsigned)rng(), (unsigned)rng()};
-    for (auto& s : m.scales) s = (unsigned char)(0x28 + rng() % 24);  // 0.25 .. ~1.9
-    return m;
-}
-
 struct Weights {
     std::vector<__nv_bfloat16> norm, router;
     std::vector<float> bias;

@@ -7,7 +7,8 @@ double-precision reference) before a GPU call, not of its speed or of the GPU's 
 
     tools/emu/run.py MODULE DRIVER.cpp [-DNAME=VALUE ...]     e.g. tools/emu/run.py dense tools/emu/gemv_bf16.cpp
 
-MODULE `none` compiles the driver with shim.h alone (tools/emu/selftest.cpp checks the emulator).
+MODULE `none` compiles the driver with shim.h alone (tools/emu/selftest.cpp checks the emulator);
+A+B compiles modules A and B together (tools/emu/prefill.cpp takes prefill+moe).
 """
 import os
 import re
@@ -22,7 +23,8 @@ TIMEOUT_S = 1200
 # Device functions made of inline PTX: shim.h has a host version of each, and the kernel
 # source's definition is dropped.
 DROPPED = ["after_wait", "block_arrives_last", "warp_arrives_last", "mma_bf16", "mma_f16", "cluster_rank",
-           "cluster_barrier", "cluster_load", "e4m3_pair_x128"]
+           "cluster_barrier", "cluster_load", "e4m3_pair_x128", "pf_cp16", "pf_cp16w", "pf_cp8", "pf_cp16z",
+           "pf_cp_commit", "pf_cp_wait", "pf_ldsm4", "pf_ldsm4t"]
 
 
 def drop_functions(src):
@@ -64,7 +66,9 @@ def shared_decl(m):
 def source(module):
     if module == "none":
         return ""
-    text = open(os.path.join(KERNELS, "common.cuh")).read() + "\n" + open(os.path.join(KERNELS, module + ".cu")).read()
+    text = open(os.path.join(KERNELS, "common.cuh")).read()
+    for m in module.split("+"):  # several modules as A+B
+        text += "\n" + open(os.path.join(KERNELS, m + ".cu")).read()
     text = re.sub(r"^#include <cuda_(bf16|fp16)\.h>\n", "", text, flags=re.M)
     text = drop_functions(text)
     # Dynamic shared memory: a pointer into the block's buffer.
@@ -79,7 +83,7 @@ def main():
         sys.exit(__doc__)
     module, driver, defines = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(OUT, exist_ok=True)
-    stem = module + "_" + os.path.splitext(os.path.basename(driver))[0]
+    stem = module.replace("+", "_") + "_" + os.path.splitext(os.path.basename(driver))[0]
     tu = os.path.join(OUT, stem + ".cpp")
     with open(tu, "w") as f:
         f.write('#include "' + os.path.join(ROOT, "tools", "emu", "shim.h") + '"\n')

@@ -7,7 +7,9 @@
 // that some thread never reaches is reported at once (no fiber can go on), not hung on.
 // Tensor-core m16n8k16 MMAs are emulated per lane from the warp's gathered fragments (products
 // exact, summed in k order onto the accumulator: not the tensor cores' own rounding), the
-// last-block and last-warp arrivals with plain counters (one host thread runs every fiber).
+// last-block and last-warp arrivals with plain counters (one host thread runs every fiber);
+// cp.async copies land in shared memory only at the wait that covers their group, and ldmatrix
+// gathers its fragments from the warp's row addresses.
 // Floating point: products and sums in f32 with contraction to fma (the caller compiles with
 // -ffp-contract=fast -mfma), so a kernel's bits match across its own row counts here, not
 // necessarily the GPU's bits.
@@ -97,6 +99,14 @@ struct EmuFiber {
     emu_dim3 thread, block;
     EmuBlock* home = nullptr;
     bool started = false, done = false;
+    // Asynchronous copies to shared memory (cp.async): each lands at the wait that covers it.
+    struct Copy {
+        void* dst;
+        unsigned char bytes[16];
+        size_t n;
+    };
+    std::vector<Copy> open;                  // issued since the last commit
+    std::vector<std::vector<Copy>> groups;  // committed, oldest first
 };
 
 // The running cluster: its blocks, barrier and fibers, the fiber running and the scheduler's
@@ -157,6 +167,12 @@ inline unsigned char* emu_dyn_shared() {
 struct uint4 {
     unsigned int x, y, z, w;
 };
+struct uint2 {
+    unsigned int x, y;
+};
+struct int4 {
+    int x, y, z, w;
+};
 struct float4 {
     float x, y, z, w;
 };
@@ -164,6 +180,8 @@ struct float2 {
     float x, y;
 };
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned int x, unsigned int y) { return {x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return {x, y}; }
 
@@ -197,6 +215,15 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     if (std::isnan(f)) return {(uint16_t)((u >> 16) | 0x40)};
     return {(uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16)};
 }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
+struct __nv_bfloat162 {
+    __nv_bfloat16 x, y;
+};
+// Each product rounded to bf16 (the kernels multiply only where the products are exact).
+inline __nv_bfloat162 __hmul2(__nv_bfloat162 a, __nv_bfloat162 b) {
+    return {__float2bfloat16_rn(__bfloat162float(a.x) * __bfloat162float(b.x)),
+            __float2bfloat16_rn(__bfloat162float(a.y) * __bfloat162float(b.y))};
+}
 using __half = _Float16;
 struct __half2 {
     _Float16 x, y;
@@ -217,7 +244,26 @@ inline T __ldcg(const T* p) {
     return *p;
 }
 inline long long clock64() { return 0; }
-inline unsigned int atomicAdd(unsigned int*, unsigned int) { emu_unsupported("atomicAdd"); }
+// Atomics: one host thread runs every fiber, so a plain read-modify-write is atomic here.
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+    const T old = *p;
+    *p = old + v;
+    return old;
+}
+template <typename T>
+inline T atomicMin(T* p, T v) {
+    const T old = *p;
+    *p = std::min(old, v);
+    return old;
+}
+template <typename T>
+inline T atomicMax(T* p, T v) {
+    const T old = *p;
+    *p = std::max(old, v);
+    return old;
+}
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 
 inline void __syncthreads() { emu_arrive_and_wait(emu_block->bar); }
 inline void __syncwarp(unsigned int = 0xffffffffu) { emu_arrive_and_wait(emu_block->warp_bar[threadIdx.x / 32]); }
@@ -257,6 +303,15 @@ inline unsigned int __ballot_sync(unsigned int, int p) {
 }
 inline int __any_sync(unsigned int mask, int p) { return __ballot_sync(mask, p) != 0; }
 inline int __popc(unsigned int v) { return __builtin_popcount(v); }
+inline int __clz(unsigned int v) { return v ? __builtin_clz(v) : 32; }
+// The lanes of the warp whose v equals this lane's.
+inline unsigned int __match_any_sync(unsigned int, int v) {
+    return emu_warp_exchange((uint64_t)(uint32_t)v, [&](const uint64_t* warp, size_t lanes) {
+        unsigned int m = 0;
+        for (size_t i = 0; i < lanes; i++) m |= (unsigned int)(warp[i] == (uint32_t)v) << i;
+        return m;
+    });
+}
 
 template <typename T>
 inline T __shfl_xor_sync(unsigned int, T v, int o) {
@@ -270,6 +325,11 @@ inline T __shfl_down_sync(unsigned int, T v, int o) {
 template <typename T>
 inline T __shfl_sync(unsigned int, T v, int src) {
     return emu_shfl(v, src);
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned int, T v, int o) {
+    const int l = threadIdx.x % 32;
+    return emu_shfl(v, l >= o ? l - o : l);
 }
 
 // d += a·b for one m16n8k16 tile, called by every lane of the warp with its fragments (layout:
@@ -345,6 +405,71 @@ inline void e4m3_pair_x128(unsigned int s01, unsigned int& s00, unsigned int& s1
     s11 = (unsigned int)hi << 16 | hi;
 }
 
+// Shared memory addresses (what __cvta_generic_to_shared gives and ldmatrix and cp.async take):
+// offsets into the running block's dynamic shared memory (the kernels take them of nothing else).
+inline size_t __cvta_generic_to_shared(const void* p) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    unsigned char* dyn = emu_dyn_shared();
+    if (c < dyn || c >= dyn + emu_block_dyn_bytes) emu_unsupported("a shared address outside dynamic shared memory");
+    return (size_t)(c - dyn);
+}
+inline unsigned char* emu_shared_at(unsigned int s) { return emu_dyn_shared() + s; }
+
+// Asynchronous copies (cp.async): n bytes (zeros when !ok) read at once, landing in shared
+// memory only at the wait that covers their group, so a read before it sees the old bytes.
+inline void emu_cp(void* dst, const void* src, size_t n, bool ok = true) {
+    EmuFiber::Copy c{dst, {}, n};
+    if (ok) std::memcpy(c.bytes, src, n);
+    emu_cluster->running->open.push_back(c);
+}
+inline void pf_cp16(void* dst, const void* src) { emu_cp(dst, src, 16); }
+inline void pf_cp16w(void* dst, const void* src) { emu_cp(dst, src, 16); }
+inline void pf_cp8(void* dst, const void* src) { emu_cp(dst, src, 8); }
+inline void pf_cp16z(void* dst, const void* src, bool ok) { emu_cp(dst, src, 16, ok); }
+inline void pf_cp_commit() {
+    EmuFiber& f = *emu_cluster->running;
+    f.groups.push_back(std::move(f.open));
+    f.open.clear();
+}
+// cp.async.wait_group N: every committed group but the newest N has landed.
+template <int N>
+inline void pf_cp_wait() {
+    EmuFiber& f = *emu_cluster->running;
+    while (f.groups.size() > (size_t)N) {
+        for (const auto& c : f.groups.front()) std::memcpy(c.dst, c.bytes, c.n);
+        f.groups.erase(f.groups.begin());
+    }
+}
+
+// ldmatrix .x4 (.trans): lane i gives the shared address of row i % 8 of 8x8 matrix i / 8 (eight
+// 16-bit elements); lane l receives, of matrix m, elements (l / 4, 2(l % 4)) and (l / 4, 2(l % 4)
+// + 1), or with .trans (2(l % 4), l / 4) and (2(l % 4) + 1, l / 4), as r_m's low and high halves.
+inline void emu_ldmatrix(unsigned int s, unsigned int (&r)[4], bool trans) {
+    const unsigned int l = threadIdx.x % 32;
+    emu_warp_exchange(s, [&](const uint64_t* warp, size_t) {
+        auto elem = [&](int m, int row, int col) {
+            uint16_t v;
+            std::memcpy(&v, emu_shared_at((unsigned int)warp[8 * m + row]) + 2 * col, 2);
+            return (unsigned int)v;
+        };
+        for (int m = 0; m < 4; m++) {
+            const int a = l / 4, b = 2 * (l % 4);
+            r[m] = trans ? elem(m, b, a) | elem(m, b + 1, a) << 16 : elem(m, a, b) | elem(m, a, b + 1) << 16;
+        }
+        return 0;
+    });
+}
+inline void pf_ldsm4(unsigned s, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    unsigned int r[4];
+    emu_ldmatrix(s, r, false);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
+inline void pf_ldsm4t(unsigned s, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    unsigned int r[4];
+    emu_ldmatrix(s, r, true);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
+
 // Clusters (__cluster_dims__): the block's rank, a barrier of all the cluster's threads, and a
 // float at p's place in block `rank`'s copy of the same shared buffer.
 inline unsigned int cluster_rank() { return emu_block->rank; }
@@ -407,6 +532,8 @@ inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned
                     f.block = {c0 + i / threads, y, z};
                     f.home = c.blocks[i / threads].get();
                     f.started = f.done = false;
+                    f.open.clear();
+                    f.groups.clear();
                     getcontext(&f.start);
                     f.start.uc_stack = {f.stack->usable(), 0, EmuFiber::Stack::bytes};
                     f.start.uc_link = nullptr;

@@ -71,3 +71,15 @@ fn decode_attention_k_rows_equal_k_serial_launches_run_on_the_cpu() {
         "{text}"
     );
 }
+
+#[test]
+fn the_prefill_moe_and_attention_match_their_references_run_on_the_cpu() {
+    let text = emulate("prefill+moe", "tools/emu/prefill.cpp");
+    for line in [
+        "placement: pf_moe_place and pf_moe_tiles checked on 5 shapes",
+        "pipeline rows 37: prefill MoE against the decode kernels",
+        "attention D 64 window 24 ring 32: pf_attend against double precision",
+    ] {
+        assert!(text.contains(line), "{text}");
+    }
+}
