@@ -1,9 +1,10 @@
 // A CPU stand-in for the CUDA device environment our kernels use, so that a kernel's indexing,
 // barriers and reduction order can be checked on a machine without a GPU (tools/emu/run.py).
 // Each CUDA thread is a fiber (its own stack) on the launching host thread, switched at barriers,
-// shuffles and votes; the blocks of a cluster run at once, clusters one after another; a block's __shared__ data lives in its own arena (run.py rewrites each declaration to
-// look it up there), so a cluster's blocks can read each other's (distributed shared memory);
-// warp shuffles trade values through a per-warp slot array between two warp barriers. A barrier
+// shuffles and votes; the blocks of a cluster run at once, clusters one after another; a block's
+// __shared__ data lives in its own arena (run.py rewrites each declaration to look it up there),
+// so a cluster's blocks can read each other's (distributed shared memory); warp shuffles trade
+// values through a per-warp slot array between two warp barriers. A barrier
 // that some thread never reaches is reported at once (no fiber can go on), not hung on.
 // Tensor-core m16n8k16 MMAs are emulated per lane from the warp's gathered fragments (products
 // exact, summed in k order onto the accumulator: not the tensor cores' own rounding), the
