@@ -51,6 +51,19 @@ fn the_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
 }
 
 #[test]
+fn argmax_takes_the_lowest_index_and_the_row_kernels_do_what_they_say_run_on_the_cpu() {
+    let text = emulate("dense", "tools/emu/rows.cpp");
+    assert!(
+        text.contains("argmax_rows: ties, -inf, NaN, three vocabularies"),
+        "{text}"
+    );
+    assert!(
+        text.contains("rms_norm_rows, embed_rows, silu_mul, copy_taps checked"),
+        "{text}"
+    );
+}
+
+#[test]
 fn the_router_and_expert_gemvs_are_batch_invariant_run_on_the_cpu() {
     let text = emulate("moe", "tools/emu/moe.cpp");
     assert_eq!(
