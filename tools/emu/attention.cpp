@@ -3,7 +3,8 @@
 // random earlier keys. A K-row launch at positions p0 .. p0 + K - 1 must give each row the bits
 // of K one-row launches in turn (each writing its own key and value into the cache, as serial
 // decoding does), with either merge, and leave the same cache and every counter reset; full and
-// sliding windows, windows within one tile and across several splits. Exit status 0 when all hold.
+// sliding windows, windows within one tile and across several splits. The prefill's
+// qk_norm_rope_store writes the same keys and values. Exit status 0 when all hold.
 #include "driver.h"
 
 namespace emu_driver {
@@ -86,6 +87,20 @@ int check() {
                     failures++;
                 }
             }
+            // The prefill's cache writes (qk_norm_rope_store) are the decode's, bit for bit.
+            {
+                State pre = init;
+                std::vector<float> q_out((size_t)rows * HEADS * D);
+                emu_launch((HEADS + KVH + 7) / 8, 256, [&] {
+                    qk_norm_rope_store(qkvg.data(), WIDTH, m.q_norm.data(), m.k_norm.data(), pos.data(),
+                                       m.inv_freq.data(), ROT, 1.f, 1e-6f, HEADS, KVH, D, RING, q_out.data(),
+                                       pre.ck.data(), pre.cv.data());
+                }, 1, rows);
+                if (pre.ck != serial.ck || pre.cv != serial.cv) {
+                    std::printf("FAIL p0 %d rows %d: qk_norm_rope_store writes other keys or values\n", p0, rows);
+                    failures++;
+                }
+            }
             // Every output is a number (a convex mix of the values, gated).
             for (float v : serial.out)
                 if (!std::isfinite(v)) {
@@ -94,7 +109,8 @@ int check() {
                     break;
                 }
         }
-        std::printf("p0 %d window %d: rows 1, 3, 8 checked against serial launches, both merges\n", p0, window);
+        std::printf("p0 %d window %d: rows 1, 3, 8 checked against serial launches, both merges, prefill's cache writes\n",
+                    p0, window);
     }
     return report(failures);
 }

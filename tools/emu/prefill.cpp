@@ -1,12 +1,14 @@
-// Driver for tools/emu/run.py prefill+moe: the prefill's mixture of experts and attention, as
-// prefill.rs launches them. pf_moe_place and pf_moe_tiles against a host counting sort (ids out
+// Driver for tools/emu/run.py prefill+moe+dense: the prefill's mixture of experts, attention and
+// normed splits, as prefill.rs launches them. pf_moe_place and pf_moe_tiles against a host counting sort (ids out
 // of range, up to 1024 experts, rows not a multiple of 32); then the whole MoE (pf_split_perm,
 // place, tiles, the grouped gate/up and down GEMMs with their cp.async pipelines and tensor-core
 // MMAs, the combine) against the decode step's f32 expert kernels (moe.cu) on the same rows,
 // within 1e-4 of the largest value, and each row's bits against the same pipeline run on that
 // row alone; then pf_attn_split + pf_attend (ldmatrix fragments, a cp.async pipeline of key
 // tiles, online softmax) against double-precision gated attention, full and sliding windows, a
-// ring cache, head dims 32 and 64. Exit status 0 when all hold.
+// ring cache, head dims 32, 64 and 128; pf_rms_norm_split's three outputs equal rms_norm_rows
+// (dense.cu) followed by pf_split_rows and pf_split_perm, bit for bit. Exit status 0 when all
+// hold.
 #include "driver.h"
 
 namespace emu_driver {
@@ -217,7 +219,7 @@ int check_attention(std::mt19937& rng) {
     int failures = 0;
     // (D, heads, kv heads, rows, first position, window, ring): a full window over a cache as
     // long as the positions, a sliding one over a ring the positions wrap.
-    const int cases[][7] = {{32, 4, 2, 37, 20, 0, 0}, {64, 6, 2, 21, 40, 24, 32}};
+    const int cases[][7] = {{32, 4, 2, 37, 20, 0, 0}, {64, 6, 2, 21, 40, 24, 32}, {128, 2, 1, 18, 3, 0, 0}};
     for (const auto& c : cases) {
         const int D = c[0], heads = c[1], kvh = c[2], rows = c[3], p0 = c[4], window = c[5], ring = c[6];
         const int slots = ring > 0 ? ring : p0 + rows, kvd = kvh * D;
@@ -240,7 +242,7 @@ int check_attention(std::mt19937& rng) {
             }
         const int rb = 8 / gb;
         std::vector<float> out((size_t)rows * heads * D, NAN);
-        auto kernel = D == 32 ? pf_attend_d32 : pf_attend_d64;
+        auto kernel = D == 32 ? pf_attend_d32 : D == 64 ? pf_attend_d64 : pf_attend_d128;
         emu_launch(kvh, 32 * gb * rb, [&] {
             kernel(q.data(), kx.data(), vx.data(), g.data(), heads, pos.data(), out.data(), nullptr, rows, heads, kvh,
                    window, ring, slots, gb, rb);
@@ -257,11 +259,33 @@ int check_attention(std::mt19937& rng) {
     return failures;
 }
 
+// pf_rms_norm_split against its pieces: rms_norm_rows, then pf_split_rows and pf_split_perm of
+// the normed rows.
+int check_norm_split(std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    const int rows = 5, n = 384;
+    std::vector<float> x((size_t)rows * n), out(x.size(), NAN), want(x.size(), NAN);
+    for (auto& v : x) v = 3.f * u(rng);
+    std::vector<__nv_bfloat16> w(n), xs((size_t)2 * rows * n), want_xs(xs.size());
+    for (auto& v : w) v = __float2bfloat16_rn(1.f + 0.5f * u(rng));
+    std::vector<uint4> perm((size_t)rows * n / 4), want_perm(perm.size());
+    emu_launch(rows, 256, [&] { pf_rms_norm_split(x.data(), w.data(), out.data(), xs.data(), perm.data(), n, rows, 1e-6f); });
+    emu_launch(rows, 256, [&] { rms_norm_rows(x.data(), w.data(), want.data(), n, 1, 1e-6f); });
+    emu_launch((rows * n + 255) / 256, 256, [&] { pf_split_rows(want.data(), want_xs.data(), (long long)rows * n); });
+    emu_launch((rows * n / 4 + 255) / 256, 256, [&] { pf_split_perm(want.data(), want_perm.data(), rows, n); });
+    const bool same = out == want && std::memcmp(xs.data(), want_xs.data(), 2 * xs.size()) == 0 &&
+                      std::memcmp(perm.data(), want_perm.data(), 16 * perm.size()) == 0;
+    if (!same) std::printf("FAIL pf_rms_norm_split: differs from rms_norm_rows + pf_split_rows + pf_split_perm\n");
+    std::printf("norm split: pf_rms_norm_split against its pieces\n");
+    return !same;
+}
+
 int check() {
     std::mt19937 rng(3);
     int failures = check_placement(rng);
     failures += check_pipeline(rng);
     failures += check_attention(rng);
+    failures += check_norm_split(rng);
     return report(failures);
 }
 

@@ -8,7 +8,7 @@ double-precision reference) before a GPU call, not of its speed or of the GPU's 
     tools/emu/run.py MODULE DRIVER.cpp [-DNAME=VALUE ...]     e.g. tools/emu/run.py dense tools/emu/gemv_bf16.cpp
 
 MODULE `none` compiles the driver with shim.h alone (tools/emu/selftest.cpp checks the emulator);
-A+B compiles modules A and B together (tools/emu/prefill.cpp takes prefill+moe).
+A+B compiles modules A and B together (tools/emu/prefill.cpp takes prefill+moe+dense).
 """
 import os
 import re

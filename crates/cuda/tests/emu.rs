@@ -78,7 +78,7 @@ fn the_router_and_expert_gemvs_are_batch_invariant_run_on_the_cpu() {
 fn decode_attention_k_rows_equal_k_serial_launches_run_on_the_cpu() {
     let text = emulate("attention", "tools/emu/attention.cpp");
     assert_eq!(
-        text.matches("checked against serial launches, both merges")
+        text.matches("checked against serial launches, both merges, prefill's cache writes")
             .count(),
         4,
         "{text}"
@@ -87,11 +87,13 @@ fn decode_attention_k_rows_equal_k_serial_launches_run_on_the_cpu() {
 
 #[test]
 fn the_prefill_moe_and_attention_match_their_references_run_on_the_cpu() {
-    let text = emulate("prefill+moe", "tools/emu/prefill.cpp");
+    let text = emulate("prefill+moe+dense", "tools/emu/prefill.cpp");
     for line in [
         "placement: pf_moe_place and pf_moe_tiles checked on 5 shapes",
         "pipeline rows 37: prefill MoE against the decode kernels",
         "attention D 64 window 24 ring 32: pf_attend against double precision",
+        "attention D 128 window 0 ring 0: pf_attend against double precision",
+        "norm split: pf_rms_norm_split against its pieces",
     ] {
         assert!(text.contains(line), "{text}");
     }
