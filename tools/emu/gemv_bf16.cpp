@@ -1,10 +1,10 @@
-// Driver for tools/emu/run.py dense: the GEMVs on awkward shapes. For launches of 1, 3 and 8
+// Driver for tools/emu/run.py dense: the GEMVs on awkward shapes. For launches of 1, 3, 8 and 16
 // rows of every multi-row f32 entry dense.rs may pick (weight rows per warp G = 1, 2, 4, normed
 // rows staged or not, plain pairs as fours over half of the rows): each row gives the bits of the
-// one-row kernel (gemv_bf16_1s), every value is within 1e-5 (relative to the largest) of a
-// double-precision y = x'·Wᵀ, and accumulate adds onto y exactly. The same for the tensor-core
-// GEMV (gemv_mma_R, its input in slices summed by the last warp of a tile to arrive) against its
-// own one-row launch. Exit status 0 when all hold.
+// one-row kernels (gemv_bf16_1s, and gemv_bf16_1 for inputs too wide to stage), every value is
+// within 1e-5 (relative to the largest) of a double-precision y = x'·Wᵀ, and accumulate adds onto y
+// exactly. The same for the tensor-core GEMV (gemv_mma_R, its input in slices summed by the last
+// warp of a tile to arrive) against its own one-row launch. Exit status 0 when all hold.
 #include "driver.h"
 
 namespace emu_driver {
@@ -13,19 +13,19 @@ using Kernel = void (*)(const __nv_bfloat16*, const float*, const __nv_bfloat16*
 
 struct Variant {
     const char* name;
-    Kernel k[3];  // R = 2, 4, 8
+    Kernel k[4];  // R = 2, 4, 8, 16
     bool staged;  // stages x' (normed rows only)
     int group;
 };
 
 const Variant VARIANTS[] = {
-    {"g1", {gemv_bf16_2, gemv_bf16_4, gemv_bf16_8}, false, 1},
-    {"g2", {gemv_bf16_2_g2, gemv_bf16_4_g2, gemv_bf16_8_g2}, false, 2},
-    {"g4", {gemv_bf16_2_g4, gemv_bf16_4_g4, gemv_bf16_8_g4}, false, 4},
-    {"g4h", {nullptr, gemv_bf16_4_g4h, gemv_bf16_8_g4h}, false, 4},
-    {"s_g1", {gemv_bf16_2s_g1, gemv_bf16_4s_g1, gemv_bf16_8s_g1}, true, 1},
-    {"s_g2", {gemv_bf16_2s_g2, gemv_bf16_4s_g2, gemv_bf16_8s_g2}, true, 2},
-    {"s_g4", {gemv_bf16_2s_g4, gemv_bf16_4s_g4, gemv_bf16_8s_g4}, true, 4},
+    {"g1", {gemv_bf16_2, gemv_bf16_4, gemv_bf16_8, gemv_bf16_16}, false, 1},
+    {"g2", {gemv_bf16_2_g2, gemv_bf16_4_g2, gemv_bf16_8_g2, gemv_bf16_16_g2}, false, 2},
+    {"g4", {gemv_bf16_2_g4, gemv_bf16_4_g4, gemv_bf16_8_g4, gemv_bf16_16_g4}, false, 4},
+    {"g4h", {nullptr, gemv_bf16_4_g4h, gemv_bf16_8_g4h, gemv_bf16_16_g4h}, false, 4},
+    {"s_g1", {gemv_bf16_2s_g1, gemv_bf16_4s_g1, gemv_bf16_8s_g1, gemv_bf16_16s_g1}, true, 1},
+    {"s_g2", {gemv_bf16_2s_g2, gemv_bf16_4s_g2, gemv_bf16_8s_g2, gemv_bf16_16s_g2}, true, 2},
+    {"s_g4", {gemv_bf16_2s_g4, gemv_bf16_4s_g4, gemv_bf16_8s_g4, gemv_bf16_16s_g4}, true, 4},
 };
 
 std::vector<float> run(Kernel k, const std::vector<__nv_bfloat16>& w, const std::vector<float>& x,
@@ -76,14 +76,19 @@ int check() {
         for (auto& v : nw) v = __float2bfloat16_rn(1.f + 0.5f * u(rng));
         for (int normed = 0; normed < 2; normed++) {
             const auto* norm = normed ? &nw : nullptr;
-            for (int rows : {1, 3, 8}) {
+            for (int rows : {1, 3, 8, 16}) {
                 std::vector<float> x((size_t)rows * in);
                 for (auto& v : x) v = 2.f * u(rng);
-                // The one-row kernel's bits, row by row.
+                // The one-row kernel's bits, row by row; the unstaged one-row kernel (inputs too
+                // wide to stage) gives the same.
                 std::vector<float> alone((size_t)rows * out);
                 for (int r = 0; r < rows; r++) {
                     const auto y1 = run(gemv_bf16_1s, w, row_of(x, r, in), norm, out, in, 1, grid);
                     std::copy(y1.begin(), y1.end(), alone.begin() + (size_t)r * out);
+                    if (run(gemv_bf16_1, w, row_of(x, r, in), norm, out, in, 1, grid) != y1) {
+                        std::printf("FAIL %dx%d norm %d: gemv_bf16_1 differs from gemv_bf16_1s\n", out, in, normed);
+                        failures++;
+                    }
                 }
                 // Against double precision.
                 const auto [worst, scale] = worst_error(alone, reference_gemv(w, x, norm, out, in, rows));
@@ -111,7 +116,7 @@ int check() {
                     }
                 }
                 if (rows == 1) continue;
-                const int ri = rows <= 2 ? 0 : rows <= 4 ? 1 : 2;
+                const int ri = rows <= 2 ? 0 : rows <= 4 ? 1 : rows <= 8 ? 2 : 3;
                 for (const auto& v : VARIANTS) {
                     if (!v.k[ri] || (v.staged && !normed)) continue;
                     // The ungrouped staging holds every row's x' in the block's shared memory.
@@ -132,7 +137,8 @@ int check() {
                 }
             }
         }
-        std::printf("%dx%d: checked rows 1, 3, 8, plain and normed, every multi-row entry and the tensor-core GEMV\n", out, in);
+        std::printf("%dx%d: checked rows 1, 3, 8, 16, plain and normed, every multi-row entry and the tensor-core GEMV\n",
+                    out, in);
     }
     return report(failures);
 }
