@@ -21,7 +21,6 @@ Runs on the GPU machine with the driver and NVRTC of the CUDA toolkit, no build 
     python3 tools/gpu/chain_under_load.py [--steps N] [--launches N] [--json FILE]
 and `--compile-only` checks the kernels' source here, without a GPU.
 """
-import argparse
 import ctypes
 import json
 import random
@@ -30,11 +29,6 @@ import statistics
 import cuprobe
 
 SRC = r"""
-__device__ unsigned long long now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 __device__ unsigned load_cg(const unsigned* p) {
     unsigned v;
     asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -132,15 +126,10 @@ BIG = 1 << 30      # bytes of the streamed buffer and of the HBM chain's table
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cuprobe.parser(__doc__, "timed launches per configuration")
     ap.add_argument("--steps", type=int, default=4000, help="dependent loads per chain")
-    ap.add_argument("--launches", type=int, default=5, help="timed launches per configuration")
-    ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--compile-only", action="store_true", help="compile the kernels (no GPU needed) and stop")
     a = ap.parse_args()
-    if a.compile_only:
-        cuprobe.ptx_only(SRC, "chain.cu")
-        print("chain.cu compiles")
+    if cuprobe.compiled_only(a, SRC, "chain.cu"):
         return
     gpu = cuprobe.Gpu()
     sms = gpu.attribute(16)

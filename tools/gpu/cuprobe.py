@@ -4,10 +4,20 @@ source is compiled for the device's own architecture; `ptx_only(src)` compiles i
 GPU (NVRTC from the PyPI wheels that tools/gpu/sass.py downloads), so a probe's source is
 checked here before a call runs it.
 """
+import argparse
 import ctypes
 import glob
 import os
 import sys
+
+# Device code every probe's source may use, compiled in front of it: %globaltimer in ns.
+PRELUDE = r"""
+__device__ unsigned long long now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+"""
 
 
 def lib(names):
@@ -27,9 +37,9 @@ def check(rc, what):
 
 
 def compile_ptx(nvrtc, src, name, arch):
-    """src compiled by NVRTC for `arch` (e.g. compute_90): its PTX, or exit with the log."""
+    """PRELUDE + src compiled by NVRTC for `arch` (e.g. compute_90): its PTX, or exit with the log."""
     prog = ctypes.c_void_p()
-    check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None),
+    check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), (PRELUDE + src).encode(), name.encode(), 0, None, None),
           "nvrtcCreateProgram")
     opts = [f"-arch={arch}".encode(), b"--std=c++17"]
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
@@ -52,6 +62,23 @@ def ptx_only(src, name):
     x = sass.tools()
     nvrtc = ctypes.CDLL(glob.glob(os.path.join(x, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.*"))[0])
     return compile_ptx(nvrtc, src, name, "compute_90")
+
+
+def parser(doc, launches_help):
+    """A probe's command line: its --launches, --json and --compile-only (add its own)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--launches", type=int, default=5, help=launches_help)
+    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--compile-only", action="store_true", help="compile the kernels (no GPU needed) and stop")
+    return ap
+
+
+def compiled_only(args, src, name):
+    """With --compile-only: compiles src here (no GPU), says so, and returns True."""
+    if args.compile_only:
+        ptx_only(src, name)
+        print(f"{name} compiles")
+    return args.compile_only
 
 
 class Gpu:

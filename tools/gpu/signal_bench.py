@@ -15,7 +15,6 @@ Runs on the GPU machine with the driver and NVRTC of the CUDA toolkit, no build 
     python3 tools/gpu/signal_bench.py [--rounds N] [--json FILE]
 and `--compile-only` checks the kernels' source here, without a GPU.
 """
-import argparse
 import ctypes
 import json
 import statistics
@@ -23,11 +22,6 @@ import statistics
 import cuprobe
 
 SRC = r"""
-__device__ unsigned long long now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 __device__ unsigned smid() {
     unsigned s;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
@@ -103,15 +97,10 @@ KERNELS = ["pingpong_acquire", "pingpong_fence", "pingpong_atomic"]
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cuprobe.parser(__doc__, "timed launches per variant")
     ap.add_argument("--rounds", type=int, default=20000, help="round trips per launch")
-    ap.add_argument("--launches", type=int, default=5, help="timed launches per variant")
-    ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--compile-only", action="store_true", help="compile the kernels (no GPU needed) and stop")
     a = ap.parse_args()
-    if a.compile_only:
-        cuprobe.ptx_only(SRC, "signal.cu")
-        print("signal.cu compiles")
+    if cuprobe.compiled_only(a, SRC, "signal.cu"):
         return
     gpu = cuprobe.Gpu()
     mod = gpu.module(SRC, "signal.cu")
