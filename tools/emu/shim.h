@@ -19,6 +19,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <csetjmp>
 #include <cstdint>
@@ -29,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #define __global__
@@ -57,18 +59,20 @@ struct EmuBarrier {
     explicit EmuBarrier(unsigned int n) : expected(n) {}
 };
 
-// One running block: its barrier, warp barriers and shuffle slots, shared-memory arena (a buffer
+// What one lane publishes to its warp at most: an mma's six fragment words.
+inline constexpr size_t emu_slot_bytes = 24;
+
+// One running block: its barrier, warp barriers and exchange slots, shared-memory arena (a buffer
 // per __shared__ declaration, by run.py's id, and the dynamic buffer, made when first used) and
 // rank in its cluster.
 struct EmuBlock {
     EmuBarrier bar;
     std::vector<EmuBarrier> warp_bar;
-    std::vector<uint64_t> slots;        // [warp][lane]
-    std::vector<uint32_t> mma_slots;    // [warp][lane][6]: a0..a3, b0, b1
+    std::vector<std::byte> slots;  // [warp][32 lanes of emu_slot_bytes]: each exchange's values
     std::map<int, std::vector<unsigned char>> shared;
     std::vector<unsigned char> dyn;
     unsigned int rank = 0;
-    EmuBlock(unsigned int threads) : bar(threads), slots(threads), mma_slots(6 * threads) {
+    EmuBlock(unsigned int threads) : bar(threads), slots(((threads + 31) / 32) * 32 * emu_slot_bytes) {
         for (unsigned int w = 0; w < (threads + 31) / 32; w++) warp_bar.emplace_back(std::min(32u, threads - 32 * w));
     }
 };
@@ -268,16 +272,18 @@ inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 
 inline void __syncthreads() { emu_arrive_and_wait(emu_block->bar); }
 inline void __syncwarp(unsigned int = 0xffffffffu) { emu_arrive_and_wait(emu_block->warp_bar[threadIdx.x / 32]); }
-// Every lane of the warp calls it (the kernels shuffle and vote with full masks only): publishes
-// this lane's word in the warp's slots, returns read(the warp's slots, how many lanes) once every
-// lane has published, and leaves when every lane has read, so no slot is written again before.
-template <typename Read>
-inline auto emu_warp_exchange(uint64_t mine, Read read) {
+// Every lane of the warp calls it with the same T (the kernels shuffle, vote and multiply with
+// full masks only): publishes this lane's value in the warp's slots, returns read(the warp's
+// values, how many lanes) once every lane has published, and leaves when every lane has read, so
+// no slot is written again before.
+template <typename T, typename Read>
+inline auto emu_warp_exchange(const T& mine, Read read) {
+    static_assert(sizeof(T) <= emu_slot_bytes && std::is_trivially_copyable_v<T>);
     const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    const uint64_t* warp = &emu_block->slots[w * 32];
-    emu_block->slots[w * 32 + l] = mine;
+    std::byte* base = emu_block->slots.data() + w * 32 * emu_slot_bytes;
+    std::memcpy(base + l * sizeof(T), &mine, sizeof(T));
     emu_arrive_and_wait(emu_block->warp_bar[w]);
-    const auto r = read(warp, std::min<size_t>(32, emu_block->slots.size() - w * 32));
+    const auto r = read(std::launder(reinterpret_cast<const T*>(base)), std::min(32u, blockDim.x - 32 * w));
     emu_arrive_and_wait(emu_block->warp_bar[w]);
     return r;
 }
@@ -286,8 +292,8 @@ template <typename T>
 inline T emu_shfl(T v, int src) {
     uint64_t b = 0;
     std::memcpy(&b, &v, sizeof v);
-    const uint64_t got = emu_warp_exchange(b, [&](const uint64_t* warp, size_t lanes) {
-        if ((size_t)src >= lanes) emu_unsupported("a shuffle from a lane past the block's last thread");
+    const uint64_t got = emu_warp_exchange(b, [&](const uint64_t* warp, unsigned int lanes) {
+        if ((unsigned int)src >= lanes) emu_unsupported("a shuffle from a lane past the block's last thread");
         return warp[src];
     });
     T r;
@@ -296,9 +302,9 @@ inline T emu_shfl(T v, int src) {
 }
 // The warp's predicates as a mask.
 inline unsigned int __ballot_sync(unsigned int, int p) {
-    return emu_warp_exchange(p != 0, [](const uint64_t* warp, size_t lanes) {
+    return emu_warp_exchange((uint64_t)(p != 0), [](const uint64_t* warp, unsigned int lanes) {
         unsigned int m = 0;
-        for (size_t i = 0; i < lanes; i++) m |= (unsigned int)(warp[i] != 0) << i;
+        for (unsigned int i = 0; i < lanes; i++) m |= (unsigned int)(warp[i] != 0) << i;
         return m;
     });
 }
@@ -307,9 +313,9 @@ inline int __popc(unsigned int v) { return __builtin_popcount(v); }
 inline int __clz(unsigned int v) { return v ? __builtin_clz(v) : 32; }
 // The lanes of the warp whose v equals this lane's.
 inline unsigned int __match_any_sync(unsigned int, int v) {
-    return emu_warp_exchange((uint64_t)(uint32_t)v, [&](const uint64_t* warp, size_t lanes) {
+    return emu_warp_exchange((uint64_t)(uint32_t)v, [&](const uint64_t* warp, unsigned int lanes) {
         unsigned int m = 0;
-        for (size_t i = 0; i < lanes; i++) m |= (unsigned int)(warp[i] == (uint32_t)v) << i;
+        for (unsigned int i = 0; i < lanes; i++) m |= (unsigned int)(warp[i] == (uint32_t)v) << i;
         return m;
     });
 }
@@ -336,25 +342,24 @@ inline T __shfl_up_sync(unsigned int, T v, int o) {
 // d += a·b for one m16n8k16 tile, called by every lane of the warp with its fragments (layout:
 // common.cuh's mma_bf16); `elem` widens a 16-bit element. Products of bf16 or f16 pairs are exact
 // in f32; they are added in k order onto d.
-inline void emu_mma(float d[4], const uint32_t frag[6], float (*elem)(uint16_t)) {
-    const unsigned int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
-    uint32_t* mine = &emu_block->mma_slots[(w * 32 + l) * 6];
-    std::memcpy(mine, frag, 6 * sizeof(uint32_t));
-    emu_arrive_and_wait(emu_block->warp_bar[w]);
+inline void emu_mma(float d[4], const std::array<uint32_t, 6>& frag, float (*elem)(uint16_t)) {
+    const unsigned int l = threadIdx.x % 32, g = l / 4, t = l % 4;
     float A[16][16], B[16][8];
-    for (unsigned int ln = 0; ln < 32; ln++) {
-        const uint32_t* f = &emu_block->mma_slots[(w * 32 + ln) * 6];
-        const unsigned int gg = ln / 4, tt = ln % 4;
-        for (int h = 0; h < 2; h++) {
-            A[gg][2 * tt + h] = elem(f[0] >> (16 * h));
-            A[gg + 8][2 * tt + h] = elem(f[1] >> (16 * h));
-            A[gg][2 * tt + 8 + h] = elem(f[2] >> (16 * h));
-            A[gg + 8][2 * tt + 8 + h] = elem(f[3] >> (16 * h));
-            B[2 * tt + h][gg] = elem(f[4] >> (16 * h));
-            B[2 * tt + 8 + h][gg] = elem(f[5] >> (16 * h));
+    emu_warp_exchange(frag, [&](const std::array<uint32_t, 6>* warp, unsigned int) {
+        for (unsigned int ln = 0; ln < 32; ln++) {
+            const uint32_t* f = warp[ln].data();
+            const unsigned int gg = ln / 4, tt = ln % 4;
+            for (int h = 0; h < 2; h++) {
+                A[gg][2 * tt + h] = elem(f[0] >> (16 * h));
+                A[gg + 8][2 * tt + h] = elem(f[1] >> (16 * h));
+                A[gg][2 * tt + 8 + h] = elem(f[2] >> (16 * h));
+                A[gg + 8][2 * tt + 8 + h] = elem(f[3] >> (16 * h));
+                B[2 * tt + h][gg] = elem(f[4] >> (16 * h));
+                B[2 * tt + 8 + h][gg] = elem(f[5] >> (16 * h));
+            }
         }
-    }
-    emu_arrive_and_wait(emu_block->warp_bar[w]);
+        return 0;
+    });
     const unsigned int row[4] = {g, g, g + 8, g + 8}, col[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
     for (int i = 0; i < 4; i++)
         for (int k = 0; k < 16; k++) d[i] += A[row[i]][k] * B[k][col[i]];
@@ -362,12 +367,10 @@ inline void emu_mma(float d[4], const uint32_t frag[6], float (*elem)(uint16_t))
 inline float emu_bf16_elem(uint16_t b) { return __uint_as_float((unsigned int)b << 16); }
 inline float emu_f16_elem(uint16_t b) { return (float)emu_bits<_Float16>(b); }
 inline void mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    const uint32_t f[6] = {a0, a1, a2, a3, b0, b1};
-    emu_mma(d, f, emu_bf16_elem);
+    emu_mma(d, {a0, a1, a2, a3, b0, b1}, emu_bf16_elem);
 }
 inline void mma_f16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    const uint32_t f[6] = {a0, a1, a2, a3, b0, b1};
-    emu_mma(d, f, emu_f16_elem);
+    emu_mma(d, {a0, a1, a2, a3, b0, b1}, emu_f16_elem);
 }
 
 // Loads after pdl_wait() need no ordering here: every launch runs to its end before the next.
@@ -447,7 +450,7 @@ inline void pf_cp_wait() {
 // + 1), or with .trans (2(l % 4), l / 4) and (2(l % 4) + 1, l / 4), as r_m's low and high halves.
 inline void emu_ldmatrix(unsigned int s, unsigned int (&r)[4], bool trans) {
     const unsigned int l = threadIdx.x % 32;
-    emu_warp_exchange(s, [&](const uint64_t* warp, size_t) {
+    emu_warp_exchange((uint64_t)s, [&](const uint64_t* warp, unsigned int) {
         auto elem = [&](int m, int row, int col) {
             uint16_t v;
             std::memcpy(&v, emu_shared_at((unsigned int)warp[8 * m + row]) + 2 * col, 2);

@@ -6,6 +6,13 @@
 use std::path::Path;
 use std::process::Command;
 
+/// Asserts that the driver's output says every one of `lines`.
+fn assert_says(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(text.contains(line), "{line:?} missing:\n{text}");
+    }
+}
+
 /// `tools/emu/run.py MODULE DRIVER` from the repository root: its output, after asserting that it
 /// exited 0.
 fn emulate(module: &str, driver: &str) -> String {
@@ -28,14 +35,15 @@ fn emulate(module: &str, driver: &str) -> String {
 #[test]
 fn the_emulator_catches_a_missing_barrier_one_never_reached_and_a_stack_overflow() {
     let text = emulate("none", "tools/emu/selftest.cpp");
-    for line in [
-        "shuffles and ballots checked",
-        "with a barrier: 0 stale reads",
-        "a barrier never reached: the run aborted",
-        "a stack overflow: the run faulted",
-    ] {
-        assert!(text.contains(line), "{text}");
-    }
+    assert_says(
+        &text,
+        &[
+            "shuffles and ballots checked",
+            "with a barrier: 0 stale reads",
+            "a barrier never reached: the run aborted",
+            "a stack overflow: the run faulted",
+        ],
+    );
 }
 
 #[test]
@@ -53,13 +61,12 @@ fn the_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
 #[test]
 fn argmax_takes_the_lowest_index_and_the_row_kernels_do_what_they_say_run_on_the_cpu() {
     let text = emulate("dense", "tools/emu/rows.cpp");
-    assert!(
-        text.contains("argmax_rows: ties, -inf, NaN, three vocabularies"),
-        "{text}"
-    );
-    assert!(
-        text.contains("rms_norm_rows, embed_rows, silu_mul, copy_taps checked"),
-        "{text}"
+    assert_says(
+        &text,
+        &[
+            "argmax_rows: ties, -inf, NaN, three vocabularies",
+            "rms_norm_rows, embed_rows, silu_mul, copy_taps checked",
+        ],
     );
 }
 
@@ -88,13 +95,14 @@ fn decode_attention_k_rows_equal_k_serial_launches_run_on_the_cpu() {
 #[test]
 fn the_prefill_moe_and_attention_match_their_references_run_on_the_cpu() {
     let text = emulate("prefill+moe+dense", "tools/emu/prefill.cpp");
-    for line in [
-        "placement: pf_moe_place and pf_moe_tiles checked on 5 shapes",
-        "pipeline rows 37: prefill MoE against the decode kernels",
-        "attention D 64 window 24 ring 32: pf_attend against double precision",
-        "attention D 128 window 0 ring 0: pf_attend against double precision",
-        "norm split: pf_rms_norm_split against its pieces",
-    ] {
-        assert!(text.contains(line), "{text}");
-    }
+    assert_says(
+        &text,
+        &[
+            "placement: pf_moe_place and pf_moe_tiles checked on 5 shapes",
+            "pipeline rows 37: prefill MoE against the decode kernels",
+            "attention D 64 window 24 ring 32: pf_attend against double precision",
+            "attention D 128 window 0 ring 0: pf_attend against double precision",
+            "norm split: pf_rms_norm_split against its pieces",
+        ],
+    );
 }
