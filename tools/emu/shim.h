@@ -57,6 +57,10 @@ struct EmuBarrier {
     unsigned int expected, arrived = 0;
     uint64_t phase = 0;
     explicit EmuBarrier(unsigned int n) : expected(n) {}
+    void next_phase() {
+        arrived = 0;
+        phase++;
+    }
 };
 
 // What one lane publishes to its warp at most: an mma's six fragment words.
@@ -135,19 +139,12 @@ inline void emu_yield() {
 inline void emu_arrive_and_wait(EmuBarrier& b) {
     const uint64_t phase = b.phase;
     emu_cluster->progress = true;
-    if (++b.arrived == b.expected) {
-        b.arrived = 0;
-        b.phase++;
-        return;
-    }
+    if (++b.arrived == b.expected) return b.next_phase();
     while (b.phase == phase) emu_yield();
 }
 inline void emu_drop(EmuBarrier& b) {
     b.expected--;
-    if (b.arrived > 0 && b.arrived == b.expected) {
-        b.arrived = 0;
-        b.phase++;
-    }
+    if (b.arrived > 0 && b.arrived == b.expected) b.next_phase();
 }
 
 // The block's buffer for __shared__ declaration `id` (zeroed when first asked for).
