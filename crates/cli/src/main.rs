@@ -6,6 +6,7 @@ mod common;
 mod cuda_bench;
 mod gate_cmds;
 mod generate;
+mod kernels;
 mod model_cmds;
 mod price;
 mod selftest;
@@ -47,6 +48,9 @@ enum Cmd {
     Check(check::CheckArgs),
     /// Serve the engine to a parent process over the worker line protocol (stdin/stdout).
     Worker(worker::WorkerArgs),
+    /// Compile the CUDA kernel modules for a GPU architecture ahead of use (no GPU needed with
+    /// --arch); workers load them from `$FASTDECODE_KERNELS`.
+    Kernels(kernels::KernelsArgs),
     /// Golden traces: reference continuations with per-step top-2 logits.
     #[command(subcommand)]
     Golden(gate_cmds::GoldenCmd),
@@ -91,6 +95,7 @@ fn main() {
         Cmd::Verify(a) => model_cmds::verify(a),
         Cmd::Generate(a) => generate::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Kernels(a) => kernels::run(a),
         Cmd::Worker(a) => worker::serve(a, std::io::stdin().lock(), std::io::stdout().lock()),
         Cmd::Golden(c) => gate_cmds::golden(c),
         Cmd::Gate(a) => gate_cmds::gate(a),

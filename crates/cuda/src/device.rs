@@ -1,26 +1,14 @@
-//! Opening the GPU: driver, device, NVRTC and header checks, and kernel modules compiled by
-//! NVRTC at run time for the device's architecture (`sm_90a` on Hopper), cached on disk.
+//! Opening the GPU: driver, device, NVRTC and header checks, and the kernel modules loaded for
+//! the device's architecture (`sm_90a` on Hopper; compiled and kept by `nvrtc`).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
-use cudarc::nvrtc::{CompileOptions, Ptx};
-use sha2::{Digest, Sha256};
+use cudarc::nvrtc::Ptx;
 
 use crate::error::{CudaError, Result};
-
-const COMMON: &str = include_str!("../kernels/common.cuh");
-
-/// The kernel modules: name and source. Each is compiled once per process (and cached on disk).
-pub const MODULES: &[(&str, &str)] = &[
-    ("dense", include_str!("../kernels/dense.cu")),
-    ("attention", include_str!("../kernels/attention.cu")),
-    ("moe", include_str!("../kernels/moe.cu")),
-    ("synth", include_str!("../kernels/synth.cu")),
-    ("prefill", include_str!("../kernels/prefill.cu")),
-];
 
 /// A launch of `grid.0 × grid.1` blocks of `block` threads with `shared` bytes of dynamic shared memory.
 pub(crate) fn launch_cfg(
@@ -74,7 +62,7 @@ pub struct Gpu {
 }
 
 /// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
-fn include_dir() -> Result<PathBuf> {
+pub(crate) fn include_dir() -> Result<PathBuf> {
     let mut tried = vec![];
     for var in ["CUDA_HOME", "CUDA_PATH"] {
         if let Some(v) = std::env::var_os(var) {
@@ -90,7 +78,7 @@ fn include_dir() -> Result<PathBuf> {
     Err(CudaError::NoHeaders(tried))
 }
 
-fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
+pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
     // `a` targets unlock the architecture-specific instructions (wgmma, setmaxnreg on sm_90a).
     Ok(match (major, minor) {
         (8, 0) => "sm_80",
@@ -102,16 +90,6 @@ fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
         (12, 0) => "sm_120a",
         _ => return Err(CudaError::Arch(major, minor)),
     })
-}
-
-fn cache_dir() -> PathBuf {
-    if let Some(h) = std::env::var_os("FASTDECODE_HOME") {
-        return PathBuf::from(h).join("kernels");
-    }
-    match std::env::var_os("HOME") {
-        Some(h) => PathBuf::from(h).join(".cache/fastdecode/kernels"),
-        None => std::env::temp_dir().join("fastdecode-kernels"),
-    }
 }
 
 impl Gpu {
@@ -185,46 +163,8 @@ impl Gpu {
     }
 
     fn compile(&self, name: &str, src: &str) -> Result<Ptx> {
-        let full = format!("{COMMON}\n{src}");
-        let mut opts = vec!["--std=c++17".to_string(), "-default-device".to_string()];
-        // Tuning knobs for kernel variants (e.g. `-DFD_WEIGHT_LOAD=1`), part of the cache key.
-        if let Ok(defs) = std::env::var("FASTDECODE_NVRTC_DEFINES") {
-            opts.extend(defs.split_whitespace().map(str::to_string));
-        }
-        let key = {
-            let mut h = Sha256::new();
-            h.update(full.as_bytes());
-            h.update(self.arch.as_bytes());
-            h.update(opts.join(" ").as_bytes());
-            hex::encode(h.finalize())
-        };
-        let dir = cache_dir();
-        let path = dir.join(format!("{name}-{}.ptx", &key[..16]));
-        if let Ok(text) = std::fs::read_to_string(&path) {
-            return Ok(Ptx::from_src(text));
-        }
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(
-            &full,
-            CompileOptions {
-                arch: Some(self.arch),
-                include_paths: vec![self.include.display().to_string()],
-                options: opts,
-                name: Some(format!("{name}.cu")),
-                ..Default::default()
-            },
-        )
-        .map_err(|e| CudaError::Compile {
-            module: name.to_string(),
-            log: match e {
-                cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                    log.to_string_lossy().into_owned()
-                }
-                other => format!("{other:?}"),
-            },
-        })?;
-        // Best effort: a read-only cache directory only costs a recompile next time.
-        let _ = write_cache(&dir, &path, &ptx.to_src());
-        Ok(ptx)
+        let cubin = crate::nvrtc::module(name, src, self.arch, &self.include)?;
+        Ok(Ptx::from_binary(cubin))
     }
 
     /// Blocks for a persistent kernel: as many as stay resident at once (all SMs full), or
@@ -292,7 +232,7 @@ impl Gpu {
         let loaded = match mods.entry(module) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                let src = MODULES
+                let src = crate::nvrtc::MODULES
                     .iter()
                     .find(|(n, _)| *n == module)
                     .map(|(_, s)| *s)
@@ -374,13 +314,6 @@ impl std::ops::Deref for Kernel {
     fn deref(&self) -> &CudaFunction {
         &self.f
     }
-}
-
-fn write_cache(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("ptx.partial");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(tmp, path)
 }
 
 /// A kernel launch on the GPU's stream, the one way every kernel is launched: a refused launch
@@ -552,7 +485,9 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T>
 
 #[cfg(test)]
 mod tests {
-    use super::{COMMON, MODULES};
+    use crate::nvrtc::MODULES;
+
+    const COMMON: &str = include_str!("../kernels/common.cuh");
 
     /// The integer a kernel source `#define`s `name` as (`#define NAME 32  // ...`).
     fn define(src: &str, name: &str) -> usize {

@@ -25,6 +25,7 @@ pub mod drafter;
 pub mod error;
 pub mod knobs;
 pub mod model;
+pub mod nvrtc;
 pub mod ops;
 pub mod prefill;
 pub mod profile;
