@@ -231,3 +231,9 @@ pub fn write_file(path: &Path, text: &str) -> Result<()> {
     fastdecode_model::checkpoint::write_atomic(path, text.as_bytes())?;
     Ok(())
 }
+
+/// A draft source option: `drafter` or `oracle:P`, kept as written.
+pub fn draft_source(s: &str) -> std::result::Result<String, String> {
+    s.parse::<fastdecode_engine::DraftSpec>()?;
+    Ok(s.to_string())
+}

@@ -4,9 +4,12 @@
 //! what it is. The faults sit between the worker and its stdout, so the engine itself is untouched.
 //!
 //! Faults: `crash` (exits mid-window), `hang` (stops mid-window), `wrong_token@K` (emits a wrong
-//! token at step K of every window), `wrong_replay@K` (a wrong argmax at replay step K),
+//! token at step K of every window), `wrong_drafter@K` (the same, only in windows drafted by the
+//! drafter: a build exact under the oracle's forced rejections but not with its own drafter), `wrong_replay@K` (a wrong argmax at replay step K),
 //! `lie_count` (drops a token), `lie_vocab` (a token id past the vocabulary), `lie_kv` (a KV length
-//! off by one), `slow=F` (every window takes F times as long).
+//! off by one), `slow=F` (every window takes F times as long), `shift` (says `seeded` only when
+//! the whole window is decoded: a build that moves its decode before the prefill's end, which
+//! a clock that split the window at `seeded` would price as an infinitely fast decode).
 
 #[path = "worker.rs"]
 mod worker;
@@ -40,11 +43,13 @@ enum Fault {
     Crash,
     Hang,
     WrongToken(usize),
+    WrongDrafter(usize),
     WrongReplay(usize),
     LieCount,
     LieVocab,
     LieKv,
     Slow(f64),
+    Shift,
 }
 
 fn parse_fault(s: &str) -> Result<Fault> {
@@ -59,7 +64,9 @@ fn parse_fault(s: &str) -> Result<Fault> {
         "lie_count" => Fault::LieCount,
         "lie_vocab" => Fault::LieVocab,
         "lie_kv" => Fault::LieKv,
+        "shift" => Fault::Shift,
         _ if s.starts_with("wrong_token@") => Fault::WrongToken(at("wrong_token@")?),
+        _ if s.starts_with("wrong_drafter@") => Fault::WrongDrafter(at("wrong_drafter@")?),
         _ if s.starts_with("wrong_replay@") => Fault::WrongReplay(at("wrong_replay@")?),
         _ if s.starts_with("slow=") => Fault::Slow(
             s["slow=".len()..]
@@ -70,15 +77,26 @@ fn parse_fault(s: &str) -> Result<Fault> {
     })
 }
 
-/// Stdin that remembers when the last request arrived.
+/// Stdin that remembers when the last request arrived, and whether it asked for the drafter.
 struct Stamped {
     last: Arc<Mutex<Instant>>,
+    line: Vec<u8>,
+    drafter: Arc<Mutex<bool>>,
 }
 
 impl Read for Stamped {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = std::io::stdin().read(buf)?;
         *self.last.lock().expect("not poisoned") = Instant::now();
+        for &b in &buf[..n] {
+            if b != b'\n' {
+                self.line.push(b);
+                continue;
+            }
+            let req: serde_json::Value = serde_json::from_slice(&self.line).unwrap_or_default();
+            *self.drafter.lock().expect("not poisoned") = req["draft"] == "drafter";
+            self.line.clear();
+        }
         Ok(n)
     }
 }
@@ -90,6 +108,10 @@ struct Filter {
     request_at: Arc<Mutex<Instant>>,
     last_out: Instant,
     vocab: u32,
+    /// Whether the request being served asked for the drafter.
+    drafter: Arc<Mutex<bool>>,
+    /// `shift`: the `seeded` line held back until the window's end.
+    held: Option<Reply>,
 }
 
 impl Filter {
@@ -104,6 +126,11 @@ impl Filter {
                 *token = (*token + 1) % self.vocab
             }
             (Reply::Window { tokens, .. }, Fault::WrongToken(k)) if k < tokens.len() => {
+                tokens[k] = (tokens[k] + 1) % self.vocab
+            }
+            (Reply::Window { tokens, .. }, Fault::WrongDrafter(k))
+                if k < tokens.len() && *self.drafter.lock().expect("not poisoned") =>
+            {
                 tokens[k] = (tokens[k] + 1) % self.vocab
             }
             (Reply::Replay { steps, .. }, Fault::WrongReplay(k)) if k < steps.len() => {
@@ -121,6 +148,15 @@ impl Filter {
                 }
             }
             (Reply::Window { kv_len, .. }, Fault::LieKv) => *kv_len += 1,
+            (Reply::Seeded { .. }, Fault::Shift) => {
+                self.held = Some(r);
+                return Ok(());
+            }
+            (Reply::Window { .. }, Fault::Shift) => {
+                if let Some(seeded) = self.held.take() {
+                    self.send(&seeded)?;
+                }
+            }
             (Reply::Seeded { .. }, Fault::Slow(f)) => {
                 let since = self.request_at.lock().expect("not poisoned").elapsed();
                 std::thread::sleep(since.mul_f64(f - 1.0));
@@ -130,7 +166,11 @@ impl Filter {
             }
             _ => {}
         }
-        let line = serde_json::to_string(&r).map_err(std::io::Error::other)? + "\n";
+        self.send(&r)
+    }
+
+    fn send(&mut self, r: &Reply) -> std::io::Result<()> {
+        let line = serde_json::to_string(r).map_err(std::io::Error::other)? + "\n";
         let mut out = std::io::stdout().lock();
         out.write_all(line.as_bytes())?;
         out.flush()?;
@@ -161,8 +201,11 @@ fn main() {
             &std::env::var("FASTDECODE_FAULT").context("FASTDECODE_FAULT is not set")?,
         )?;
         let request_at = Arc::new(Mutex::new(Instant::now()));
+        let drafter = Arc::new(Mutex::new(false));
         let input = BufReader::new(Stamped {
             last: request_at.clone(),
+            line: vec![],
+            drafter: drafter.clone(),
         });
         let output = Filter {
             fault,
@@ -170,6 +213,8 @@ fn main() {
             request_at,
             last_out: Instant::now(),
             vocab: 0,
+            drafter,
+            held: None,
         };
         worker::serve(args, input, output)
     })();

@@ -15,8 +15,9 @@ use fastdecode_gate::ScreenParams;
 use fastdecode_worker::Worker;
 
 use crate::common::{
-    at_least, between, check_binary, check_ids, check_report_path, fraction, load_goldens,
-    non_negative_f32, parent_of_workers, per_1000, this_binary, write_file, WorkerSide, MAX_BLOCK,
+    at_least, between, check_binary, check_ids, check_report_path, draft_source, fraction,
+    load_goldens, non_negative_f32, parent_of_workers, per_1000, this_binary, write_file,
+    WorkerSide, MAX_BLOCK,
 };
 
 fn bar(len: u64, what: &str) -> ProgressBar {
@@ -223,6 +224,13 @@ pub struct GateArgs {
     /// Oracle acceptance probability of the DFlash check (the rest are forced rejections).
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.7, value_parser = fraction)]
     oracle_p: f64,
+    /// The draft source the track prices (`drafter` or `oracle:P`): its DFlash output must
+    /// equal serial too, at `--draft-block-size`.
+    #[arg(long, value_parser = draft_source)]
+    draft: Option<String>,
+    /// Block size of the `--draft` check (2 to 16; default: --block-size).
+    #[arg(long, requires = "draft", allow_negative_numbers = true, value_parser = between(2, MAX_BLOCK))]
+    draft_block_size: Option<usize>,
     /// Also write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -242,6 +250,10 @@ pub fn gate(a: GateArgs) -> Result<()> {
         budget_per_1000: a.budget,
         block_size: a.block_size,
         oracle_p: a.oracle_p,
+        own_draft: a
+            .draft
+            .clone()
+            .map(|d| (a.draft_block_size.unwrap_or(a.block_size), d)),
     };
     // Workers get an explicit (possibly empty) flag list, so the parent's FASTDECODE_FLAGS never leaks in.
     let reference = a.side.spec(&reference_bin, &model, Some(String::new()));

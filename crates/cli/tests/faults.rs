@@ -113,6 +113,20 @@ fn gate_names_the_category_and_step_of_each_fault() {
     assert_eq!(rep["failure"]["step"], 5);
     assert_eq!(rep["fidelity"]["exact"], 5, "steps before k were exact");
 
+    // Wrong only when the drafter drafts: the oracle's forced rejections cannot see it; the
+    // track's own source, checked beside them, does.
+    let (passed, rep) = gate("wrong_drafter@5", &[]);
+    assert!(passed, "{rep}");
+    let drafter = ["--draft", "drafter", "--draft-block-size", "8"];
+    let (passed, rep) = gate("wrong_drafter@5", &drafter);
+    assert!(!passed);
+    assert_eq!(category(&rep), "dflash_inexact", "{rep}");
+    assert_eq!(rep["failure"]["step"], 5);
+    assert!(
+        gate("slow=1.01", &drafter).0,
+        "an exact build passes with its drafter"
+    );
+
     let (passed, rep) = gate("wrong_replay@3", &[]);
     assert!(!passed);
     assert_eq!(category(&rep), "replay_divergence");
@@ -319,13 +333,9 @@ fn the_same_build_prices_at_one_run_after_run() {
                 let scored: Vec<&serde_json::Value> = w[warm..].iter().collect();
                 let clean = scored.iter().filter(|x| x["disturbed"] == false).count();
                 assert_eq!(ph["undisturbed_windows"], clean);
-                let clean = scored;
-                let min = clean
+                let min = scored
                     .iter()
-                    .map(|x| {
-                        x["prefill_seconds"].as_f64().unwrap()
-                            + x["decode_seconds"].as_f64().unwrap()
-                    })
+                    .map(|x| x["window_seconds"].as_f64().unwrap())
                     .fold(f64::INFINITY, f64::min);
                 assert!((ph["min_window_seconds"].as_f64().unwrap() - min).abs() < 1e-12);
             }
@@ -336,6 +346,52 @@ fn the_same_build_prices_at_one_run_after_run() {
         "1.0 outside the interval in {misses} of {runs} runs: {report:#?}"
     );
     eprintln!("no-op: 1.0 outside the interval in {misses}/{runs} runs: {report:#?}");
+}
+
+/// A build that decodes its whole window before it says `seeded` (moving all of the decode's
+/// time into what a `seeded`-split clock would call prefill) saves nothing in all: priced on
+/// whole windows it is a no-op. Split at `seeded`, its decode read as zero time (a cheat of this
+/// kind was promoted at 2.7 on the serial track and 8.6 on the dflash one).
+#[test]
+fn moving_work_before_the_seeded_line_scores_one() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Bounds as for the no-op above (the same build, only its `seeded` line moved): never
+    // rejected, the score within [0.8, 1.25] (7 standard errors at the worst noise measured).
+    for extra in [
+        &[][..],
+        &[
+            "--track",
+            "dflash",
+            "--block-size",
+            "4",
+            "--draft",
+            "oracle:0.8",
+        ][..],
+    ] {
+        let (_, r) = price(FAULTY, "shift", extra);
+        let v = r["verdict"].as_str().unwrap();
+        assert!(v == "passed" || v == "infra:inconclusive", "{extra:?}: {r}");
+        let s = r["score"].as_f64().unwrap();
+        assert!(
+            (0.8..1.25).contains(&s),
+            "{extra:?}: a shifted no-op scored {s}"
+        );
+        // The worker's `seeded` stamps are recorded, and its candidate's say the window ended
+        // at once after them; nothing priced rests on them.
+        let w = &r["pairs"][0]["phases"];
+        let cand = w
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["role"] == "candidate")
+            .unwrap();
+        let win = &cand["windows"][0];
+        let (seeded, whole) = (
+            win["seeded_seconds"].as_f64().unwrap(),
+            win["window_seconds"].as_f64().unwrap(),
+        );
+        assert!(whole - seeded < 0.2 * whole, "{win}");
+    }
 }
 
 #[test]

@@ -221,7 +221,7 @@ fn worker_speaks_the_protocol() {
     let ready = next();
     assert_eq!(
         (ready["type"].as_str(), ready["version"].as_u64()),
-        (Some("ready"), Some(1))
+        (Some("ready"), Some(2))
     );
     assert_eq!(
         ready["known_flags"],
@@ -241,9 +241,17 @@ fn worker_speaks_the_protocol() {
     assert_eq!(w["tokens"].as_array().unwrap().len(), 6);
     assert_eq!(w["kv_len"], 3 + 5, "ledger: prompt + tokens - 1");
     assert_eq!(w["tokens"][0], s["token"]);
-    // DFlash with forced rejections reproduces the serial tokens.
+    // DFlash with forced rejections (every other draft wrong) reproduces the serial tokens.
     let truth = w["tokens"].to_string();
-    writeln!(input, r#"{{"op":"window","id":5,"prompt":[1,2,3],"decode_tokens":5,"block_size":3,"draft":"oracle:0.5","truth":{truth}}}"#).unwrap();
+    let drafts: Vec<u64> = w["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.as_u64().unwrap() ^ (i % 2) as u64)
+        .collect();
+    let drafts = serde_json::to_string(&drafts).unwrap();
+    writeln!(input, r#"{{"op":"window","id":5,"prompt":[1,2,3],"decode_tokens":5,"block_size":3,"draft":"oracle:0.5","drafts":{drafts}}}"#).unwrap();
     next();
     assert_eq!(next()["tokens"], w["tokens"]);
     writeln!(

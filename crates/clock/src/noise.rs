@@ -11,57 +11,30 @@
 //! another process holds a CPU for the whole phase; so a phase none of whose windows ran without
 //! its worker waiting on a run queue (`telemetry`) is re-run.
 //!
-//! One subtlety: the parent splits a window into prefill and decode where it reads the `seeded`
-//! line. A late read of that line (the parent's reader thread descheduled) moves time from decode
-//! to prefill, so the decode part alone has noise of both signs and its minimum is biased low
-//! (measured: single windows 15 % faster than any undisturbed one). The prefill part (request →
-//! `seeded`) and the whole window (request → last reply) only ever gain time, so the robust decode
-//! time is `min(whole window) − min(prefill)`, both one-sided minima.
+//! What is measured is the whole window, from the parent writing the request to the parent
+//! reading the last reply: the only boundaries the parent observes itself. The worker's `seeded`
+//! line is its own choice of when to speak (a build can decode most of the window before saying
+//! it), so it never splits what is priced.
 
 use serde::Serialize;
 
-/// The robust and the mean seconds per token of one phase.
+/// The robust and the mean whole-window seconds of one phase.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Figures {
-    pub prefill_seconds_per_token: f64,
-    pub decode_seconds_per_token: f64,
+    pub window_seconds: f64,
 }
 
-/// A timed window as the statistics need it: seconds of prefill and of decode.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Timing {
-    pub prefill_seconds: f64,
-    pub decode_seconds: f64,
-}
-
-impl Timing {
-    pub fn total(&self) -> f64 {
-        self.prefill_seconds + self.decode_seconds
+/// The phase statistic the score uses: the minimum whole window.
+pub fn robust(window_seconds: &[f64]) -> Figures {
+    Figures {
+        window_seconds: window_seconds.iter().copied().fold(f64::INFINITY, f64::min),
     }
 }
 
-/// The phase statistic the score uses: minimum prefill, and minimum whole window minus minimum
-/// prefill for the decode (see the module comment for why not the decode's own minimum).
-pub fn robust(windows: &[Timing], prompt_tokens: usize, decode_tokens: usize) -> Figures {
-    let min = |f: &dyn Fn(&Timing) -> f64| windows.iter().map(f).fold(f64::INFINITY, f64::min);
-    let prefill = min(&|w| w.prefill_seconds);
-    let total = min(&|w| w.total());
+/// The mean whole window, for the record (the statistic a single-window clock used to score).
+pub fn means(window_seconds: &[f64]) -> Figures {
     Figures {
-        prefill_seconds_per_token: prefill / prompt_tokens as f64,
-        decode_seconds_per_token: (total - prefill) / decode_tokens as f64,
-    }
-}
-
-/// The mean of each part, for the record (the statistic a single-window clock used to score).
-pub fn means(windows: &[Timing], prompt_tokens: usize, decode_tokens: usize) -> Figures {
-    let n = windows.len().max(1) as f64;
-    Figures {
-        prefill_seconds_per_token: windows.iter().map(|w| w.prefill_seconds).sum::<f64>()
-            / n
-            / prompt_tokens as f64,
-        decode_seconds_per_token: windows.iter().map(|w| w.decode_seconds).sum::<f64>()
-            / n
-            / decode_tokens as f64,
+        window_seconds: crate::stats::mean(window_seconds),
     }
 }
 
@@ -195,24 +168,11 @@ pub fn size_windows(
 mod tests {
     use super::*;
 
-    fn t(p: f64, d: f64) -> Timing {
-        Timing {
-            prefill_seconds: p,
-            decode_seconds: d,
-        }
-    }
-
     #[test]
-    fn a_late_seeded_line_does_not_make_the_decode_look_faster() {
-        // Three windows of a build whose prefill takes 1.0 s and decode 2.0 s; in the second the
-        // parent read `seeded` 0.5 s late, in the third the machine added 1 s to the decode.
-        let w = [t(1.0, 2.0), t(1.5, 1.5), t(1.0, 3.0)];
-        let r = robust(&w, 10, 20);
-        assert!((r.prefill_seconds_per_token - 0.1).abs() < 1e-12);
-        assert!((r.decode_seconds_per_token - 0.1).abs() < 1e-12);
-        // The decode's own minimum would have said 1.5 s: 25 % too fast.
-        let m = means(&w, 10, 20);
-        assert!((m.decode_seconds_per_token - 6.5 / 3.0 / 20.0).abs() < 1e-12);
+    fn a_phase_is_its_fastest_whole_window() {
+        let w = [3.0, 2.5, 4.0];
+        assert_eq!(robust(&w).window_seconds, 2.5);
+        assert!((means(&w).window_seconds - 9.5 / 3.0).abs() < 1e-12);
     }
 
     #[test]

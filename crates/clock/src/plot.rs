@@ -115,11 +115,9 @@ fn raw_score(r: &PriceResult, i: usize) -> Option<f64> {
     let p = &r.pairs[i];
     let get = |role: Role| p.phases.iter().find(|x| x.role == role);
     let (b, c) = (get(Role::Baseline)?, get(Role::Candidate)?);
-    Some(match r.track {
-        Track::Serial => {
-            (b.decode_seconds_per_token / c.decode_seconds_per_token).powf(0.75)
-                * (b.prefill_seconds_per_token / c.prefill_seconds_per_token).powf(0.25)
-        }
-        Track::Dflash => get(Role::Noop)?.decode_seconds_per_token / c.decode_seconds_per_token,
-    })
+    let reference = match r.track {
+        Track::Serial => b,
+        Track::Dflash => get(Role::Noop)?,
+    };
+    Some(reference.min_window_seconds / c.min_window_seconds)
 }

@@ -8,6 +8,11 @@
 //! the same order. The parent times only the windows, checks the machine is quiet before each
 //! phase and samples it during every window.
 //!
+//! Everything priced is a whole window as the parent sees it: from writing the request to
+//! reading the last reply (the worker's `seeded` line is its own choice of when to speak, so it
+//! is recorded, never priced). The DFlash track's oracle drafts are realised here from the
+//! baseline's serial tokens and sent as drafts: the candidate never receives the truth.
+//!
 //! Each phase's figure is the minimum over its scored windows (`noise`: under one-sided noise the
 //! minimum converges to the build's undisturbed time); a phase none of whose windows ran without
 //! waiting on a run queue is re-run; the score is the ratio of the pairs' mean
@@ -30,7 +35,7 @@ use fastdecode_gate::check::{self, Counts};
 use fastdecode_worker::protocol::WindowRequest;
 use fastdecode_worker::{Build, Fault, ModelId, NoTick, Spec, TimedWindow, Worker};
 
-use crate::noise::{self, Figures, NoiseReport, Timing};
+use crate::noise::{self, Figures, NoiseReport};
 use crate::score::{self, Interval, PairFigures, Rule, Stop};
 use crate::stats::median;
 use crate::telemetry::{
@@ -109,8 +114,11 @@ pub struct WindowRecord {
     pub warmup: bool,
     /// The worker waited on a run queue for more than the tolerance of this window: not scored.
     pub disturbed: bool,
-    pub prefill_seconds: f64,
-    pub decode_seconds: f64,
+    /// Request written → last reply read: what is priced.
+    pub window_seconds: f64,
+    /// Request written → the worker's `seeded` line read: when the worker chose to say its
+    /// prefill was done. For the record only; never priced.
+    pub seeded_seconds: f64,
     pub tokens_match_baseline: Option<bool>,
     pub telemetry: WindowTelemetry,
 }
@@ -123,13 +131,8 @@ pub struct Phase {
     pub spawn_seconds: f64,
     /// Scored windows that were not disturbed (none: the pair is re-run).
     pub undisturbed_windows: usize,
-    /// The robust statistic the score uses (`noise::robust` over the scored windows).
-    pub prefill_seconds_per_token: f64,
-    pub decode_seconds_per_token: f64,
-    /// The mean over the scored windows, for the record.
-    pub mean_prefill_seconds_per_token: f64,
-    pub mean_decode_seconds_per_token: f64,
-    /// Best and mean whole scored window: mean / min − 1 is this phase's own noise.
+    /// Best scored window (the robust statistic the score uses, `noise::robust`) and the mean,
+    /// for the record: mean / min − 1 is this phase's own noise.
     pub min_window_seconds: f64,
     pub mean_window_seconds: f64,
     pub tokens_match_baseline: Option<bool>,
@@ -178,7 +181,7 @@ pub struct PriceResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     pub track: Track,
-    /// The ratio of the pairs' mean robust seconds per token (`score`); `ratio_of_means` is the
+    /// The ratio of the pairs' mean robust window seconds (`score`); `ratio_of_means` is the
     /// same number under the original's name.
     pub score: Option<f64>,
     pub ci95: Option<[f64; 2]>,
@@ -197,18 +200,16 @@ pub struct PriceResult {
     pub attempted_pair_count: usize,
     pub elapsed_seconds: f64,
     pub ratio_of_means: Option<f64>,
-    pub decode_ratio_of_means: Option<f64>,
-    pub prefill_ratio_of_means: Option<f64>,
     pub raw_ratio_of_means: Option<f64>,
     pub noop_reference: Option<f64>,
     /// Median and minimum of the pairs' own scores.
     pub median: Option<f64>,
     pub min: Option<f64>,
+    /// The pairs' mean robust window over the tokens it emits (1 + decode tokens): the window's
+    /// whole time, prefill included, per emitted token.
     pub baseline_seconds_per_token: Option<f64>,
     pub candidate_seconds_per_token: Option<f64>,
     pub noop_seconds_per_token: Option<f64>,
-    pub baseline_prefill_seconds_per_token: Option<f64>,
-    pub candidate_prefill_seconds_per_token: Option<f64>,
     pub mean_statistic: Option<MeanStatistic>,
     pub noise: Option<NoiseReport>,
     pub warmup_windows: usize,
@@ -334,11 +335,9 @@ fn side(spec: &Spec, build: Option<Build>) -> SideInfo {
     }
 }
 
-fn timing(t: &TimedWindow) -> Timing {
-    Timing {
-        prefill_seconds: t.prefill_seconds,
-        decode_seconds: t.decode_seconds,
-    }
+/// A window as the parent saw it: request written → last reply read.
+fn whole(t: &TimedWindow) -> f64 {
+    t.prefill_seconds + t.decode_seconds
 }
 
 pub fn run(
@@ -376,7 +375,7 @@ pub fn run(
         ci95: None,
         half_width: None,
         ci_method: "jackknife-t over pairs on the log score, Stein two-stage (variance of the first min_pairs pairs, their degrees of freedom) when wider",
-        robust_statistic: "per phase, the minimum over its scored windows: prefill, and whole window minus prefill for the decode",
+        robust_statistic: "per phase, the minimum over its scored windows of the whole window (request written to last reply read)",
         floor: r.floor,
         target_ci: r.target_half_width,
         min_pairs: r.min_pairs,
@@ -388,8 +387,6 @@ pub fn run(
         attempted_pair_count: 0,
         elapsed_seconds: 0.0,
         ratio_of_means: None,
-        decode_ratio_of_means: None,
-        prefill_ratio_of_means: None,
         raw_ratio_of_means: None,
         noop_reference: None,
         median: None,
@@ -397,8 +394,6 @@ pub fn run(
         baseline_seconds_per_token: None,
         candidate_seconds_per_token: None,
         noop_seconds_per_token: None,
-        baseline_prefill_seconds_per_token: None,
-        candidate_prefill_seconds_per_token: None,
         mean_statistic: None,
         noise: None,
         warmup_windows: p.warmup_windows,
@@ -425,16 +420,14 @@ pub fn run(
         Role::Candidate => &sides.candidate,
         Role::Noop => &sides.noop,
     };
-    let request = |role: Role, prompt: &[u32], truth: Option<&Vec<u32>>| {
-        let dflash = dflash && role != Role::Baseline;
-        WindowRequest {
-            id: 0,
-            prompt: prompt.to_vec(),
-            decode_tokens: p.decode_tokens,
-            block_size: if dflash { p.block_size } else { 1 },
-            draft: dflash.then(|| p.draft.clone()),
-            seed: p.seed,
-            truth: if dflash { truth.cloned() } else { None },
+    // The baseline decodes serially; on the DFlash track the candidate and the no-op draft with
+    // the track's source, an oracle's drafts realised here from the baseline's tokens.
+    let request = |role: Role, prompt: &[u32], truth: &[u32]| {
+        if dflash && role != Role::Baseline {
+            let block = (p.block_size, p.draft.as_str());
+            WindowRequest::dflash(prompt, p.decode_tokens, block, truth, p.seed, model.vocab)
+        } else {
+            Ok(WindowRequest::serial(prompt, p.decode_tokens))
         }
     };
     let fail = |mut res: PriceResult, f: Fault| {
@@ -469,14 +462,14 @@ pub fn run(
     let mut w = attempt!(Worker::spawn(&sides.baseline, vocab, &model.digest));
     let spawn_seconds = t0.elapsed().as_secs_f64();
     for pr in warm_prompts {
-        attempt!(w.window(request(Role::Baseline, pr, None), &mut NoTick));
+        attempt!(w.window(request(Role::Baseline, pr, &[])?, &mut NoTick));
     }
     let (mut noise_seconds, mut noise_waits) = (vec![], vec![]);
     for _ in 0..p.noise_windows {
         let before = runqueue_wait_seconds(w.pid());
-        let t = attempt!(w.window(request(Role::Baseline, noise_prompt, None), &mut NoTick));
+        let t = attempt!(w.window(request(Role::Baseline, noise_prompt, &[])?, &mut NoTick));
         let after = runqueue_wait_seconds(w.pid());
-        noise_seconds.push(t.prefill_seconds + t.decode_seconds);
+        noise_seconds.push(whole(&t));
         noise_waits.push(before.zip(after).map(|(a, b)| b - a));
     }
     let tolerance = r.target_half_width.map_or(DEFAULT_TOLERANCE, |h| h / 2.0);
@@ -505,7 +498,7 @@ pub fn run(
     };
     let mut truth = vec![];
     for pr in &pool {
-        let t = attempt!(w.window(request(Role::Baseline, pr, None), &mut NoTick));
+        let t = attempt!(w.window(request(Role::Baseline, pr, &[])?, &mut NoTick));
         truth.push(t.tokens);
     }
     w.shutdown();
@@ -587,29 +580,22 @@ pub fn run(
             for (i, &ix) in prompt_order.iter().enumerate() {
                 let mut sampler = Sampler::new(&telemetry, expected[&role], p.stall_seconds);
                 sampler.begin(pid);
-                let t =
-                    attempt!(w.window(request(role, &pool[ix], Some(&truth[ix])), &mut sampler));
+                let req = request(role, &pool[ix], &truth[ix])?;
+                let t = attempt!(w.window(req, &mut sampler));
                 let tele = sampler.finish(pid);
                 if role == Role::Candidate {
                     judge.note(ix, &t.tokens, &truth[ix]);
                 }
-                expected.insert(
-                    role,
-                    Duration::from_secs_f64(t.prefill_seconds + t.decode_seconds),
-                );
-                let disturbed = noise::waited(
-                    t.prefill_seconds + t.decode_seconds,
-                    tele.runqueue_wait_seconds,
-                    tolerance,
-                );
+                expected.insert(role, Duration::from_secs_f64(whole(&t)));
+                let disturbed = noise::waited(whole(&t), tele.runqueue_wait_seconds, tolerance);
                 windows.push((
-                    timing(&t),
+                    whole(&t),
                     WindowRecord {
                         prompt: ix,
                         warmup: i < p.warmup_windows,
                         disturbed,
-                        prefill_seconds: t.prefill_seconds,
-                        decode_seconds: t.decode_seconds,
+                        window_seconds: whole(&t),
+                        seeded_seconds: t.prefill_seconds,
                         tokens_match_baseline: (role != Role::Baseline)
                             .then(|| t.tokens == truth[ix]),
                         telemetry: tele,
@@ -618,27 +604,17 @@ pub fn run(
             }
             w.shutdown();
             let scored = &windows[p.warmup_windows..];
-            let all: Vec<Timing> = scored.iter().map(|(t, _)| *t).collect();
-            let clean: Vec<Timing> = scored
-                .iter()
-                .filter(|(_, r)| !r.disturbed)
-                .map(|(t, _)| *t)
-                .collect();
-            if clean.is_empty() && busy_streak < KEEP_AFTER_DISTURBED && !last_chances {
+            let all: Vec<f64> = scored.iter().map(|(t, _)| *t).collect();
+            let clean = scored.iter().filter(|(_, r)| !r.disturbed).count();
+            if clean == 0 && busy_streak < KEEP_AFTER_DISTURBED && !last_chances {
                 pair.accepted = false;
                 pair.rejected_because
                     .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
             }
             // The minimum is over every scored window: a disturbed window can only be slower,
-            // so leaving it out can only raise the minimum; and a lone clean window can carry
-            // a late `seeded` stamp (the parent's reader descheduled), whose decode reads as 0.
-            // The clean count only decides whether the phase was disturbed throughout.
-            let rob = noise::robust(&all, p.prompt_tokens, p.decode_tokens);
-            let avg = noise::means(&all, p.prompt_tokens, p.decode_tokens);
-            let min_window = all.iter().map(Timing::total).fold(f64::INFINITY, f64::min);
-            let mean_window =
-                crate::stats::mean(&all.iter().map(Timing::total).collect::<Vec<_>>());
-            let undisturbed = clean.len();
+            // so leaving it out can only raise the minimum. The clean count only decides
+            // whether the phase was disturbed throughout.
+            let (rob, avg) = (noise::robust(&all), noise::means(&all));
             let records: Vec<WindowRecord> = windows.into_iter().map(|(_, r)| r).collect();
             let mismatch = records
                 .iter()
@@ -648,13 +624,9 @@ pub fn run(
                 role,
                 quiet,
                 spawn_seconds,
-                undisturbed_windows: undisturbed,
-                prefill_seconds_per_token: rob.prefill_seconds_per_token,
-                decode_seconds_per_token: rob.decode_seconds_per_token,
-                mean_prefill_seconds_per_token: avg.prefill_seconds_per_token,
-                mean_decode_seconds_per_token: avg.decode_seconds_per_token,
-                min_window_seconds: min_window,
-                mean_window_seconds: mean_window,
+                undisturbed_windows: clean,
+                min_window_seconds: rob.window_seconds,
+                mean_window_seconds: avg.window_seconds,
                 tokens_match_baseline: (role != Role::Baseline).then_some(!mismatch),
                 windows: records,
             });
@@ -771,43 +743,27 @@ pub fn run(
     res.half_width = Some(iv.half_width);
     res.median = Some(median(&per_pair));
     res.min = per_pair.iter().copied().reduce(f64::min);
-    let mean_dec = |v: &[PairFigures], f: fn(&PairFigures) -> f64| {
-        v.iter().map(f).sum::<f64>() / v.len() as f64
+    // Whole seconds per emitted token (prefill included) of a side's mean window.
+    let per_token = |v: &[PairFigures], f: fn(&PairFigures) -> f64| {
+        v.iter().map(f).sum::<f64>() / v.len() as f64 / (1 + p.decode_tokens) as f64
     };
-    res.baseline_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
-        x.baseline.decode_seconds_per_token
-    }));
-    res.candidate_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
-        x.candidate.decode_seconds_per_token
-    }));
-    match p.track {
-        Track::Serial => {
-            res.decode_ratio_of_means = Some(c.first);
-            res.prefill_ratio_of_means = Some(c.second);
-            res.baseline_prefill_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
-                x.baseline.prefill_seconds_per_token
-            }));
-            res.candidate_prefill_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
-                x.candidate.prefill_seconds_per_token
-            }));
-        }
-        Track::Dflash => {
-            res.raw_ratio_of_means = Some(c.first);
-            res.noop_reference = Some(c.second);
-            res.noop_seconds_per_token = Some(mean_dec(&robust_pairs, |x| {
-                x.noop.map_or(f64::NAN, |f| f.decode_seconds_per_token)
-            }));
-        }
+    res.baseline_seconds_per_token = Some(per_token(&robust_pairs, |x| x.baseline.window_seconds));
+    res.candidate_seconds_per_token =
+        Some(per_token(&robust_pairs, |x| x.candidate.window_seconds));
+    if dflash {
+        res.raw_ratio_of_means = c.raw;
+        res.noop_reference = c.noop;
+        res.noop_seconds_per_token = Some(per_token(&robust_pairs, |x| {
+            x.noop.map_or(f64::NAN, |f| f.window_seconds)
+        }));
     }
     let miv = score::interval(p.track, &mean_pairs, r.min_pairs);
     res.mean_statistic = Some(MeanStatistic {
         score: miv.score,
         ci95: [miv.lo, miv.hi],
         half_width: miv.half_width,
-        baseline_seconds_per_token: mean_dec(&mean_pairs, |x| x.baseline.decode_seconds_per_token),
-        candidate_seconds_per_token: mean_dec(&mean_pairs, |x| {
-            x.candidate.decode_seconds_per_token
-        }),
+        baseline_seconds_per_token: per_token(&mean_pairs, |x| x.baseline.window_seconds),
+        candidate_seconds_per_token: per_token(&mean_pairs, |x| x.candidate.window_seconds),
     });
     let implausible = res.pairs.iter().filter(|x| x.accepted).any(|pair| {
         let b = pair
@@ -816,11 +772,10 @@ pub fn run(
             .find(|x| x.role == Role::Baseline)
             .expect("every pair has a baseline");
         pair.score.is_some_and(|s| s > p.max_speedup)
-            || pair.phases.iter().any(|ph| {
-                (b.decode_seconds_per_token / ph.decode_seconds_per_token)
-                    .max(b.prefill_seconds_per_token / ph.prefill_seconds_per_token)
-                    > p.max_speedup
-            })
+            || pair
+                .phases
+                .iter()
+                .any(|ph| b.min_window_seconds / ph.min_window_seconds > p.max_speedup)
     });
     if implausible {
         res.verdict = "violation:implausible_speed".into();
@@ -911,14 +866,12 @@ pub fn summary(r: &PriceResult) -> String {
             "median / min pair",
             format!("{} / {}", f(r.median), f(r.min)),
         ),
-        (
-            "decode ratio",
-            f(r.decode_ratio_of_means.or(r.raw_ratio_of_means)),
-        ),
-        (
-            "prefill ratio / noop",
-            f(r.prefill_ratio_of_means.or(r.noop_reference)),
-        ),
+        ("raw ratio / noop", {
+            match (r.raw_ratio_of_means, r.noop_reference) {
+                (Some(a), Some(b)) => format!("{a:.4} / {b:.4}"),
+                _ => "-".into(),
+            }
+        }),
         ("baseline s/token", us(r.baseline_seconds_per_token)),
         ("candidate s/token", us(r.candidate_seconds_per_token)),
         ("noop s/token", us(r.noop_seconds_per_token)),

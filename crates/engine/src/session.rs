@@ -133,14 +133,40 @@ pub fn draft_source(
     }
 }
 
-/// The `oracle:P` source of `plan`: it needs only the vocabulary size, no model in host memory
-/// (a GPU target runs it beside a model too large for the CPU engine).
+/// The `oracle:P` source of `plan`, realised from `truth` (the serial greedy tokens of
+/// `prompt`): it needs only the vocabulary size, no model in host memory (a GPU target runs it
+/// beside a model too large for the CPU engine).
 pub fn oracle_source(
     vocab_size: usize,
     prompt: &[u32],
     plan: DraftPlan,
     truth: Option<&[u32]>,
 ) -> Result<Box<dyn DraftSource>> {
+    let p = oracle_p(plan)?;
+    let truth =
+        truth.ok_or_else(|| Error::Input("the oracle needs the serial greedy tokens".into()))?;
+    Ok(Box::new(Oracle::new(
+        truth,
+        prompt.len(),
+        p,
+        vocab_size,
+        plan.seed,
+    )?))
+}
+
+/// The `oracle:P` source of `plan` from drafts its parent realised (`oracle::realise`), one per
+/// position after `prompt`: what a worker runs, never seeing the truth itself.
+pub fn drafts_source(
+    prompt: &[u32],
+    plan: DraftPlan,
+    drafts: &[u32],
+) -> Result<Box<dyn DraftSource>> {
+    oracle_p(plan)?;
+    Ok(Box::new(Oracle::from_drafts(drafts.to_vec(), prompt.len())))
+}
+
+/// The oracle's probability, when `plan` names the oracle at a block size it takes.
+fn oracle_p(plan: DraftPlan) -> Result<f64> {
     let (k, spec) = (plan.block_size, plan.source);
     let DraftSpec::Oracle(p) = spec else {
         return Err(Error::Input(format!("{spec} is not the oracle source")));
@@ -152,13 +178,5 @@ pub fn oracle_source(
             "block size {k} is above the {spec} source's maximum {max}"
         )));
     }
-    let truth =
-        truth.ok_or_else(|| Error::Input("the oracle needs the serial greedy tokens".into()))?;
-    Ok(Box::new(Oracle::new(
-        truth.to_vec(),
-        prompt.len(),
-        p,
-        vocab_size,
-        plan.seed,
-    )?))
+    Ok(p)
 }

@@ -154,7 +154,7 @@ fn dflash_equals_serial_for_every_block_size_and_oracle_rate() {
     assert!(p.len() + NEW_TOKENS >= c.sliding_window + 300);
     for k in [1, 2, 3, 4, 8, 16] {
         for prob in [0.0, 0.5, 1.0] {
-            let mut o = Oracle::new(reference.clone(), p.len(), prob, c.vocab_size, 42).unwrap();
+            let mut o = Oracle::new(&reference, p.len(), prob, c.vocab_size, 42).unwrap();
             let (rounds, acc) = check_dflash(
                 &m,
                 &reference,
@@ -202,7 +202,7 @@ fn stop_tokens_end_generation_identically_in_both_modes() {
     let first = reference.iter().position(|t| *t == stop[0]).unwrap();
     for k in [1, 4] {
         let mut t = CpuTarget::new(m.target.clone(), 16);
-        let mut o = Oracle::new(reference.clone(), p.len(), 0.7, c.vocab_size, 1).unwrap();
+        let mut o = Oracle::new(&reference, p.len(), 0.7, c.vocab_size, 1).unwrap();
         let opts = DecodeOptions {
             max_new_tokens: 100,
             block_size: k,

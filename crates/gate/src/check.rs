@@ -9,7 +9,10 @@
 //!    Once a near-tie has been taken the chains leave the golden, which is why the reference has
 //!    to be live.
 //! 3. **DFlash**: the candidate's DFlash output, with forced rejections (an oracle drafting the
-//!    candidate's own chain with probability p), must equal its serial output exactly.
+//!    candidate's own chain with probability p), must equal its serial output exactly; so must
+//!    its DFlash output with the track's own draft source (the drafter the pricing runs), so a
+//!    build cannot be exact only under the oracle. The oracle's drafts are realised here and
+//!    sent as drafts: no window of the gate hands the candidate a continuation to copy.
 //!
 //! Near-ties from all goldens count against one budget per 1000 checked tokens. A failure names a
 //! category, the golden and the step, never a token or a logit.
@@ -33,7 +36,7 @@ pub const DEFAULT_BUDGET: f64 = 2.0;
 /// Largest DFlash block size of the exactness check (the engine's largest block).
 pub const MAX_BLOCK_SIZE: usize = 16;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct GateParams {
     /// A non-argmax token passes as a near-tie when the reference's top-1 logit minus its logit is
     /// at most this.
@@ -44,6 +47,9 @@ pub struct GateParams {
     pub block_size: usize,
     /// Probability that the oracle drafts the right token (the rest are forced rejections).
     pub oracle_p: f64,
+    /// The track's own DFlash window, block size and draft source (`drafter` or `oracle:P`),
+    /// whose output must equal serial too.
+    pub own_draft: Option<(usize, String)>,
 }
 
 impl GateParams {
@@ -67,6 +73,14 @@ impl GateParams {
         }
         if !(0.0..=1.0).contains(&self.oracle_p) {
             bail!("oracle probability {} is not in [0, 1]", self.oracle_p);
+        }
+        if let Some((k, draft)) = &self.own_draft {
+            if !(2..=MAX_BLOCK_SIZE).contains(k) {
+                bail!("the draft source's block size {k} is outside 2..={MAX_BLOCK_SIZE}");
+            }
+            draft
+                .parse::<fastdecode_engine::DraftSpec>()
+                .map_err(|e| anyhow::anyhow!("draft source {draft:?}: {e}"))?;
         }
         Ok(())
     }
@@ -238,10 +252,10 @@ pub fn run(
         }
     };
     rep.candidate = Some(cand.ready.build.clone());
-    if p.block_size > cand.ready.max_block {
+    let largest = p.own_draft.as_ref().map_or(0, |d| d.0).max(p.block_size);
+    if largest > cand.ready.max_block {
         bail!(
-            "block size {} is above the candidate's largest DFlash block {}",
-            p.block_size,
+            "block size {largest} is above the candidate's largest DFlash block {}",
             cand.ready.max_block
         );
     }
@@ -264,7 +278,7 @@ pub fn run(
             fidelity: Counts::default(),
             dflash_exact: None,
         };
-        let outcome = check_one(&mut cand, &mut refw, g, &name, p, &mut r);
+        let outcome = check_one(&mut cand, &mut refw, g, &name, (p, model.vocab), &mut r);
         rep.replay.add(r.replay);
         rep.fidelity.add(r.fidelity);
         rep.goldens.push(r);
@@ -291,7 +305,7 @@ fn check_one(
     refw: &mut Worker,
     g: &Golden,
     name: &str,
-    p: &GateParams,
+    (p, vocab): (&GateParams, usize),
     r: &mut GoldenReport,
 ) -> Result<(), Failure> {
     let on = |side: &'static str| move |f: Fault| fault(&f, Some(name), side);
@@ -333,18 +347,8 @@ fn check_one(
     }
     // 2. Free decoding by the candidate, judged by the live reference on the candidate's chain.
     let n = g.tokens.len();
-    let window =
-        |block_size: usize, draft: Option<String>, truth: Option<Vec<u32>>| WindowRequest {
-            id: 0,
-            prompt: g.prompt.clone(),
-            decode_tokens: n - 1,
-            block_size,
-            draft,
-            seed: 7,
-            truth,
-        };
     let emitted = cand
-        .window(window(1, None, None), &mut NoTick)
+        .window(WindowRequest::serial(&g.prompt, n - 1), &mut NoTick)
         .map_err(on("candidate"))?
         .tokens;
     let judged = refw
@@ -360,13 +364,16 @@ fn check_one(
             Some("candidate"),
         ));
     }
-    // 3. DFlash with forced rejections must reproduce the candidate's serial output exactly.
-    if p.block_size > 1 {
-        let d = window(
-            p.block_size,
-            Some(format!("oracle:{}", p.oracle_p)),
-            Some(emitted.clone()),
-        );
+    // 3. DFlash must reproduce the candidate's serial output exactly: with forced rejections
+    // (the oracle drafting the candidate's own chain), and with the track's own source.
+    let forced = (p.block_size > 1).then(|| (p.block_size, format!("oracle:{}", p.oracle_p)));
+    for (k, draft) in forced.iter().chain(&p.own_draft) {
+        let d = WindowRequest::dflash(&g.prompt, n - 1, (*k, draft), &emitted, 7, vocab).map_err(
+            |e| Failure {
+                detail: Some(format!("{e:#}")),
+                ..fail("infra:gate_input", Some(name), None, None)
+            },
+        )?;
         let got = cand.window(d, &mut NoTick).map_err(on("candidate"))?.tokens;
         let exact = got == emitted;
         r.dflash_exact = Some(exact);

@@ -20,18 +20,7 @@ pub fn make_one(
     if tokens == 0 {
         bail!("a golden needs at least one token");
     }
-    let w = reference.window(
-        WindowRequest {
-            id: 0,
-            prompt: prompt.to_vec(),
-            decode_tokens: tokens - 1,
-            block_size: 1,
-            draft: None,
-            seed: 0,
-            truth: None,
-        },
-        &mut NoTick,
-    )?;
+    let w = reference.window(WindowRequest::serial(prompt, tokens - 1), &mut NoTick)?;
     let steps = reference.replay(prompt, &w.tokens, false)?;
     if let Some(i) = steps
         .iter()

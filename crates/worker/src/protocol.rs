@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// The protocol's name, in the `ready` line.
 pub const PROTOCOL: &str = "fastdecode-worker";
 /// Bumped on any change a parent of the previous version could misread.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// The build a worker (or a golden) came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,12 +51,51 @@ pub struct WindowRequest {
     /// Draft source when `block_size > 1`: `drafter` or `oracle:P`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft: Option<String>,
-    /// Seed of the oracle's coin flips.
-    #[serde(default)]
-    pub seed: u64,
-    /// The serial greedy continuation, which `oracle:P` drafts from.
+    /// `oracle:P` only: the draft for every position after the prompt (`drafts[i]` for position
+    /// `prompt.len() + i`), realised by the parent (`fastdecode_engine::oracle::realise`). The
+    /// worker never gets the true continuation, only these, of which a share P are right.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub truth: Option<Vec<u32>>,
+    pub drafts: Option<Vec<u32>>,
+}
+
+impl WindowRequest {
+    /// A serial window of `prompt` and `decode_tokens` more tokens.
+    pub fn serial(prompt: &[u32], decode_tokens: usize) -> WindowRequest {
+        WindowRequest {
+            id: 0,
+            prompt: prompt.to_vec(),
+            decode_tokens,
+            block_size: 1,
+            draft: None,
+            drafts: None,
+        }
+    }
+
+    /// A DFlash window of `block_size` rows drafted by `draft`. For `oracle:P` the parent
+    /// realises the drafts here from `truth` (the serial continuation it holds, which never
+    /// leaves it) with `seed`; `drafter` needs neither.
+    pub fn dflash(
+        prompt: &[u32],
+        decode_tokens: usize,
+        (block_size, draft): (usize, &str),
+        truth: &[u32],
+        seed: u64,
+        vocab: usize,
+    ) -> anyhow::Result<WindowRequest> {
+        use fastdecode_engine::DraftSpec;
+        let drafts = match draft.parse::<DraftSpec>().map_err(anyhow::Error::msg)? {
+            DraftSpec::Oracle(p) => {
+                Some(fastdecode_engine::oracle::realise(truth, p, vocab, seed)?)
+            }
+            DraftSpec::Drafter => None,
+        };
+        Ok(WindowRequest {
+            block_size,
+            draft: Some(draft.to_string()),
+            drafts,
+            ..WindowRequest::serial(prompt, decode_tokens)
+        })
+    }
 }
 
 /// Teacher-forced replay: the model's choice at every step of `chain` after `prompt`.
@@ -241,8 +280,7 @@ mod tests {
             decode_tokens: 4,
             block_size: 1,
             draft: None,
-            seed: 0,
-            truth: None,
+            drafts: None,
         });
         let line = serde_json::to_string(&r).unwrap();
         assert!(line.starts_with(r#"{"op":"window","id":3"#), "{line}");

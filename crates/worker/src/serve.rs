@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use fastdecode_cpu::flags::{self, Flags};
 use fastdecode_cpu::ops::top2;
 use fastdecode_engine::cuda_backend::CudaBackend;
-use fastdecode_engine::session::{draft_source, max_block, oracle_source};
+use fastdecode_engine::session::{draft_source, drafts_source, max_block};
 use fastdecode_engine::{
     generate_observed, CpuTarget, DecodeOptions, DraftPlan, DraftSource, DraftSpec, LoadedModel,
     TargetBackend,
@@ -85,11 +85,22 @@ enum Engine {
     },
 }
 
-/// A DFlash request's draft plan with the prompt and (for the oracle) the serial truth.
+/// A DFlash request's draft plan with the prompt and (for the oracle) the drafts its parent
+/// realised.
 struct DraftRequest<'a> {
     plan: DraftPlan,
     prompt: &'a [u32],
-    truth: Option<&'a [u32]>,
+    drafts: Option<&'a [u32]>,
+}
+
+impl DraftRequest<'_> {
+    /// The oracle's source from the parent's drafts (the worker is never given the truth).
+    fn oracle(&self) -> Result<Box<dyn DraftSource>> {
+        let drafts = self
+            .drafts
+            .context("an oracle:P window needs the drafts its parent realised (`drafts`)")?;
+        Ok(drafts_source(self.prompt, self.plan, drafts)?)
+    }
 }
 
 /// A request's target and draft source (none when serial).
@@ -197,7 +208,7 @@ pub fn run(
         max_block: server.max_block(),
     };
     write_line(&mut output, &Reply::Ready(ready))?;
-    // The longest request a parent can need: three token lists (prompt, chain or truth) of the
+    // The longest request a parent can need: three token lists (prompt, chain or drafts) of the
     // model's longest sequence. A longer line is refused without being held.
     let max_line = server
         .config()
@@ -280,7 +291,8 @@ impl Server {
         match &mut self.engine {
             Engine::Cpu { model, target } => {
                 let source = match draft {
-                    Some(d) => Some(draft_source(model, d.prompt, d.plan, d.truth)?),
+                    Some(d) if matches!(d.plan.source, DraftSpec::Oracle(_)) => Some(d.oracle()?),
+                    Some(d) => Some(draft_source(model, d.prompt, d.plan, None)?),
                     None => None,
                 };
                 let t = target.insert(CpuTarget::new(model.target.clone(), block_size));
@@ -289,12 +301,7 @@ impl Server {
             Engine::Cuda { target, .. } => {
                 let source = match draft {
                     Some(d) => match d.plan.source {
-                        DraftSpec::Oracle(_) => Some(oracle_source(
-                            target.config().vocab_size,
-                            d.prompt,
-                            d.plan,
-                            d.truth,
-                        )?),
+                        DraftSpec::Oracle(_) => Some(d.oracle()?),
                         // The GPU drafter is the target's resident source: none is passed.
                         DraftSpec::Drafter => match target.drafter_block_size() {
                             Some(max) if d.plan.block_size <= max => None,
@@ -324,15 +331,19 @@ impl Server {
             decode_tokens: 8,
             block_size: 1,
             draft: None,
-            seed: 0,
-            truth: None,
+            drafts: None,
         };
         let Reply::Window { tokens, .. } = self.window(&w, &mut sink)? else {
             bail!("warm-up: a window did not end in a window reply");
         };
         w.block_size = 4;
         w.draft = Some("oracle:0.5".into());
-        w.truth = Some(tokens.clone());
+        w.drafts = Some(fastdecode_engine::oracle::realise(
+            &tokens,
+            0.5,
+            vocab as usize,
+            0,
+        )?);
         self.window(&w, &mut sink)?;
         self.replay(&ReplayRequest {
             id: 0,
@@ -389,6 +400,10 @@ impl Server {
                 );
             }
         }
+        let oracle = w.draft.as_deref().is_some_and(|d| d.starts_with("oracle:"));
+        if w.drafts.is_some() && !(oracle && w.block_size > 1) {
+            bail!("drafts are for DFlash windows (block_size > 1) drafted by oracle:P only");
+        }
         let plan = if w.block_size > 1 {
             let spec: DraftSpec = w
                 .draft
@@ -399,12 +414,12 @@ impl Server {
             let plan = DraftPlan {
                 block_size: w.block_size,
                 source: spec,
-                seed: w.seed,
+                seed: 0,
             };
             Some(DraftRequest {
                 plan,
                 prompt: &w.prompt,
-                truth: w.truth.as_deref(),
+                drafts: w.drafts.as_deref(),
             })
         } else {
             None

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 fn requests() -> Vec<Value> {
     vec![
         json!({"op": "window", "id": 3, "prompt": [1, 2, 3], "decode_tokens": 16, "block_size": 4,
-               "draft": "oracle:0.5", "seed": 7, "truth": [4, 5, 6]}),
+               "draft": "oracle:0.5", "drafts": [4, 5, 6]}),
         json!({"op": "replay", "id": 4, "prompt": [1, 2], "chain": [3, 4, 5], "probe": true}),
         json!({"op": "shutdown"}),
     ]
@@ -30,7 +30,7 @@ fn requests() -> Vec<Value> {
 
 fn replies() -> Vec<Value> {
     vec![
-        json!({"type": "ready", "protocol": "fastdecode-worker", "version": 1,
+        json!({"type": "ready", "protocol": "fastdecode-worker", "version": 2,
                "build": {"version": "0.1.0", "commit": "abc123"}, "backend": "cpu",
                "flags": ["fused"], "known_flags": ["fused", "graph"],
                "model_digest": "ab".repeat(32), "vocab_size": 8192, "max_block": 16}),
@@ -182,7 +182,7 @@ proptest! {
     #[test]
     fn request_mutated(i in any::<prop::sample::Index>(), which in any::<prop::sample::Index>(), m in mutation()) {
         // `op` is the tag: deleting it is named too (`missing field `op``).
-        mutated::<Request>(requests(), i, which, &m, &["draft", "seed", "truth", "probe"])?;
+        mutated::<Request>(requests(), i, which, &m, &["draft", "drafts", "probe"])?;
     }
 
     #[test]
