@@ -727,7 +727,7 @@ mod tests {
             }
             reviewed += 1;
         }
-        assert!(reviewed >= 14, "{reviewed} cases");
+        assert!(reviewed >= 23, "{reviewed} cases");
     }
 
     #[test]
