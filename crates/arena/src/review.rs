@@ -9,7 +9,8 @@
 //! renames, groups, globs of `std`/`core`/`alloc` and `extern crate` renames resolved (so
 //! `use std::{fs as disk}` then `disk::read` is `std::fs::read`, and `<sp::Command>::new` is
 //! `std::process::Command::new`); statics that keep state (`static mut`, or a static holding a
-//! `Mutex`, a `Cell`, an atomic, a `Once*`/`Lazy*` or a type of the bundle built on one);
+//! `Mutex`, a `Cell`, an atomic, a `Once*`/`Lazy*` or a type of the bundle built on one), and
+//! atomics and once-cells wherever they are added (a field keeps state across calls too);
 //! `extern` blocks and symbol attributes (`#[link]`, `#[no_mangle]`, `#[export_name]`); the
 //! tokens of every macro invocation and `macro_rules!` body (`include_bytes`, `env!`, `asm!`,
 //! paths, statics, and a macro that calls a macro its caller names); method calls, identifiers
@@ -129,8 +130,30 @@ pub const RULES: &[Rule] = &[
             "AtomicI64",
             "AtomicBool",
         ],
-        // Statics that keep state are found by their type (`syntax::KEEPS_STATE`).
-        paths: &["thread_local", "lazy_static", "once_cell", "LocalKey"],
+        // Statics that keep state are found by their type (`syntax::KEEPS_STATE`). Atomics and
+        // once-cells count anywhere they are added, as the line needles did: a field of the
+        // engine's own structures keeps state across calls as a static does.
+        paths: &[
+            "thread_local",
+            "lazy_static",
+            "once_cell",
+            "LocalKey",
+            "OnceLock",
+            "OnceCell",
+            "LazyLock",
+            "AtomicPtr",
+            "AtomicBool",
+            "AtomicUsize",
+            "AtomicIsize",
+            "AtomicU64",
+            "AtomicI64",
+            "AtomicU32",
+            "AtomicI32",
+            "AtomicU16",
+            "AtomicI16",
+            "AtomicU8",
+            "AtomicI8",
+        ],
         macros: NONE,
         methods: NONE,
         idents: NONE,
@@ -476,6 +499,9 @@ mod tests {
             "fn f() -> u64 { static N: std::sync::atomic::AtomicU64 = \
              std::sync::atomic::AtomicU64::new(0); N.load(std::sync::atomic::Ordering::Relaxed) }",
             "thread_local! { static SEEN: std::cell::RefCell<Vec<u32>> = Default::default(); }",
+            // An atomic or a once-cell anywhere: a field of a backend lives across calls.
+            "struct Backend { calls: std::sync::atomic::AtomicU8 }",
+            "struct Backend { memo: std::sync::OnceLock<Vec<u32>> }",
         ];
         for c in cases {
             assert_eq!(alone(c), Some("output_cache"), "{c}");
@@ -543,7 +569,6 @@ mod tests {
             "// reads std::fs, include_bytes!, Instant, static mut, asm!, env!, goldens\nfn f() {}",
             "/// Reads no golden, no `std::fs`, no `Instant`; keeps no `static mut`.\nfn f() {}",
             "//! Module docs: `include_bytes!`, `asm!`, `libc::kill`.\nfn f() {}",
-            "fn f(n: usize) -> usize { let c = std::sync::atomic::AtomicUsize::new(n); c.into_inner() }",
             "fn f(a: u8, b: u8) -> bool { matches!(a, 1 | 2) && a != b && !(a == b) }",
             "fn f() -> &'static str { concat!(\"a\", \"b\") }",
             "#[cfg(target_arch = \"x86_64\")]\nfn f() { use std::arch::x86_64::*; let _ = unsafe { _mm_setzero_ps() }; }",
