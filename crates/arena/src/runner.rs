@@ -240,7 +240,7 @@ impl Runner {
                 String::from_utf8_lossy(&data).into_owned(),
             ));
         }
-        if let Some((rule, detail)) = review::builtin(&changes) {
+        if let Some((rule, detail)) = review::builtin(&changes)? {
             return Ok(failed(format!("review:{rule}"), detail));
         }
         let mut said = "built-in rules: no finding".to_string();
