@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod builder;
+pub mod child;
 pub mod bundle;
 pub mod cli;
 pub mod client;

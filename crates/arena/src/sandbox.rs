@@ -1,15 +1,23 @@
 //! The sandbox of the candidate's build and worker processes: bubblewrap (`bwrap`, Debian's
 //! `bubblewrap`). Inside: no network (a network namespace of its own), its own PID namespace
-//! (the runner cannot be signalled or traced), a read-only system (`/usr`, `/etc`, and the Rust
-//! toolchain for builds), an empty private `/tmp`, and of everything else only what the stage
-//! binds: the build directory (writable) for a build, the candidate binary and the model
-//! (read-only) for a worker. The runner's cache (hidden goldens, other builds), the service's
-//! files and every home directory stay out of view.
+//! (the runner cannot be signalled or traced), `/usr` read-only and of `/etc` only the dynamic
+//! linker's cache (and, for builds, `alternatives`, where `cc` points), an empty private `/tmp`,
+//! and of everything else only what the stage mounts (`Mount`): a build's private directories,
+//! or the candidate binary, the model and the build's compiled kernels, read-only. The runner's
+//! cache (hidden goldens, other builds), the service's files and every home directory stay out
+//! of view.
+//!
+//! The candidate runs as an unprivileged user. A runner started by root runs it as `nobody`
+//! (uid 65534, no capabilities, through `setpriv`), in namespaces without a user namespace,
+//! since one would map the sandbox's user to the host's root, whose files it could then read;
+//! what it must write is handed to that user first (`Sandbox::give`). A runner started by
+//! another user runs it as that user, mapped by a user namespace.
 //!
 //! A runner probes the sandbox when it starts (`probe`): each forbidden thing is tried inside
 //! it, and if any succeeds the runner refuses to serve.
 
-use std::ffi::OsString;
+use std::collections::BTreeSet;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -19,7 +27,43 @@ pub struct Sandbox {
     bwrap: PathBuf,
     /// GPU runners pass the host's devices through (the driver's nodes under /dev).
     devices: bool,
+    /// The host user the candidate runs as when the runner is root (`None`: the runner's own
+    /// user, through a user namespace).
+    drop_to: Option<u32>,
 }
+
+/// A path of the host seen inside the sandbox at `dest`, writable or not.
+#[derive(Debug, Clone)]
+pub struct Mount {
+    pub src: PathBuf,
+    pub dest: PathBuf,
+    pub write: bool,
+}
+
+impl Mount {
+    /// `src` read-only at `dest`.
+    pub fn ro(src: impl Into<PathBuf>, dest: impl Into<PathBuf>) -> Mount {
+        Mount {
+            src: src.into(),
+            dest: dest.into(),
+            write: false,
+        }
+    }
+    /// `src` writable at `dest`.
+    pub fn rw(src: impl Into<PathBuf>, dest: impl Into<PathBuf>) -> Mount {
+        Mount {
+            write: true,
+            ..Mount::ro(src, dest)
+        }
+    }
+    /// `p` read-only at its own path.
+    pub fn same(p: &Path) -> Mount {
+        Mount::ro(p, p)
+    }
+}
+
+/// The unprivileged user a root runner's candidates run as.
+pub const NOBODY: u32 = 65534;
 
 fn on_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| {
@@ -29,24 +73,46 @@ fn on_path(name: &str) -> Option<PathBuf> {
     })
 }
 
-/// The Rust toolchain's homes (read-only inside a build sandbox).
-fn toolchain() -> Vec<PathBuf> {
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    let cargo = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| home.as_ref().map(|h| h.join(".cargo")));
-    let rustup = std::env::var_os("RUSTUP_HOME")
-        .map(PathBuf::from)
-        .or_else(|| home.as_ref().map(|h| h.join(".rustup")));
-    [cargo, rustup]
-        .into_iter()
-        .flatten()
-        .filter(|p| p.is_dir())
-        .collect()
+/// The Rust toolchain a build runs: the host's sysroot (`rustc --print sysroot`; behind a
+/// rustup proxy, the toolchain it picks), whose `bin/` holds cargo and rustc. It is mounted at
+/// `/toolchain` (rustc finds its libraries relative to itself).
+fn sysroot() -> Result<PathBuf> {
+    let o = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .stderr(Stdio::null())
+        .output()
+        .context("running rustc --print sysroot (is Rust installed?)")?;
+    let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+    if !o.status.success() || !p.join("bin/cargo").is_file() {
+        bail!(
+            "rustc --print sysroot: {} has no bin/cargo (a toolchain with cargo is needed)",
+            p.display()
+        );
+    }
+    Ok(p)
 }
 
-fn quote(s: &std::ffi::OsStr) -> String {
+fn quote(s: &OsStr) -> String {
     format!("'{}'", s.to_string_lossy().replace('\'', r"'\''"))
+}
+
+/// Where a build's directories are inside its sandbox: the same paths for every build, so a
+/// build seeded with another's target directory (`builder`) rebuilds only what changed.
+pub mod build_paths {
+    pub const SRC: &str = "/build/src";
+    pub const TARGET: &str = "/build/target";
+    pub const CARGO_HOME: &str = "/build/cargo-home";
+    pub const REGISTRY: &str = "/build/cargo-home/registry";
+    pub const TOOLCHAIN: &str = "/toolchain";
+}
+
+/// The directories one build writes and reads.
+pub struct BuildMounts<'a> {
+    pub src: &'a Path,
+    pub target: &'a Path,
+    pub cargo_home: &'a Path,
+    /// The crates' sources, readable by the sandbox's user (`builder::registry`).
+    pub registry: &'a Path,
 }
 
 impl Sandbox {
@@ -56,39 +122,76 @@ impl Sandbox {
             "bwrap (bubblewrap) is not installed: the runner runs candidates only inside its \
              sandbox (Debian: apt-get install bubblewrap)",
         )?;
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
         Ok(Sandbox {
             bwrap,
             devices: kind == "cuda",
+            drop_to: root.then_some(NOBODY),
         })
     }
 
-    /// The namespace and filesystem options every sandbox has, then `ro` bound read-only and
-    /// `rw` bound writable, each at its own path.
-    fn args(&self, ro: &[&Path], rw: &[&Path]) -> Vec<OsString> {
-        let mut a: Vec<OsString> = [
-            "--die-with-parent",
-            "--unshare-all",
-            "--new-session",
-            "--clearenv",
-            "--setenv",
-            "PATH",
-            "/usr/local/bin:/usr/bin:/bin",
-            "--setenv",
-            "HOME",
-            "/tmp",
-            "--ro-bind",
-            "/usr",
-            "/usr",
-            "--ro-bind",
-            "/etc",
-            "/etc",
-            "--proc",
-            "/proc",
-            "--tmpfs",
-            "/tmp",
-        ]
-        .map(OsString::from)
-        .to_vec();
+    /// The user the candidate runs as, when the runner hands it what it must write.
+    pub fn drops_to(&self) -> Option<u32> {
+        self.drop_to
+    }
+
+    /// Hands `dir` (and everything under it) to the sandbox's user, so it can write there.
+    pub fn give(&self, dir: &Path) -> Result<()> {
+        let Some(uid) = self.drop_to else {
+            return Ok(());
+        };
+        let st = Command::new("chown")
+            .args(["-R", &format!("{uid}:{uid}")])
+            .arg(dir)
+            .status()
+            .context("running chown")?;
+        if !st.success() {
+            bail!("chown -R {uid} {}: {st}", dir.display());
+        }
+        Ok(())
+    }
+
+    /// The namespaces, the system and `mounts`; `env` set in the cleared environment.
+    fn args(&self, mounts: &[Mount], env: &[(&str, &OsStr)]) -> Vec<OsString> {
+        let namespaces: &[&str] = if self.drop_to.is_some() {
+            &[
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+            ]
+        } else {
+            &["--unshare-all"]
+        };
+        let mut a: Vec<OsString> = namespaces.iter().map(OsString::from).collect();
+        a.extend(
+            [
+                "--die-with-parent",
+                "--new-session",
+                "--clearenv",
+                "--setenv",
+                "PATH",
+                "/usr/local/bin:/usr/bin:/bin",
+                "--setenv",
+                "HOME",
+                "/tmp",
+                "--ro-bind",
+                "/usr",
+                "/usr",
+                "--proc",
+                "/proc",
+                "--perms",
+                "1777",
+                "--tmpfs",
+                "/tmp",
+            ]
+            .map(OsString::from),
+        );
+        for (k, v) in env {
+            a.extend(["--setenv".into(), OsString::from(k), v.into()]);
+        }
         // Merged-/usr systems link /bin, /lib, ... into /usr; others have them as directories.
         for top in ["bin", "sbin", "lib", "lib32", "lib64"] {
             let p = Path::new("/").join(top);
@@ -103,77 +206,88 @@ impl Sandbox {
         } else {
             a.extend(["--dev", "/dev"].map(OsString::from));
         }
-        for p in ro {
-            a.extend([
-                "--ro-bind".into(),
-                p.as_os_str().into(),
-                p.as_os_str().into(),
-            ]);
+        let mut all = vec![];
+        if Path::new("/etc/ld.so.cache").is_file() {
+            all.push(Mount::same(Path::new("/etc/ld.so.cache")));
         }
-        for p in rw {
-            a.extend(["--bind".into(), p.as_os_str().into(), p.as_os_str().into()]);
-        }
+        all.extend(mounts.iter().cloned());
+        a.extend(mount_args(&all));
         a
     }
 
-    /// `program args` inside a sandbox that sees `ro` and can write `rw`.
-    pub fn command(&self, ro: &[&Path], rw: &[&Path], program: &Path) -> Command {
+    /// `program` (with `setpriv` in front when the runner is root) as the command's tail.
+    fn exec(&self, c: &mut Command, program: &Path) {
+        c.arg("--");
+        if let Some(uid) = self.drop_to {
+            c.args(setpriv(uid));
+            c.arg("--");
+        }
+        c.arg(program);
+    }
+
+    /// `program args` inside a sandbox that sees `mounts`.
+    pub fn command(&self, mounts: &[Mount], env: &[(&str, &OsStr)], program: &Path) -> Command {
         let mut c = Command::new(&self.bwrap);
-        c.args(self.args(ro, rw)).arg("--").arg(program);
+        c.args(self.args(mounts, env));
+        self.exec(&mut c, program);
         c
     }
 
-    /// The build: cargo with the toolchain read-only (its lock files writable: cargo takes them
-    /// even offline), `dirs` writable, the environment cleared but for `env`.
-    pub fn cargo(&self, dirs: &[&Path], env: &[(&str, &Path)]) -> Result<Command> {
-        let cargo = on_path("cargo").context("cargo is not on PATH")?;
-        let tools = toolchain();
-        let mut ro: Vec<&Path> = tools.iter().map(PathBuf::as_path).collect();
-        let locks: Vec<PathBuf> = tools
-            .iter()
-            .flat_map(|t| {
-                [".package-cache", ".package-cache-mutate", ".global-cache"].map(|f| t.join(f))
-            })
-            .filter(|f| f.is_file())
-            .collect();
-        let mut rw: Vec<&Path> = dirs.to_vec();
-        rw.extend(locks.iter().map(PathBuf::as_path));
-        if let Some(bin) = cargo
-            .parent()
-            .filter(|b| !tools.iter().any(|t| b.starts_with(t)))
-        {
-            ro.push(bin);
+    /// The build: the toolchain's cargo, the build's directories at `build_paths` (its sources,
+    /// target and cargo home writable, the crates' sources read-only), offline.
+    pub fn cargo(&self, b: &BuildMounts) -> Result<Command> {
+        use build_paths::*;
+        let sys = sysroot()?;
+        let mut mounts = vec![
+            Mount::ro(&sys, TOOLCHAIN),
+            Mount::rw(b.src, SRC),
+            Mount::rw(b.target, TARGET),
+            Mount::rw(b.cargo_home, CARGO_HOME),
+            Mount::ro(b.registry, REGISTRY),
+        ];
+        if Path::new("/etc/alternatives").is_dir() {
+            // Debian's `cc`, the linker rustc calls, is /etc/alternatives/cc.
+            mounts.push(Mount::same(Path::new("/etc/alternatives")));
         }
+        let path = format!("{TOOLCHAIN}/bin:/usr/local/bin:/usr/bin:/bin");
+        let env: [(&str, &OsStr); 4] = [
+            ("PATH", path.as_ref()),
+            ("CARGO_HOME", CARGO_HOME.as_ref()),
+            ("CARGO_TARGET_DIR", TARGET.as_ref()),
+            ("CARGO_NET_OFFLINE", "true".as_ref()),
+        ];
         let mut c = Command::new(&self.bwrap);
-        c.args(self.args(&ro, &rw));
-        for (k, v) in env {
-            c.arg("--setenv").arg(k).arg(v);
-        }
-        if let Some(t) = tools.first() {
-            c.arg("--setenv").arg("CARGO_HOME").arg(t);
-        }
-        if let Some(r) = tools.iter().find(|t| t.ends_with(".rustup")) {
-            c.arg("--setenv").arg("RUSTUP_HOME").arg(r);
-        }
-        if let Some(d) = dirs.first() {
-            c.arg("--chdir").arg(d);
-        }
-        c.arg("--").arg(cargo);
+        c.args(self.args(&mounts, &env)).args(["--chdir", SRC]);
+        self.exec(&mut c, &Path::new(TOOLCHAIN).join("bin/cargo"));
         Ok(c)
     }
 
-    /// A script at `at` that runs `candidate` with its arguments inside a sandbox seeing only
-    /// `ro` besides the system: what `gate` and `price` start as the candidate's workers.
-    pub fn wrapper(&self, candidate: &Path, ro: &[&Path], at: &Path) -> Result<PathBuf> {
+    /// A script at `at` that runs `candidate` (mounted at its own path) with its arguments
+    /// inside a sandbox seeing `mounts` besides the system: what `gate` and `price` start as
+    /// the candidate's workers.
+    pub fn wrapper(
+        &self,
+        candidate: &Path,
+        mounts: &[Mount],
+        env: &[(&str, &OsStr)],
+        at: &Path,
+    ) -> Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt;
-        let mut all = ro.to_vec();
-        all.push(candidate);
+        let mut all = mounts.to_vec();
+        all.push(Mount::same(candidate));
         let mut line = quote(self.bwrap.as_os_str());
-        for a in self.args(&all, &[]) {
+        for a in self.args(&all, env) {
             line += " ";
             line += &quote(&a);
         }
-        line += &format!(" -- {} \"$@\"", quote(candidate.as_os_str()));
+        line += " --";
+        if let Some(uid) = self.drop_to {
+            for a in setpriv(uid) {
+                line += &format!(" {}", quote(OsStr::new(&a)));
+            }
+            line += " --";
+        }
+        line += &format!(" {} \"$@\"", quote(candidate.as_os_str()));
         let script = format!(
             "#!/bin/sh\n# The candidate, sandboxed (fastdecode arena runner).\nexec {line}\n"
         );
@@ -206,6 +320,11 @@ impl Sandbox {
                 "see the runner's processes",
                 format!("test -e /proc/{me}/status"),
             ),
+            (
+                "run as root (of the host, or mapped to it)",
+                // The host's uid of this process: its uid mapped through its namespace's map.
+                r#"u=$(id -u); while read a b n; do [ "$u" -ge "$a" ] && [ "$u" -lt $((a + n)) ] && [ $((b + u - a)) -eq 0 ] && exit 0; done < /proc/self/uid_map; exit 1"#.to_string(),
+            ),
         ];
         // The harness itself must work: a sandbox that cannot even run `true` proves nothing.
         let st = self
@@ -237,6 +356,40 @@ impl Sandbox {
         }
         Ok(())
     }
+}
+
+/// `setpriv` switching to `uid` with no capabilities left, before the candidate starts.
+fn setpriv(uid: u32) -> Vec<String> {
+    vec![
+        "/usr/bin/setpriv".into(),
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        "--clear-groups".into(),
+        "--inh-caps=-all".into(),
+        "--bounding-set=-all".into(),
+    ]
+}
+
+/// bwrap's options for `mounts`: each destination's missing parents made first as directories
+/// anyone may enter (bwrap's own are private to root, which the unprivileged user could not
+/// pass), then the binds in order.
+fn mount_args(mounts: &[Mount]) -> Vec<OsString> {
+    let mut made: BTreeSet<PathBuf> = ["/", "/usr", "/tmp", "/proc", "/dev"]
+        .map(PathBuf::from)
+        .into();
+    let mut a = vec![];
+    for m in mounts {
+        let parents: Vec<&Path> = m.dest.ancestors().skip(1).collect();
+        for dir in parents.into_iter().rev() {
+            if made.insert(dir.to_path_buf()) {
+                a.extend(["--perms".into(), "0755".into(), "--dir".into(), dir.into()]);
+            }
+        }
+        made.insert(m.dest.clone());
+        let how = if m.write { "--bind" } else { "--ro-bind" };
+        a.extend([how.into(), m.src.clone().into(), m.dest.clone().into()]);
+    }
+    a
 }
 
 #[cfg(test)]
@@ -272,6 +425,7 @@ mod tests {
         Sandbox {
             bwrap: at,
             devices: false,
+            drop_to: None,
         }
     }
 
@@ -388,14 +542,8 @@ mod tests {
             "--nocapture",
         ];
         let mut c = if inside {
-            let mut c = Command::new(&real.bwrap);
-            c.args(real.args(&[exe.as_path()], &[]))
-                .arg("--ro-bind")
-                .arg(&file)
-                .arg(PROBE_AT)
-                .arg("--")
-                .arg(&exe);
-            c
+            let mounts = [Mount::same(&exe), Mount::ro(&file, PROBE_AT)];
+            real.command(&mounts, &[], &exe)
         } else {
             let mut c = Command::new(&exe);
             c.env("FASTDECODE_PROBE", &file);

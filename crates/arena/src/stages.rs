@@ -1,8 +1,9 @@
 //! A submission's stages: their order, which kind of runner runs each, and their rows (one per
 //! attempt: start, end, runner, outcome, public detail, private result).
 //!
-//! policy → review → build run on a builder (a CPU runner with the toolchain); gate → price
-//! (and the confirmation pricing of a promotion candidate) on the track's runner kind. The
+//! policy → review → build run on a builder (a CPU runner with the toolchain); on a track whose
+//! model runs on CUDA, kernels (each build's kernel modules, compiled once); gate → price (and
+//! the confirmation pricing of a promotion candidate) on the track's runner kind. The
 //! verdict is the service's, written when the last stage reports (`verdict`).
 
 use anyhow::Result;
@@ -15,6 +16,8 @@ use crate::track::Track;
 pub const POLICY: &str = "policy";
 pub const REVIEW: &str = "review";
 pub const BUILD: &str = "build";
+/// A CUDA build's kernel modules compiled once, before any worker of it runs.
+pub const KERNELS: &str = "kernels";
 pub const GATE: &str = "gate";
 pub const PRICE: &str = "price";
 /// A second pricing on another hidden prompt before a promotion.
@@ -25,13 +28,14 @@ pub const VERDICT: &str = "verdict";
 /// The runner kind that builds.
 pub const BUILDER: &str = "builder";
 
-/// The stage after `stage` in every submission's pipeline (`None` after pricing: the verdict
-/// decides whether a confirmation follows).
-pub fn next(stage: &str) -> Option<&'static str> {
+/// The stage after `stage` in a submission's pipeline on `track` (`None` after pricing: the
+/// verdict decides whether a confirmation follows).
+pub fn next(stage: &str, track: &Track) -> Option<&'static str> {
     match stage {
         POLICY => Some(REVIEW),
         REVIEW => Some(BUILD),
-        BUILD => Some(GATE),
+        BUILD if track.model.backend == "cuda" => Some(KERNELS),
+        BUILD | KERNELS => Some(GATE),
         GATE => Some(PRICE),
         _ => None,
     }

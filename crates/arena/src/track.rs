@@ -34,6 +34,9 @@ pub struct Track {
     pub caps: Caps,
     pub promotion: Promotion,
     pub build: Build,
+    /// How long each stage's child may run before it is stopped (and the stage fails).
+    #[serde(default)]
+    pub deadlines: Deadlines,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -104,6 +107,65 @@ pub struct Caps {
     pub growth_bytes: u64,
     /// Attributable failures a solver may have per day before intake answers 429.
     pub failures_per_day: u32,
+    /// The largest binary a build may make.
+    #[serde(default = "default_artifact_bytes")]
+    pub artifact_bytes: u64,
+    /// The most disk a build's directory (sources, target, cargo's own files) may take.
+    #[serde(default = "default_build_disk_bytes")]
+    pub build_disk_bytes: u64,
+}
+
+fn default_artifact_bytes() -> u64 {
+    128 << 20
+}
+
+fn default_build_disk_bytes() -> u64 {
+    16 << 30
+}
+
+/// Seconds each stage's child may run: past it the child (and all it started) is killed and the
+/// stage fails (`build:deadline`, `gate:deadline`, `price:deadline`; a runner that holds a job
+/// past its deadline cannot hold the queue).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deadlines {
+    #[serde(default = "default_build_seconds")]
+    pub build: f64,
+    /// Compiling a CUDA build's kernel modules, once per build.
+    #[serde(default = "default_kernels_seconds")]
+    pub kernels: f64,
+    #[serde(default = "default_gate_seconds")]
+    pub gate: f64,
+    /// Beyond the clock's own `time_budget` (the pair under way, the judge, start-ups).
+    #[serde(default = "default_price_grace_seconds")]
+    pub price_grace: f64,
+}
+
+fn default_build_seconds() -> f64 {
+    1800.0
+}
+
+fn default_kernels_seconds() -> f64 {
+    600.0
+}
+
+fn default_gate_seconds() -> f64 {
+    900.0
+}
+
+fn default_price_grace_seconds() -> f64 {
+    900.0
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            build: default_build_seconds(),
+            kernels: default_kernels_seconds(),
+            gate: default_gate_seconds(),
+            price_grace: default_price_grace_seconds(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -284,6 +346,20 @@ impl Track {
         }
         if self.build.cargo_args.is_empty() || self.build.binary.is_empty() {
             bail!("build: cargo_args and binary are required");
+        }
+        if self.caps.artifact_bytes == 0 || self.caps.build_disk_bytes < self.caps.artifact_bytes {
+            bail!("caps: artifact_bytes must be positive and at most build_disk_bytes");
+        }
+        let d = &self.deadlines;
+        for (v, f) in [
+            (d.build, "deadlines.build"),
+            (d.kernels, "deadlines.kernels"),
+            (d.gate, "deadlines.gate"),
+            (d.price_grace, "deadlines.price_grace"),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+                bail!("{f} {v}: seconds in (0, 86400]");
+            }
         }
         Ok(())
     }

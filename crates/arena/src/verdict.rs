@@ -86,7 +86,7 @@ pub async fn on_report(
         return Ok(None);
     }
     let mut kept = None;
-    match stages::next(&rep.stage).filter(|_| !unconfirmed) {
+    match stages::next(&rep.stage, track).filter(|_| !unconfirmed) {
         Some(next) => {
             let next_kind = stages::kind(next, track);
             let can = next_kind == kind || (rep.builder && next_kind == stages::BUILDER);

@@ -180,6 +180,10 @@ pub struct PriceResult {
     pub passed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// Whose process a failure came from: the candidate's, or the trusted builds' (the
+    /// baseline's and the no-op's, the runner's trouble).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub culprit: Option<Role>,
     pub track: Track,
     /// The ratio of the pairs' mean robust window seconds (`score`); `ratio_of_means` is the
     /// same number under the original's name.
@@ -370,6 +374,7 @@ pub fn run(
         verdict: String::new(),
         passed: false,
         detail: None,
+        culprit: None,
         track: p.track,
         score: None,
         ci95: None,
@@ -430,17 +435,19 @@ pub fn run(
             Ok(WindowRequest::serial(prompt, p.decode_tokens))
         }
     };
-    let fail = |mut res: PriceResult, f: Fault| {
+    let fail = |mut res: PriceResult, f: Fault, culprit: Role| {
         res.verdict = f.category();
         res.detail = Some(f.to_string());
+        res.culprit = Some(culprit);
         res.elapsed_seconds = start.elapsed().as_secs_f64();
         Ok(res)
     };
+    // A worker's fault ends the pricing, blamed on the side whose worker it was.
     macro_rules! attempt {
-        ($e:expr) => {
+        ($e:expr, $culprit:expr) => {
             match $e {
                 Ok(v) => v,
-                Err(f) => return fail(res, f),
+                Err(f) => return fail(res, f, $culprit),
             }
         };
     }
@@ -459,15 +466,24 @@ pub fn run(
     )?;
     let (noise_prompt, warm_prompts) = setup.split_last().expect("at least one");
     let t0 = Instant::now();
-    let mut w = attempt!(Worker::spawn(&sides.baseline, vocab, &model.digest));
+    let mut w = attempt!(
+        Worker::spawn(&sides.baseline, vocab, &model.digest),
+        Role::Baseline
+    );
     let spawn_seconds = t0.elapsed().as_secs_f64();
     for pr in warm_prompts {
-        attempt!(w.window(request(Role::Baseline, pr, &[])?, &mut NoTick));
+        attempt!(
+            w.window(request(Role::Baseline, pr, &[])?, &mut NoTick),
+            Role::Baseline
+        );
     }
     let (mut noise_seconds, mut noise_waits) = (vec![], vec![]);
     for _ in 0..p.noise_windows {
         let before = runqueue_wait_seconds(w.pid());
-        let t = attempt!(w.window(request(Role::Baseline, noise_prompt, &[])?, &mut NoTick));
+        let t = attempt!(
+            w.window(request(Role::Baseline, noise_prompt, &[])?, &mut NoTick),
+            Role::Baseline
+        );
         let after = runqueue_wait_seconds(w.pid());
         noise_seconds.push(whole(&t));
         noise_waits.push(before.zip(after).map(|(a, b)| b - a));
@@ -498,7 +514,10 @@ pub fn run(
     };
     let mut truth = vec![];
     for pr in &pool {
-        let t = attempt!(w.window(request(Role::Baseline, pr, &[])?, &mut NoTick));
+        let t = attempt!(
+            w.window(request(Role::Baseline, pr, &[])?, &mut NoTick),
+            Role::Baseline
+        );
         truth.push(t.tokens);
     }
     w.shutdown();
@@ -561,7 +580,7 @@ pub fn run(
                 pair.rejected_because = Some("not_quiescent".into());
             }
             let t0 = Instant::now();
-            let mut w = attempt!(Worker::spawn(spec_of(role), vocab, &model.digest));
+            let mut w = attempt!(Worker::spawn(spec_of(role), vocab, &model.digest), role);
             let spawn_seconds = t0.elapsed().as_secs_f64();
             match role {
                 Role::Baseline => res.baseline.build = Some(w.ready.build.clone()),
@@ -581,7 +600,7 @@ pub fn run(
                 let mut sampler = Sampler::new(&telemetry, expected[&role], p.stall_seconds);
                 sampler.begin(pid);
                 let req = request(role, &pool[ix], &truth[ix])?;
-                let t = attempt!(w.window(req, &mut sampler));
+                let t = attempt!(w.window(req, &mut sampler), role);
                 let tele = sampler.finish(pid);
                 if role == Role::Candidate {
                     judge.note(ix, &t.tokens, &truth[ix]);
@@ -644,9 +663,11 @@ pub fn run(
         }
         let diverged = judge.judge(&sides.baseline, model, &pool, p.envelope);
         res.timed_fidelity = judge.report.clone();
-        if let Some(detail) = attempt!(diverged) {
+        // The judge is the baseline's worker: its fault is the baseline's.
+        if let Some(detail) = attempt!(diverged, Role::Baseline) {
             res.pairs.push(pair);
             res.attempted_pair_count = attempt + 1;
+            res.culprit = Some(Role::Candidate);
             res.verdict = "violation:timed_fidelity_divergence".into();
             res.detail = Some(detail);
             res.elapsed_seconds = start.elapsed().as_secs_f64();
@@ -710,6 +731,7 @@ pub fn run(
     let tf = &mut res.timed_fidelity;
     tf.near_ties_allowed = check::near_ties_allowed(p.budget_per_1000, tf.tokens.total());
     if tf.tokens.near_tie > tf.near_ties_allowed {
+        res.culprit = Some(Role::Candidate);
         res.verdict = "violation:timed_near_tie_budget".into();
         res.detail = Some(format!(
             "the candidate's timed outputs took {} near-ties in {} tokens, more than the {} the budget of {} per 1000 allows",
@@ -778,6 +800,7 @@ pub fn run(
                 .any(|ph| b.min_window_seconds / ph.min_window_seconds > p.max_speedup)
     });
     if implausible {
+        res.culprit = Some(Role::Candidate);
         res.verdict = "violation:implausible_speed".into();
         res.detail = Some(format!(
             "a pair is more than {}x faster than the baseline",

@@ -1,0 +1,187 @@
+//! The price stage (and the confirmation pricing): `fastdecode price` against the pinned
+//! baseline on a prompt seed drawn from the hidden pool, the candidate sandboxed.
+//!
+//! The pool's prompts are hidden material, so every failure the candidate's own process causes
+//! there (a crash, a hang, a lie, a timed output the reference disowns, an implausible speed)
+//! is one category, `price:hidden_prompt`: how a build fails cannot spell out what it was fed.
+//! Its score and interval (public) are the parent's own timings.
+
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::{json, Value};
+
+use super::{failed, ok, overrun, Outcome, Runner};
+use crate::api::Job;
+use crate::child::{self, Ended, Limits};
+use crate::stages;
+
+/// The one category of every candidate-caused failure of a pricing.
+pub const HIDDEN_PROMPT: &str = "price:hidden_prompt";
+
+/// A pricing that did not pass, as the stage reports it.
+fn priced_failure(verdict: &str, culprit: Option<&str>, detail: String) -> Outcome {
+    match (verdict, culprit) {
+        ("below_floor", _) => failed("price:below_floor", detail),
+        (_, Some("candidate")) => failed(HIDDEN_PROMPT, "on the hidden pool's prompts"),
+        (v, _) if v.starts_with("infra:") || v.starts_with("violation:") => failed(v, detail),
+        (v, _) => failed(format!("price:{v}"), detail),
+    }
+}
+
+impl Runner {
+    pub(super) fn price(&self, job: &Job, lost: &AtomicBool) -> Result<Outcome> {
+        let t = &job.track;
+        let (cand, base) = self.binaries(job)?;
+        let model = match self.model_args(t, lost)? {
+            Ok(m) => m,
+            Err(o) => return Ok(o),
+        };
+        let hidden = self.hidden(t)?;
+        // One prompt seed of the hidden pool per pricing; a confirmation never reuses the
+        // first pricing's.
+        let earlier = job
+            .results
+            .get(stages::PRICE)
+            .and_then(|r| r["pool_index"].as_u64());
+        let choices: Vec<usize> = (0..hidden.pool_seeds.len())
+            .filter(|i| Some(*i as u64) != earlier)
+            .collect();
+        let index = choices[rand::random_range(0..choices.len())];
+        let work = tempfile::tempdir_in(self.dir("work")?)?;
+        let out = work.path().join("price");
+        let log = work.path().join("price.log");
+        let c = &t.clock;
+        let w = &t.window;
+        let mut cmd = Command::new(&self.me);
+        cmd.arg("price")
+            .arg("--baseline")
+            .arg(&base)
+            .arg("--candidate")
+            .arg(self.sandboxed(&cand, &model, work.path())?)
+            .args(&model)
+            .args(["--track", &t.clock_track])
+            .args(["--seed", &hidden.pool_seeds[index].to_string()])
+            .args(["--prompt-tokens", &w.prompt_tokens.to_string()])
+            .args(["--decode-tokens", &w.decode_tokens.to_string()])
+            .args([
+                "--floor",
+                &c.floor.to_string(),
+                "--target-ci",
+                &c.target_ci.to_string(),
+            ])
+            .args([
+                "--min-pairs",
+                &c.min_pairs.to_string(),
+                "--max-pairs",
+                &c.max_pairs.to_string(),
+            ])
+            .args(["--time-budget", &c.time_budget.to_string()]);
+        if t.clock_track == "dflash" {
+            cmd.args([
+                "--block-size",
+                &w.block_size.to_string(),
+                "--draft",
+                &w.draft,
+            ]);
+        }
+        cmd.args(&c.extra_args).arg("--out").arg(&out);
+        self.reference_env(&mut cmd, &base)?;
+        let limits = Limits {
+            deadline: Duration::from_secs_f64(c.time_budget + t.deadlines.price_grace),
+            disk: None,
+        };
+        let ended = child::run(cmd, &log, lost, limits)?;
+        if overrun(&ended).is_some() {
+            return Ok(failed(
+                "price:deadline",
+                "the pricing ran past the track's deadline and was stopped",
+            ));
+        }
+        let st = match ended {
+            Ended::Exited(st) => st,
+            _ => unreachable!("an overrun returned above"),
+        };
+        let res: Value = match std::fs::read(out.join("result.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+        {
+            Some(r) => r,
+            None => {
+                return Ok(failed(
+                    "infra:price_error",
+                    "the clock wrote no result".to_string(),
+                ))
+            }
+        };
+        let mut metrics = serde_json::Map::new();
+        for k in [
+            "score",
+            "ci95",
+            "half_width",
+            "floor",
+            "stopping_reason",
+            "pairs_used",
+            "accepted_pair_count",
+            "attempted_pair_count",
+            "elapsed_seconds",
+            "ratio_of_means",
+            "raw_ratio_of_means",
+            "noop_reference",
+            "median",
+            "min",
+            "baseline_seconds_per_token",
+            "candidate_seconds_per_token",
+            "noop_seconds_per_token",
+            "prompt_tokens",
+            "decode_tokens",
+            "block_size",
+            "robust_statistic",
+            "ci_method",
+        ] {
+            if !res[k].is_null() {
+                metrics.insert(k.into(), res[k].clone());
+            }
+        }
+        let verdict = res["verdict"]
+            .as_str()
+            .unwrap_or("infra:price_error")
+            .to_string();
+        let score = res["score"]
+            .as_f64()
+            .map(|s| format!("{s:.4}"))
+            .unwrap_or("-".into());
+        let ci = match (res["ci95"][0].as_f64(), res["ci95"][1].as_f64()) {
+            (Some(a), Some(b)) => format!(" [{a:.4}, {b:.4}]"),
+            _ => String::new(),
+        };
+        let detail = format!(
+            "{verdict}: score {score}{ci} over {} pair(s)",
+            res["pairs_used"]
+        );
+        // Each pair's own score, for the pairs plot of the submission's page: ratios of
+        // timings only (no prompt, token or seed), what the clock's own pairs.svg shows.
+        let pairs: Vec<Value> = res["pairs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["score"].is_number())
+            .map(|p| {
+                json!({
+                    "score": p["score"],
+                    "accepted": p["accepted"],
+                    "candidate_first": p["candidate_first"],
+                })
+            })
+            .collect();
+        if st.success() && verdict == "passed" {
+            return Ok(ok(
+                detail,
+                json!({"metrics": metrics, "pool_index": index, "pairs": pairs}),
+            ));
+        }
+        Ok(priced_failure(&verdict, res["culprit"].as_str(), detail))
+    }
+}
