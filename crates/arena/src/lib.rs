@@ -30,6 +30,8 @@ pub mod sandbox;
 pub mod server;
 pub mod stages;
 pub mod store;
+#[cfg(test)]
+mod testdb;
 pub mod tokens;
 pub mod track;
 pub mod verdict;
