@@ -31,7 +31,7 @@ pub fn url(on: On, dir: &Path) -> String {
 }
 
 /// A service on a fresh database (`on`) in `dir` with the repository's tracks (their baseline
-/// rows are not added).
+/// rows are not added: `base` adds one).
 pub async fn service(dir: &Path, on: On) -> Service {
     let db = Db::open(&url(on, dir)).await.unwrap();
     Service {
@@ -41,4 +41,16 @@ pub async fn service(dir: &Path, on: On) -> Service {
         repo: dir.to_path_buf(),
         lease_ms: 30_000,
     }
+}
+
+/// The baseline row of `track` (what `server::prepare` adds from the track file).
+pub async fn base(db: &Db, track: &str) {
+    sqlx::query(
+        "INSERT INTO promotions (track, seq, submission, base_commit, score, created_ms) \
+         VALUES ($1, 0, NULL, 'b0', 1.0, 1)",
+    )
+    .bind(track)
+    .execute(&db.pool)
+    .await
+    .unwrap();
 }

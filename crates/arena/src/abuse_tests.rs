@@ -1,0 +1,313 @@
+//! The service's answers to the red team's free abuses (issue 42), on a real database (each on
+//! SQLite and PostgreSQL where the database is what is tested): the daily cap counts unfinished
+//! submissions and, beyond an allowance, candidate-caused infrastructure failures. Requests go
+//! to the handlers as axum calls them; the runner's side is played here through the same
+//! functions its routes call (`lease`, `verdict::on_report`).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use serde_json::Value;
+use sqlx::Row;
+
+use crate::api::{encode_bundle, NewSubmission, Report};
+use crate::caps;
+use crate::lease::{self, Leased};
+use crate::server::{intake, AppState, Service};
+use crate::testdb::{base, service, On};
+use crate::{stages, verdict};
+
+const TRACK: &str = "serial-tiny";
+
+/// A service on `on` with the tracks' baseline rows, serial-tiny's daily cap `cap`, and a
+/// solver alice.
+async fn arena(dir: &std::path::Path, on: On, cap: u32) -> (AppState, String) {
+    let mut s: Service = service(dir, on).await;
+    for t in s.tracks.keys() {
+        base(&s.db, t).await;
+    }
+    s.tracks.get_mut(TRACK).unwrap().caps.failures_per_day = cap;
+    let token = crate::cli::add_token(&s.db, "solvers", "alice", "")
+        .await
+        .unwrap();
+    (Arc::new(s), token)
+}
+
+async fn body(r: Response) -> (StatusCode, HeaderMap, String) {
+    let (parts, b) = r.into_parts();
+    let b = axum::body::to_bytes(b, usize::MAX).await.unwrap();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&b).into(),
+    )
+}
+
+/// `POST /api/submissions` of a no-op with `note`: (status, body).
+async fn post_note(s: &AppState, token: &str, key: &str, note: &str) -> (StatusCode, String) {
+    let (st, _, b) = post_full(s, token, key, note).await;
+    (st, b)
+}
+
+async fn post_full(
+    s: &AppState,
+    token: &str,
+    key: &str,
+    note: &str,
+) -> (StatusCode, HeaderMap, String) {
+    let mut h = HeaderMap::new();
+    h.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    h.insert("idempotency-key", key.parse().unwrap());
+    let req = NewSubmission {
+        track: TRACK.into(),
+        note: note.into(),
+        model: None,
+        claimed_score: None,
+        bundle: encode_bundle(&crate::bundle::pack(&[]).unwrap()),
+    };
+    let b = Bytes::from(serde_json::to_vec(&req).unwrap());
+    match intake(State(s.clone()), h, b).await {
+        Ok(r) => body(r).await,
+        Err(e) => body(axum::response::IntoResponse::into_response(e)).await,
+    }
+}
+
+async fn post(s: &AppState, token: &str, key: &str) -> (StatusCode, String) {
+    post_note(s, token, key, &format!("# {key}")).await
+}
+
+fn id_of(answer: &(StatusCode, String)) -> String {
+    assert_eq!(answer.0, StatusCode::CREATED, "{}", answer.1);
+    let v: Value = serde_json::from_str(&answer.1).unwrap();
+    v["id"].as_str().unwrap().to_string()
+}
+
+/// Moves a queued submission on to `stage` (what earlier reports would have done) and leases it
+/// to runner r1, a CPU builder.
+async fn leased_at(s: &Service, id: &str, stage: &str) -> Leased {
+    let kind = stages::kind(stage, &s.tracks[TRACK]);
+    sqlx::query("UPDATE submissions SET next_stage = $1, next_kind = $2 WHERE id = $3")
+        .bind(stage)
+        .bind(&kind)
+        .bind(id)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    take(s, id).await
+}
+
+/// Runner r1 leases the next job, which must be `id`.
+async fn take(s: &Service, id: &str) -> Leased {
+    let l = lease::take(&s.db, "r1", "cpu", true, s.lease_ms)
+        .await
+        .unwrap()
+        .expect("a job to lease");
+    assert_eq!(l.submission, id);
+    l
+}
+
+fn report(l: &Leased, outcome: &str, result: Value, candidate_caused: bool) -> Report {
+    Report {
+        submission: l.submission.clone(),
+        lease_id: l.lease_id.clone(),
+        stage: l.stage.clone(),
+        outcome: outcome.into(),
+        detail: format!("{outcome} as reported"),
+        result,
+        builder: true,
+        candidate_caused,
+    }
+}
+
+/// Runner r1 reports `outcome` for its lease `l`.
+async fn reports(s: &Service, l: &Leased, outcome: &str, candidate_caused: bool) {
+    let rep = report(l, outcome, Value::Null, candidate_caused);
+    if let Err(e) = verdict::on_report(s, "r1", "cpu", &rep).await {
+        panic!("{}", e.1);
+    }
+}
+
+/// (status, category, attributable, candidate_caused) of `id`.
+async fn ending(s: &Service, id: &str) -> (String, Option<String>, i64, i64) {
+    let r = sqlx::query(
+        "SELECT status, category, attributable, candidate_caused FROM submissions WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    (
+        r.try_get("status").unwrap(),
+        r.try_get("category").unwrap(),
+        r.try_get("attributable").unwrap(),
+        r.try_get("candidate_caused").unwrap(),
+    )
+}
+
+/// Every scenario on SQLite and on PostgreSQL (`tools/test.sh` starts its server).
+macro_rules! on_both_databases {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn on_sqlite() {
+                super::$scenario(crate::testdb::On::Sqlite).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn on_postgresql() {
+                super::$scenario(crate::testdb::On::Postgres).await;
+            }
+        }
+    )*};
+}
+
+on_both_databases!(
+    unfinished_submissions_count_against_the_cap,
+    many_submissions_at_once_are_counted_one_after_another,
+    candidate_caused_infra_failures_count_beyond_the_free_allowance,
+);
+
+/// The red team's 14 bad bundles posted before any was judged: only the cap's worth are taken.
+async fn unfinished_submissions_count_against_the_cap(on: On) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), on, 3).await;
+    let mut answers = vec![];
+    for i in 0..14 {
+        answers.push(post(&s, &alice, &format!("k{i}")).await);
+    }
+    let taken = answers
+        .iter()
+        .filter(|a| a.0 == StatusCode::CREATED)
+        .count();
+    assert_eq!(taken, 3, "{answers:?}");
+    let (st, h, msg) = post_full(&s, &alice, "k99", "# again").await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        msg.contains("3 count against your daily cap of 3 on track serial-tiny")
+            && msg.contains("3 submission(s) queued or running")
+            && msg.contains("retry when one of your queued or running submissions has finished"),
+        "{msg}"
+    );
+    assert_eq!(
+        h["retry-after"],
+        caps::IN_FLIGHT_RETRY_S.to_string().as_str()
+    );
+    // A key already used still answers with its submission; another solver is not capped.
+    assert_eq!(post(&s, &alice, "k0").await.0, StatusCode::OK);
+    let bob = crate::cli::add_token(&s.db, "solvers", "bob", "")
+        .await
+        .unwrap();
+    id_of(&post(&s, &bob, "b0").await);
+    // One of alice's passes (held): a place is free again. A re-pricing the service queued for
+    // her is not hers to count.
+    let first = id_of(&answers[0]);
+    sqlx::query(
+        "UPDATE submissions SET status = 'held', next_stage = NULL, next_kind = NULL, \
+         finished_ms = 1 WHERE id = $1",
+    )
+    .bind(&first)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO submissions (id, solver, track, idempotency_key, note, bundle_digest, \
+         base_commit, reprice_of, created_ms, status, next_stage, next_kind) VALUES \
+         ('s-re', 'alice', 'serial-tiny', 'reprice:x', 'n', 'd', 'b1', $1, 5, 'queued', \
+         'policy', 'builder')",
+    )
+    .bind(&first)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    id_of(&post(&s, &alice, "k100").await);
+    assert_eq!(
+        post(&s, &alice, "k101").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+/// Fourteen at once: each is counted after the ones before it were added.
+async fn many_submissions_at_once_are_counted_one_after_another(on: On) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), on, 3).await;
+    let tasks: Vec<_> = (0..14)
+        .map(|i| {
+            let (s, alice) = (s.clone(), alice.clone());
+            tokio::spawn(async move { post(&s, &alice, &format!("p{i}")).await })
+        })
+        .collect();
+    let mut answers = vec![];
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    let taken = answers
+        .iter()
+        .filter(|a| a.0 == StatusCode::CREATED)
+        .count();
+    let capped = answers
+        .iter()
+        .filter(|a| a.0 == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((taken, capped), (3, 11), "{answers:?}");
+}
+
+/// Runner-caused infra failures are free; the candidate's own are free twice a day, then count
+/// as failures do; attributable failures count; a queued one counts.
+async fn candidate_caused_infra_failures_count_beyond_the_free_allowance(on: On) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), on, 3).await;
+    let mut n = 0;
+    let mut fails = |outcome: &'static str, candidate: bool| {
+        n += 1;
+        let (s, alice) = (s.clone(), alice.clone());
+        async move {
+            let id = id_of(&post(&s, &alice, &format!("f{n}")).await);
+            let l = leased_at(&s, &id, stages::GATE).await;
+            reports(&s, &l, outcome, candidate).await;
+            id
+        }
+    };
+    let track = &s.tracks[TRACK];
+    let usage = || async {
+        let mut c = s.db.pool.acquire().await.unwrap();
+        caps::usage(&mut c, "alice", track, crate::db::now_ms())
+            .await
+            .unwrap()
+    };
+    for _ in 0..3 {
+        let id = fails("infra:runner", false).await;
+        assert_eq!(
+            ending(&s, &id).await,
+            ("failed".into(), Some("infra:runner".into()), 0, 0)
+        );
+    }
+    assert_eq!(usage().await.counted(), 0);
+    for _ in 0..2 {
+        let id = fails("infra:worker_crashed", true).await;
+        let e = ending(&s, &id).await;
+        assert_eq!((e.2, e.3), (0, 1), "{e:?}");
+    }
+    assert_eq!(usage().await.counted(), 0);
+    fails("infra:worker_hung", true).await;
+    assert_eq!(usage().await.counted(), 1);
+    let id = fails("gate:fidelity_divergence", false).await;
+    assert_eq!(ending(&s, &id).await.2, 1);
+    assert_eq!(usage().await.counted(), 2);
+    id_of(&post(&s, &alice, "queued").await);
+    let (st, h, msg) = post_full(&s, &alice, "refused", "# refused").await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{msg}");
+    assert!(
+        msg.contains(
+            "1 failure(s) in the last day, 1 candidate-caused infra failure(s) beyond the 2 \
+             free a day (3 in all), 1 submission(s) queued or running"
+        ),
+        "{msg}"
+    );
+    // The oldest counted failure ages out in a day, which frees a place.
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((86_000..=86_400).contains(&retry), "{retry}");
+    assert!(msg.contains(&format!("retry in {retry} s")), "{msg}");
+}
