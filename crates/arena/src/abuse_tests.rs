@@ -1,8 +1,8 @@
 //! The service's answers to the red team's free abuses (issue 42), on a real database (each on
 //! SQLite and PostgreSQL where the database is what is tested): the daily cap counts unfinished
-//! submissions and, beyond an allowance, candidate-caused infrastructure failures. Requests go
-//! to the handlers as axum calls them; the runner's side is played here through the same
-//! functions its routes call (`lease`, `verdict::on_report`).
+//! submissions and, beyond an allowance, candidate-caused infrastructure failures; an operator
+//! cancels a job. Requests go to the handlers as axum calls them; the runner's side is played
+//! here through the same functions its routes call (`lease`, `verdict::on_report`).
 
 use std::sync::Arc;
 
@@ -14,11 +14,11 @@ use serde_json::Value;
 use sqlx::Row;
 
 use crate::api::{encode_bundle, NewSubmission, Report};
-use crate::caps;
+use crate::caps::{self, CANCELLED};
 use crate::lease::{self, Leased};
 use crate::server::{intake, AppState, Service};
 use crate::testdb::{base, service, On};
-use crate::{stages, verdict};
+use crate::{cancel, stages, verdict};
 
 const TRACK: &str = "serial-tiny";
 
@@ -130,6 +130,22 @@ async fn reports(s: &Service, l: &Leased, outcome: &str, candidate_caused: bool)
     }
 }
 
+/// (stage, outcome) of each of `id`'s rows.
+async fn rows(s: &Service, id: &str) -> Vec<(String, String)> {
+    stages::list(&s.db, id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.stage, r.outcome.unwrap_or_default()))
+        .collect()
+}
+
+fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
 /// (status, category, attributable, candidate_caused) of `id`.
 async fn ending(s: &Service, id: &str) -> (String, Option<String>, i64, i64) {
     let r = sqlx::query(
@@ -168,6 +184,7 @@ on_both_databases!(
     unfinished_submissions_count_against_the_cap,
     many_submissions_at_once_are_counted_one_after_another,
     candidate_caused_infra_failures_count_beyond_the_free_allowance,
+    an_operator_cancels_a_job_and_its_runner_loses_the_lease,
 );
 
 /// The red team's 14 bad bundles posted before any was judged: only the cap's worth are taken.
@@ -310,4 +327,111 @@ async fn candidate_caused_infra_failures_count_beyond_the_free_allowance(on: On)
     let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((86_000..=86_400).contains(&retry), "{retry}");
     assert!(msg.contains(&format!("retry in {retry} s")), "{msg}");
+}
+
+async fn an_operator_cancels_a_job_and_its_runner_loses_the_lease(on: On) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), on, 1).await;
+    let id = id_of(&post(&s, &alice, "running").await);
+    let l = leased_at(&s, &id, stages::PRICE).await;
+    assert!(lease::heartbeat(&s.db, &id, &l.lease_id, s.lease_ms)
+        .await
+        .unwrap());
+    assert_eq!(cancel::cancel(&s.db, &id).await.unwrap(), stages::PRICE);
+    // The runner's next heartbeat, and its report, are refused: it stops.
+    assert!(!lease::heartbeat(&s.db, &id, &l.lease_id, s.lease_ms)
+        .await
+        .unwrap());
+    let e = verdict::on_report(&s, "r1", "cpu", &report(&l, "ok", Value::Null, false))
+        .await
+        .expect_err("a refusal");
+    assert_eq!(e.0, StatusCode::CONFLICT);
+    assert_eq!(
+        ending(&s, &id).await,
+        ("failed".into(), Some(CANCELLED.into()), 0, 0)
+    );
+    assert_eq!(
+        rows(&s, &id).await,
+        pairs(&[("price", CANCELLED), ("verdict", "failed")])
+    );
+    let list = stages::list(&s.db, &id).await.unwrap();
+    assert_eq!(list[0].detail.as_deref(), Some(cancel::DETAIL));
+    assert_eq!(
+        list[1].detail.as_deref(),
+        Some("cancelled at price: cancelled by an operator")
+    );
+    // Not counted: alice (cap 1) may submit again, and a queued job cancels too, never leased.
+    let queued = id_of(&post(&s, &alice, "queued").await);
+    assert_eq!(
+        cancel::cancel(&s.db, &queued).await.unwrap(),
+        stages::POLICY
+    );
+    assert_eq!(rows(&s, &queued).await, pairs(&[("verdict", "failed")]));
+    assert!(lease::take(&s.db, "r1", "cpu", true, s.lease_ms)
+        .await
+        .unwrap()
+        .is_none());
+    // A finished or unknown submission: an error naming it.
+    let e = format!("{:#}", cancel::cancel(&s.db, &id).await.unwrap_err());
+    assert!(
+        e.contains(&id) && e.contains("already finished (failed)"),
+        "{e}"
+    );
+    let e = format!("{:#}", cancel::cancel(&s.db, "s-nope").await.unwrap_err());
+    assert!(
+        e.contains("s-nope") && e.contains("no such submission"),
+        "{e}"
+    );
+}
+
+/// On PostgreSQL a report checks its lease with the row locked: a cancel in progress (the row
+/// locked and its lease removed, not committed yet) makes the report wait and then refuse,
+/// instead of reading the old lease and moving the job on over the cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_report_waits_for_a_cancel_in_progress_on_postgresql() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), On::Postgres, 10).await;
+    let id = id_of(&post(&s, &alice, "race").await);
+    let l = leased_at(&s, &id, stages::GATE).await;
+    let mut cancelling = s.db.pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM submissions WHERE id = $1 FOR UPDATE")
+        .bind(&id)
+        .fetch_one(&mut *cancelling)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE submissions SET lease_id = NULL, next_stage = NULL WHERE id = $1")
+        .bind(&id)
+        .execute(&mut *cancelling)
+        .await
+        .unwrap();
+    let (s2, rep) = (s.clone(), report(&l, "ok", Value::Null, false));
+    let reporting =
+        tokio::spawn(async move { verdict::on_report(&s2, "r1", "cpu", &rep).await.err() });
+    // Until the report's transaction waits for the row (not a time: the server says so).
+    loop {
+        let waiting: i64 = sqlx::query(
+            "SELECT COUNT(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap()
+        .try_get("n")
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    cancelling.commit().await.unwrap();
+    let refused = reporting.await.unwrap().expect("a refusal");
+    assert_eq!(refused.0, StatusCode::CONFLICT);
+    let next: Option<String> = sqlx::query("SELECT next_stage FROM submissions WHERE id = $1")
+        .bind(&id)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap()
+        .try_get("next_stage")
+        .unwrap();
+    assert_eq!(next, None);
 }

@@ -4,7 +4,7 @@
 //! of the last day beyond the track's free allowance (`caps.free_infra_per_day`: its worker
 //! crashed, hung or broke the protocol, which a candidate can do at will), and its submissions
 //! still queued or running (any of them may fail). Free: infrastructure failures the runner or
-//! the reference caused, and the re-pricings the service queues itself.
+//! the reference caused, cancelled jobs, and the re-pricings the service queues itself.
 
 use anyhow::Result;
 use sqlx::Row;
@@ -19,6 +19,9 @@ pub const DAY_MS: i64 = 86_400_000;
 /// them finishing, or passing, frees a place).
 pub const IN_FLIGHT_RETRY_S: u64 = 60;
 
+/// The category of a job an operator cancelled (`fastdecode arena admin cancel`).
+pub const CANCELLED: &str = "cancelled";
+
 /// Whose a failure is, for the cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blame {
@@ -27,14 +30,16 @@ pub enum Blame {
     /// An infrastructure failure the candidate's own process caused: counts beyond the free
     /// allowance.
     Candidate,
-    /// The runner's or the reference's: never counts.
+    /// The runner's, the reference's or an operator's: never counts.
     Free,
 }
 
 impl Blame {
     /// Of a failure `category`, as its runner reported it (`candidate_caused`).
     pub fn of(category: &str, candidate_caused: bool) -> Blame {
-        if !category.starts_with("infra:") {
+        if category == CANCELLED {
+            Blame::Free
+        } else if !category.starts_with("infra:") {
             Blame::Solver
         } else if candidate_caused {
             Blame::Candidate
@@ -176,6 +181,7 @@ mod tests {
         assert_eq!(Blame::of("infra:worker_crashed", true), Blame::Candidate);
         assert_eq!(Blame::of("infra:worker_crashed", false), Blame::Free);
         assert_eq!(Blame::of("infra:runner", false), Blame::Free);
+        assert_eq!(Blame::of(CANCELLED, true), Blame::Free);
         // Two candidate-caused infra failures are free, the third counts; unfinished ones count.
         assert_eq!(usage(&[(1, false), (2, false)], 0).counted(), 0);
         assert_eq!(usage(&[(1, false), (2, false), (3, false)], 0).counted(), 1);

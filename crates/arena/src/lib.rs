@@ -4,8 +4,8 @@
 //! submission's stages (`stages`: `policy`, `review`, `build`, then the existing gate and clock
 //! driven as `fastdecode gate` / `fastdecode price`); the service writes the verdict
 //! (`verdict`) and promotes winners (`promotion`); `caps` is what counts against a solver's
-//! daily cap. `client` is `fastdecode submit` and `arena status`; `cli` holds every `arena`
-//! command's arguments. The public record is `record` (its queries), `pages` (HTML) and `plots`
+//! daily cap, `cancel` an operator's cancel of a job. `client` is `fastdecode submit` and
+//! `arena status`; `cli` holds every `arena` command's arguments. The public record is `record` (its queries), `pages` (HTML) and `plots`
 //! (SVG); `redteam` runs the corpus of cheats that the pipeline must stop (`redteam/`).
 
 #[cfg(test)]
@@ -13,6 +13,7 @@ mod abuse_tests;
 pub mod api;
 pub mod builder;
 pub mod bundle;
+pub mod cancel;
 pub mod caps;
 pub mod cli;
 pub mod client;

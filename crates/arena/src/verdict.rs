@@ -29,10 +29,18 @@ pub async fn on_report(
 ) -> Result<Option<(String, String)>, ApiError> {
     let now = now_ms();
     let mut tx = s.db.write().await?;
-    if !lease::holds(&mut tx, &rep.submission, &rep.lease_id, &rep.stage).await? {
+    if !lease::holds(
+        &mut tx,
+        s.db.backend,
+        &rep.submission,
+        &rep.lease_id,
+        &rep.stage,
+    )
+    .await?
+    {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "the lease is lost (expired and taken by another runner, or finished)",
+            "the lease is lost (expired and taken by another runner, finished, or cancelled)",
         ));
     }
     stages::finish(
