@@ -1,13 +1,14 @@
 //! The service's answers to the red team's free abuses (issue 42), on a real database (each on
 //! SQLite and PostgreSQL where the database is what is tested): the daily cap counts unfinished
 //! submissions and, beyond an allowance, candidate-caused infrastructure failures; an operator
-//! cancels a job. Requests go to the handlers as axum calls them; the runner's side is played
-//! here through the same functions its routes call (`lease`, `verdict::on_report`).
+//! cancels a job; notes are bounded, rendered once off the executor and served as stored.
+//! Requests go to the handlers as axum calls them; the runner's side is played here through the
+//! same functions its routes call (`lease`, `verdict::on_report`).
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::Value;
@@ -18,7 +19,7 @@ use crate::caps::{self, CANCELLED};
 use crate::lease::{self, Leased};
 use crate::server::{intake, AppState, Service};
 use crate::testdb::{base, service, On};
-use crate::{cancel, stages, verdict};
+use crate::{cancel, notes, pages, stages, verdict};
 
 const TRACK: &str = "serial-tiny";
 
@@ -185,6 +186,7 @@ on_both_databases!(
     many_submissions_at_once_are_counted_one_after_another,
     candidate_caused_infra_failures_count_beyond_the_free_allowance,
     an_operator_cancels_a_job_and_its_runner_loses_the_lease,
+    a_page_serves_the_stored_note_and_renders_an_old_one_once,
 );
 
 /// The red team's 14 bad bundles posted before any was judged: only the cap's worth are taken.
@@ -382,6 +384,174 @@ async fn an_operator_cancels_a_job_and_its_runner_loses_the_lease(on: On) {
         e.contains("s-nope") && e.contains("no such submission"),
         "{e}"
     );
+}
+
+/// A page view serves the note's stored HTML and renders nothing; a note stored before notes
+/// were rendered at intake is rendered once, however many views arrive together, and stored.
+async fn a_page_serves_the_stored_note_and_renders_an_old_one_once(on: On) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), on, 10).await;
+    let marker = format!("note-{}", hex::encode(rand::random::<[u8; 8]>()));
+    let renders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r = renders.clone();
+    notes::watch::on(&marker, move || {
+        r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let count = || renders.load(std::sync::atomic::Ordering::SeqCst);
+    let id = id_of(&post_note(&s, &alice, "n1", &format!("# Fast\n\n*{marker}*")).await);
+    assert_eq!(count(), 1, "rendered at intake");
+    let html = |s: AppState, id: String| async move {
+        body(pages::submission(State(s), UrlPath(id)).await).await.2
+    };
+    let page = html(s.clone(), id.clone()).await;
+    assert!(
+        page.contains(&format!("<h1>Fast</h1>\n<p><em>{marker}</em></p>")),
+        "{page}"
+    );
+    assert_eq!(count(), 1, "a view renders nothing");
+    let set = |h: Option<String>| {
+        let (s, id) = (s.clone(), id.clone());
+        async move {
+            sqlx::query("UPDATE submissions SET note_html = $1 WHERE id = $2")
+                .bind(h)
+                .bind(id)
+                .execute(&s.db.pool)
+                .await
+                .unwrap();
+        }
+    };
+    set(Some(format!("<p>as stored {marker}</p>"))).await;
+    assert!(html(s.clone(), id.clone()).await.contains("<p>as stored "));
+    // A note from before: four views at once, one render, stored.
+    set(None).await;
+    let views: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(html(s.clone(), id.clone())))
+        .collect();
+    for v in views {
+        assert!(v.await.unwrap().contains("<h1>Fast</h1>"));
+    }
+    assert_eq!(count(), 2);
+    let stored: Option<String> = sqlx::query("SELECT note_html FROM submissions WHERE id = $1")
+        .bind(&id)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap()
+        .try_get("note_html")
+        .unwrap();
+    assert!(stored.unwrap().contains("<h1>Fast</h1>"));
+    // A hostile note from before the bounds: not shown, and not rendered past its depth.
+    sqlx::query(
+        "INSERT INTO submissions (id, solver, track, idempotency_key, note, bundle_digest, \
+         base_commit, created_ms, status) VALUES ('s-deep', 'alice', 'serial-tiny', 'deep', $1, \
+         'd', 'b0', 5, 'failed')",
+    )
+    .bind(">".repeat(30_000) + &marker)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let page = html(s.clone(), "s-deep".into()).await;
+    assert!(
+        page.contains("This note is not shown: note: its Markdown nests 30001 levels deep"),
+        "{}",
+        &page[..page.len().min(3000)]
+    );
+    assert!(!page.contains("<blockquote>"));
+}
+
+/// At intake a note over the bounds is refused, naming `note`, before anything is stored; one
+/// within them is stored with its HTML.
+#[tokio::test]
+async fn intake_refuses_a_note_past_the_bounds_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), On::Sqlite, 10).await;
+    for (note, says) in [
+        (
+            ">".repeat(30_000) + " x",
+            "note: its Markdown nests 30001 levels deep",
+        ),
+        ("> - ".repeat(16) + "x", "at most 32"),
+        (
+            "|a".repeat(1000) + "\n" + &"|-".repeat(1000) + &"\nx".repeat(25_000),
+            "note: it renders to",
+        ),
+        ("x".repeat(notes::MAX_BYTES + 1), "note: 1 byte to 64 KiB"),
+    ] {
+        let (st, msg) = post_note(&s, &alice, "k", &note).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{msg}");
+        assert!(msg.contains(says), "{msg}");
+    }
+    let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM submissions")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap()
+        .try_get("n")
+        .unwrap();
+    assert_eq!(n, 0);
+    let id = id_of(&post_note(&s, &alice, "k", &(">".repeat(31) + " x")).await);
+    let stored: Option<String> = sqlx::query("SELECT note_html FROM submissions WHERE id = $1")
+        .bind(&id)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap()
+        .try_get("note_html")
+        .unwrap();
+    assert_eq!(stored.unwrap().matches("<blockquote>").count(), 31);
+}
+
+/// A render in progress holds no request: the executor (one thread here) answers another
+/// request while a note's render is held. A render on the executor thread fails this test at
+/// once instead of hanging it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_render_in_progress_holds_no_other_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), On::Sqlite, 10).await;
+    let marker = format!("held-{}", hex::encode(rand::random::<[u8; 8]>()));
+    let executor = std::thread::current().id();
+    let (started, started_rx) = std::sync::mpsc::channel::<()>();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let (started, release_rx) = (
+        std::sync::Mutex::new(started),
+        std::sync::Mutex::new(release_rx),
+    );
+    notes::watch::on(&marker, move || {
+        assert_ne!(
+            std::thread::current().id(),
+            executor,
+            "rendered on the executor"
+        );
+        let _ = started.lock().unwrap().send(());
+        let _ = release_rx.lock().unwrap().recv();
+    });
+    // Until the render has begun (on another thread), or `task` ended without it.
+    async fn begun<T>(rx: &std::sync::mpsc::Receiver<()>, task: &tokio::task::JoinHandle<T>) {
+        while rx.try_recv().is_err() {
+            assert!(!task.is_finished(), "it ended before its render began");
+            tokio::task::yield_now().await;
+        }
+    }
+    let (s2, a2, m2) = (s.clone(), alice.clone(), marker.clone());
+    let held = tokio::spawn(async move { post_note(&s2, &a2, "held", &format!("# {m2}")).await });
+    begun(&started_rx, &held).await;
+    let (st, _, page) = body(pages::index(State(s.clone())).await).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(page.contains(TRACK));
+    release.send(()).unwrap();
+    let id = id_of(&held.await.unwrap());
+    // The same on a first view of a note stored without its HTML.
+    sqlx::query("UPDATE submissions SET note_html = NULL WHERE id = $1")
+        .bind(&id)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let (s2, id2) = (s.clone(), id.clone());
+    let view = tokio::spawn(async move { pages::submission(State(s2), UrlPath(id2)).await });
+    begun(&started_rx, &view).await;
+    let (st, _, _) = body(pages::index(State(s.clone())).await).await;
+    assert_eq!(st, StatusCode::OK);
+    release.send(()).unwrap();
+    let (st, _, page) = body(view.await.unwrap()).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(page.contains(&marker));
 }
 
 /// On PostgreSQL a report checks its lease with the row locked: a cancel in progress (the row

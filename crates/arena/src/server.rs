@@ -30,7 +30,7 @@ use crate::api::{
 use crate::db::{new_id, now_ms, Db};
 use crate::store::Store;
 use crate::track::Track;
-use crate::{bundle, caps, lease, pages, record, stages, tokens, verdict};
+use crate::{bundle, caps, lease, notes, pages, record, stages, tokens, verdict};
 
 pub struct Service {
     pub db: Db,
@@ -279,9 +279,9 @@ async fn within_cap(conn: &mut sqlx::AnyConnection, solver: &str, track: &Track)
     Ok(())
 }
 
-/// The request's fields other than the bundle, checked.
+/// The request's fields other than the bundle and the note's Markdown, checked.
 fn check_fields(req: &NewSubmission) -> std::result::Result<(), String> {
-    if req.note.trim().is_empty() || req.note.len() > 64 << 10 {
+    if req.note.trim().is_empty() || req.note.len() > notes::MAX_BYTES {
         return Err("note: 1 byte to 64 KiB of Markdown".into());
     }
     if req.model.as_ref().is_some_and(|m| m.len() > 200) {
@@ -319,6 +319,10 @@ pub(crate) async fn intake(
     check_fields(&req).map_err(bad)?;
     // Before any work on the body; counted again where the submission is added.
     within_cap(&mut *s.db.pool.acquire().await?, &solver, track).await?;
+    // Bounded, and rendered once, here, off the executor (`notes`).
+    let note_html = notes::render_off_executor(req.note.clone())
+        .await?
+        .map_err(bad)?;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(req.bundle.as_bytes())
         .map_err(|e| bad(format!("bundle: not base64 ({e})")))?;
@@ -330,6 +334,7 @@ pub(crate) async fn intake(
         solver: &solver,
         key: &key,
         req: &req,
+        note_html: &note_html,
         digest: &digest,
     };
     add(&s, track, &new).await
@@ -340,6 +345,7 @@ struct Intake<'a> {
     solver: &'a str,
     key: &'a str,
     req: &'a NewSubmission,
+    note_html: &'a str,
     digest: &'a str,
 }
 
@@ -356,8 +362,8 @@ async fn add(s: &Service, track: &Track, n: &Intake<'_>) -> ApiResult<Response> 
     let id = new_id("s");
     let inserted = sqlx::query(
         "INSERT INTO submissions (id, solver, track, idempotency_key, model, claimed_score, \
-         note, bundle_digest, base_commit, created_ms, status, next_stage, next_kind) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'queued', $11, $12)",
+         note, note_html, bundle_digest, base_commit, created_ms, status, next_stage, next_kind) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'queued', $12, $13)",
     )
     .bind(&id)
     .bind(n.solver)
@@ -366,6 +372,7 @@ async fn add(s: &Service, track: &Track, n: &Intake<'_>) -> ApiResult<Response> 
     .bind(&n.req.model)
     .bind(n.req.claimed_score)
     .bind(&n.req.note)
+    .bind(n.note_html)
     .bind(n.digest)
     .bind(&base)
     .bind(now_ms())
