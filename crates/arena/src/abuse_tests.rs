@@ -1,9 +1,10 @@
-//! The service's answers to the red team's free abuses (issue 42), on a real database (each on
-//! SQLite and PostgreSQL where the database is what is tested): the daily cap counts unfinished
-//! submissions and, beyond an allowance, candidate-caused infrastructure failures; an operator
-//! cancels a job; notes are bounded, rendered once off the executor and served as stored.
-//! Requests go to the handlers as axum calls them; the runner's side is played here through the
-//! same functions its routes call (`lease`, `verdict::on_report`).
+//! The service's answers to the red team's free abuses (issue 42, issue 43 item 7), on a real
+//! database (each on SQLite and PostgreSQL where the database is what is tested): the daily
+//! cap counts unfinished submissions and, beyond an allowance, candidate-caused infrastructure
+//! failures; an operator cancels a job; notes are bounded, rendered once off the executor and
+//! served as stored; an inconclusive pricing runs once more. Requests go to the handlers as
+//! axum calls them; the runner's side is played here through the same functions its routes
+//! call (`lease`, `verdict::on_report`).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use serde_json::Value;
+use serde_json::{json, Value};
 use sqlx::Row;
 
 use crate::api::{encode_bundle, NewSubmission, Report};
@@ -186,6 +187,7 @@ on_both_databases!(
     many_submissions_at_once_are_counted_one_after_another,
     candidate_caused_infra_failures_count_beyond_the_free_allowance,
     an_operator_cancels_a_job_and_its_runner_loses_the_lease,
+    an_inconclusive_pricing_runs_once_more_and_a_second_one_ends_it,
     a_page_serves_the_stored_note_and_renders_an_old_one_once,
 );
 
@@ -383,6 +385,106 @@ async fn an_operator_cancels_a_job_and_its_runner_loses_the_lease(on: On) {
     assert!(
         e.contains("s-nope") && e.contains("no such submission"),
         "{e}"
+    );
+}
+
+/// A pricing's private result whose interval is `ci` (the current best is 1.0, the margin 1 %).
+fn priced(ci: [f64; 2]) -> Value {
+    let score = (ci[0] + ci[1]) / 2.0;
+    json!({"metrics": {"score": score, "ci95": ci}, "pool_index": 0, "pairs": []})
+}
+
+async fn an_inconclusive_pricing_runs_once_more_and_a_second_one_ends_it(on: On) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), on, 10).await;
+    let inconclusive = stages::INCONCLUSIVE;
+
+    // Inconclusive, then priced again (back in the queue, as an expired lease's stage): held.
+    let id = id_of(&post(&s, &alice, "once").await);
+    let l = leased_at(&s, &id, stages::PRICE).await;
+    reports(&s, &l, inconclusive, false).await;
+    let v = sqlx::query("SELECT status, next_stage, lease_id FROM submissions WHERE id = $1")
+        .bind(&id)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(v.try_get::<String, _>("status").unwrap(), "queued");
+    assert_eq!(
+        v.try_get::<Option<String>, _>("next_stage")
+            .unwrap()
+            .as_deref(),
+        Some("price")
+    );
+    assert_eq!(v.try_get::<Option<String>, _>("lease_id").unwrap(), None);
+    let l = take(&s, &id).await;
+    assert_eq!(l.stage, stages::PRICE);
+    let rep = report(&l, "ok", priced([0.98, 1.02]), false);
+    verdict::on_report(&s, "r1", "cpu", &rep)
+        .await
+        .ok()
+        .unwrap();
+    assert_eq!(
+        rows(&s, &id).await,
+        pairs(&[
+            ("price", inconclusive),
+            ("price", "ok"),
+            ("verdict", "held")
+        ])
+    );
+    let first = &stages::list(&s.db, &id).await.unwrap()[0];
+    assert!(first
+        .detail
+        .as_deref()
+        .unwrap()
+        .ends_with("inconclusive once: this stage runs again"));
+
+    // Twice: failed as before, not the solver's fault.
+    let id = id_of(&post(&s, &alice, "twice").await);
+    let l = leased_at(&s, &id, stages::PRICE).await;
+    reports(&s, &l, inconclusive, false).await;
+    let l = take(&s, &id).await;
+    reports(&s, &l, inconclusive, false).await;
+    assert_eq!(
+        rows(&s, &id).await,
+        pairs(&[
+            ("price", inconclusive),
+            ("price", inconclusive),
+            ("verdict", "failed")
+        ])
+    );
+    assert_eq!(
+        ending(&s, &id).await,
+        ("failed".into(), Some(inconclusive.into()), 0, 0)
+    );
+
+    // The confirmation likewise: once more, then held as before with its first pricing.
+    let id = id_of(&post(&s, &alice, "confirm").await);
+    let l = leased_at(&s, &id, stages::PRICE).await;
+    let rep = report(&l, "ok", priced([1.5, 1.6]), false);
+    let kept = verdict::on_report(&s, "r1", "cpu", &rep)
+        .await
+        .ok()
+        .unwrap();
+    assert_eq!(
+        kept,
+        Some((l.lease_id.clone(), stages::CONFIRM.to_string()))
+    );
+    let confirm = Leased {
+        stage: stages::CONFIRM.into(),
+        ..l
+    };
+    reports(&s, &confirm, inconclusive, false).await;
+    let l = take(&s, &id).await;
+    assert_eq!(l.stage, stages::CONFIRM);
+    reports(&s, &l, inconclusive, false).await;
+    assert_eq!(
+        rows(&s, &id).await,
+        pairs(&[
+            ("price", "ok"),
+            ("confirm", inconclusive),
+            ("confirm", inconclusive),
+            ("verdict", "held")
+        ])
     );
 }
 

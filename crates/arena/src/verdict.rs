@@ -43,12 +43,18 @@ pub async fn on_report(
             "the lease is lost (expired and taken by another runner, finished, or cancelled)",
         ));
     }
+    let again = stages::runs_again(&mut tx, &rep.submission, &rep.stage, &rep.outcome).await?;
+    let detail = if again {
+        format!("{}; inconclusive once: this stage runs again", rep.detail)
+    } else {
+        rep.detail.clone()
+    };
     stages::finish(
         &mut tx,
         &rep.submission,
         &rep.stage,
         &rep.outcome,
-        &rep.detail,
+        &detail,
         &rep.result,
         now,
     )
@@ -78,7 +84,13 @@ pub async fn on_report(
         .tracks
         .get(&track_name)
         .with_context(|| format!("track {track_name} is no longer loaded"))?;
-    // A confirmation that cannot confirm (inconclusive, a crashed worker) leaves a passed
+    if again {
+        let k = stages::kind(&rep.stage, track);
+        lease::advance(&mut tx, &rep.submission, &rep.stage, &k, None, now).await?;
+        tx.commit().await?;
+        return Ok(None);
+    }
+    // A confirmation that cannot confirm (inconclusive twice, a crashed worker) leaves a passed
     // submission held, not failed: its first pricing stands.
     let unconfirmed = rep.stage == stages::CONFIRM && rep.outcome != "ok";
     if rep.outcome != "ok" && !unconfirmed {
