@@ -244,6 +244,11 @@ pub struct Report {
     pub result: serde_json::Value,
     /// Whether the reporting runner builds (it may keep the job for a next build stage).
     pub builder: bool,
+    /// For an `infra:` outcome: whether the candidate's own process caused it (its worker
+    /// crashed, hung, broke the protocol), not the runner or the reference. Such failures count
+    /// against the solver's daily cap beyond the track's free allowance (`caps`).
+    #[serde(default)]
+    pub candidate_caused: bool,
 }
 
 /// The answer to a report: the next stage when this runner keeps the job.

@@ -139,6 +139,18 @@ pub enum AdminCmd {
     /// reason shown). `--clear` removes the mark. The track's base is not moved: revert a
     /// promoted cheat's commit on arena-base/<track> by hand.
     Cheat(CheatArgs),
+    /// Cancel a queued or running job: it ends failed with category `cancelled` (never counted
+    /// against the solver's daily cap), and the runner holding it stops the stage at its next
+    /// heartbeat.
+    Cancel(CancelArgs),
+}
+
+#[derive(Args)]
+pub struct CancelArgs {
+    /// The submission's id.
+    pub id: String,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Args)]
@@ -510,6 +522,13 @@ async fn admin(c: AdminCmd) -> Result<()> {
                 Some(r) => println!("{}: marked as a cheat ({r}); out of the ranking", a.id),
                 None => println!("{}: the cheat mark is removed", a.id),
             }
+        }
+        AdminCmd::Cancel(a) => {
+            let stage = crate::cancel::cancel(&a.state.db().await?, &a.id).await?;
+            println!(
+                "{}: cancelled at {stage}; a runner holding it stops at its next heartbeat",
+                a.id
+            );
         }
     }
     Ok(())

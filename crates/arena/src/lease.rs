@@ -86,17 +86,27 @@ pub async fn heartbeat(db: &Db, submission: &str, lease_id: &str, lease_ms: i64)
     Ok(r.rows_affected() == 1)
 }
 
-/// Whether `lease_id` still holds `submission` at `stage` (inside a report's transaction).
+/// Whether `lease_id` still holds `submission` at `stage` (inside a report's transaction). On
+/// PostgreSQL the row stays locked until the transaction ends, so an operator's cancel or an
+/// expired lease's new holder cannot change it between this check and the report's writes (on
+/// SQLite the write transaction holds the whole database).
 pub async fn holds(
     tx: &mut sqlx::AnyConnection,
+    backend: Backend,
     submission: &str,
     lease_id: &str,
     stage: &str,
 ) -> Result<bool> {
-    let row = sqlx::query("SELECT lease_id, next_stage FROM submissions WHERE id = $1")
-        .bind(submission)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let lock = match backend {
+        Backend::Postgres => " FOR UPDATE",
+        Backend::Sqlite => "",
+    };
+    let row = sqlx::query(&format!(
+        "SELECT lease_id, next_stage FROM submissions WHERE id = $1{lock}"
+    ))
+    .bind(submission)
+    .fetch_optional(&mut *tx)
+    .await?;
     Ok(match row {
         Some(r) => {
             let l: Option<String> = r.try_get("lease_id")?;

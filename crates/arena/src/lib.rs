@@ -3,15 +3,20 @@
 //! (`track`), the queue and the record; runners (`runner`) lease jobs (`lease`) and run a
 //! submission's stages (`stages`: `policy`, `review`, `build`, then the existing gate and clock
 //! driven as `fastdecode gate` / `fastdecode price`); the service writes the verdict
-//! (`verdict`) and promotes winners (`promotion`). `client` is `fastdecode submit` and
-//! `arena status`; `cli` holds every `arena` command's arguments. The public record is `record`
-//! (its queries), `pages` (HTML) and `plots` (SVG); `redteam` runs the corpus of cheats that
-//! the pipeline must stop (`redteam/`).
+//! (`verdict`) and promotes winners (`promotion`). `caps` is what counts against a solver's
+//! daily cap, `cancel` an operator's cancel of a job, `notes` a note's bounded rendering.
+//! `client` is `fastdecode submit` and `arena status`; `cli` holds every `arena` command's
+//! arguments. The public record is `record` (its queries), `pages` (HTML) and `plots` (SVG);
+//! `redteam` runs the corpus of cheats that the pipeline must stop (`redteam/`).
 
+#[cfg(test)]
+mod abuse_tests;
 pub mod api;
 pub mod builder;
 pub mod child;
 pub mod bundle;
+pub mod cancel;
+pub mod caps;
 pub mod cli;
 pub mod client;
 pub mod db;
@@ -19,6 +24,7 @@ pub mod demo;
 pub mod git;
 pub mod http;
 pub mod lease;
+pub mod notes;
 pub mod pages;
 pub mod plots;
 pub mod policy;
@@ -31,6 +37,8 @@ pub mod sandbox;
 pub mod server;
 pub mod stages;
 pub mod store;
+#[cfg(test)]
+mod testdb;
 pub mod tokens;
 pub mod track;
 pub mod verdict;

@@ -147,7 +147,7 @@ async fn reprice_held(
     now: i64,
 ) -> Result<()> {
     let held = sqlx::query(
-        "SELECT id, solver, model, claimed_score, note, bundle_digest, base_commit \
+        "SELECT id, solver, model, claimed_score, note, note_html, bundle_digest, base_commit \
          FROM submissions WHERE track = $1 AND status = 'held' AND id <> $2 ORDER BY created_ms, id",
     )
     .bind(&track.name)
@@ -179,8 +179,9 @@ async fn reprice_held(
         let new = new_id("s");
         sqlx::query(
             "INSERT INTO submissions (id, solver, track, idempotency_key, model, claimed_score, \
-             note, bundle_digest, base_commit, reprice_of, created_ms, status, next_stage, \
-             next_kind) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'queued', $12, $13)",
+             note, note_html, bundle_digest, base_commit, reprice_of, created_ms, status, \
+             next_stage, next_kind) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'queued', $13, $14)",
         )
         .bind(&new)
         .bind(h.try_get::<String, _>("solver")?)
@@ -189,6 +190,7 @@ async fn reprice_held(
         .bind(h.try_get::<Option<String>, _>("model")?)
         .bind(h.try_get::<Option<f64>, _>("claimed_score")?)
         .bind(h.try_get::<String, _>("note")?)
+        .bind(h.try_get::<Option<String>, _>("note_html")?)
         .bind(&digest)
         .bind(new_base)
         .bind(&id)

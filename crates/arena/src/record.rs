@@ -522,42 +522,7 @@ mod tests {
     use axum::http::StatusCode;
 
     use super::*;
-
-    /// Where a test's records live.
-    #[derive(Clone, Copy)]
-    enum On {
-        Sqlite,
-        /// A new database of its own on the server tools/test.sh starts.
-        Postgres,
-    }
-
-    fn url(on: On, dir: &Path) -> String {
-        match on {
-            On::Sqlite => crate::db::sqlite_url(dir),
-            On::Postgres => {
-                let server = std::env::var("FASTDECODE_TEST_POSTGRES").expect(
-                    "FASTDECODE_TEST_POSTGRES is not set: run the tests with tools/test.sh (the \
-                     README's test command), which starts a PostgreSQL server for them",
-                );
-                let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
-                format!("{base}/record_{}", hex::encode(rand::random::<[u8; 8]>()))
-            }
-        }
-    }
-
-    /// A service on a fresh database (`on`) with the repository's tracks (nothing else of it
-    /// is read by these queries).
-    async fn service(dir: &Path, on: On) -> Service {
-        let db = Db::open(&url(on, dir)).await.unwrap();
-        let tracks = crate::track::repo_tracks();
-        Service {
-            db,
-            tracks,
-            store: Store::new(dir),
-            repo: dir.to_path_buf(),
-            lease_ms: 30_000,
-        }
-    }
+    use crate::testdb::{service, On};
 
     async fn exec(db: &Db, sql: &str) {
         sqlx::query(sql).execute(&db.pool).await.unwrap();

@@ -30,7 +30,7 @@ use crate::api::{
 use crate::db::{new_id, now_ms, Db};
 use crate::store::Store;
 use crate::track::Track;
-use crate::{bundle, lease, pages, record, stages, tokens, verdict};
+use crate::{bundle, caps, lease, notes, pages, record, stages, tokens, verdict};
 
 pub struct Service {
     pub db: Db,
@@ -234,35 +234,70 @@ async fn list_submissions(
     Ok(Json(record::submissions(&s.db, &f).await?))
 }
 
-/// Attributable failures of `solver` on `track` in the last day, and when the oldest of them
-/// stops counting.
-async fn recent_failures(s: &Service, solver: &str, track: &str) -> Result<(i64, Option<i64>)> {
-    let since = now_ms() - 86_400_000;
-    let r = sqlx::query(
-        "SELECT COUNT(*) AS n, MIN(finished_ms) AS oldest FROM submissions \
-         WHERE solver = $1 AND track = $2 AND attributable = 1 AND finished_ms > $3",
-    )
-    .bind(solver)
-    .bind(track)
-    .bind(since)
-    .fetch_one(&s.db.pool)
-    .await?;
-    Ok((r.try_get("n")?, r.try_get("oldest")?))
-}
-
-async fn existing(s: &Service, solver: &str, key: &str) -> Result<Option<String>> {
+async fn existing<'c>(
+    db: impl sqlx::Executor<'c, Database = sqlx::Any>,
+    solver: &str,
+    key: &str,
+) -> Result<Option<String>> {
     Ok(
         sqlx::query("SELECT id FROM submissions WHERE solver = $1 AND idempotency_key = $2")
             .bind(solver)
             .bind(key)
-            .fetch_optional(&s.db.pool)
+            .fetch_optional(db)
             .await?
             .map(|r| r.try_get("id"))
             .transpose()?,
     )
 }
 
-async fn intake(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+/// The 429 of a solver whose cap on `track` is full.
+fn capped(track: &Track, u: &caps::Usage) -> ApiError {
+    let cap = i64::from(track.caps.failures_per_day);
+    let retry = u.retry_after(cap, now_ms());
+    let when = match retry {
+        Some(s) => format!("retry in {s} s"),
+        None => "retry when one of your queued or running submissions has finished".into(),
+    };
+    ApiError(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!(
+            "{} count against your daily cap of {cap} on track {}: {}; {when}",
+            u.counted(),
+            track.name,
+            u.describe()
+        ),
+        Some(retry.unwrap_or(caps::IN_FLIGHT_RETRY_S)),
+    )
+}
+
+/// Refuses a solver whose cap on `track` is full (`caps`).
+async fn within_cap(conn: &mut sqlx::AnyConnection, solver: &str, track: &Track) -> ApiResult<()> {
+    let u = caps::usage(conn, solver, track, now_ms()).await?;
+    if u.counted() >= i64::from(track.caps.failures_per_day) {
+        return Err(capped(track, &u));
+    }
+    Ok(())
+}
+
+/// The request's fields other than the bundle and the note's Markdown, checked.
+fn check_fields(req: &NewSubmission) -> std::result::Result<(), String> {
+    if req.note.trim().is_empty() || req.note.len() > notes::MAX_BYTES {
+        return Err("note: 1 byte to 64 KiB of Markdown".into());
+    }
+    if req.model.as_ref().is_some_and(|m| m.len() > 200) {
+        return Err("model: at most 200 characters".into());
+    }
+    if req.claimed_score.is_some_and(|c| !c.is_finite()) {
+        return Err("claimed_score: a finite number".into());
+    }
+    Ok(())
+}
+
+pub(crate) async fn intake(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     let solver = solver(&s, &headers).await?;
     let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, m);
     let key = headers
@@ -272,7 +307,7 @@ async fn intake(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> A
         .filter(|k| !k.is_empty() && k.len() <= 128)
         .ok_or_else(|| bad("the Idempotency-Key header (1 to 128 characters) is required".into()))?
         .to_string();
-    if let Some(id) = existing(&s, &solver, &key).await? {
+    if let Some(id) = existing(&s.db.pool, &solver, &key).await? {
         return Ok(accepted(id, true));
     }
     let req: NewSubmission =
@@ -281,33 +316,13 @@ async fn intake(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> A
         .tracks
         .get(&req.track)
         .ok_or_else(|| bad(format!("track {:?}: no such track", req.track)))?;
-    if req.note.trim().is_empty() || req.note.len() > 64 << 10 {
-        return Err(bad("note: 1 byte to 64 KiB of Markdown".into()));
-    }
-    if let Some(m) = &req.model {
-        if m.len() > 200 {
-            return Err(bad("model: at most 200 characters".into()));
-        }
-    }
-    if req.claimed_score.is_some_and(|c| !c.is_finite()) {
-        return Err(bad("claimed_score: a finite number".into()));
-    }
-    let cap = i64::from(track.caps.failures_per_day);
-    let (failures, oldest) = recent_failures(&s, &solver, &track.name).await?;
-    if failures >= cap {
-        let retry = oldest.map_or(86_400, |o| {
-            ((o + 86_400_000 - now_ms()) / 1000).max(1) as u64
-        });
-        return Err(ApiError(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "{failures} failures of yours on track {} in the last day (the cap is {cap}; \
-                 infra failures do not count); retry in {retry} s",
-                track.name
-            ),
-            Some(retry),
-        ));
-    }
+    check_fields(&req).map_err(bad)?;
+    // Before any work on the body; counted again where the submission is added.
+    within_cap(&mut *s.db.pool.acquire().await?, &solver, track).await?;
+    // Bounded, and rendered once, here, off the executor (`notes`).
+    let note_html = notes::render_off_executor(req.note.clone())
+        .await?
+        .map_err(bad)?;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(req.bundle.as_bytes())
         .map_err(|e| bad(format!("bundle: not base64 ({e})")))?;
@@ -315,35 +330,65 @@ async fn intake(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> A
     // the policy stage's to judge (and to record).
     bundle::read(&bytes, track.caps.total_bytes).map_err(|e| bad(format!("bundle: {e:#}")))?;
     let digest = s.store.put_artifact(&bytes)?;
+    let new = Intake {
+        solver: &solver,
+        key: &key,
+        req: &req,
+        note_html: &note_html,
+        digest: &digest,
+    };
+    add(&s, track, &new).await
+}
+
+/// A checked submission, ready to be added.
+struct Intake<'a> {
+    solver: &'a str,
+    key: &'a str,
+    req: &'a NewSubmission,
+    note_html: &'a str,
+    digest: &'a str,
+}
+
+/// Adds `n` to the queue, its cap counted in the same transaction (the solver's submissions
+/// take turns there, so that many at once cannot all pass one count).
+async fn add(s: &Service, track: &Track, n: &Intake<'_>) -> ApiResult<Response> {
     let (base, _, _) = current_base(&s.db, &track.name).await?;
+    let mut tx = s.db.write().await?;
+    caps::lock_solver(&mut tx, s.db.backend, n.solver).await?;
+    if let Some(id) = existing(&mut *tx, n.solver, n.key).await? {
+        return Ok(accepted(id, true));
+    }
+    within_cap(&mut tx, n.solver, track).await?;
     let id = new_id("s");
-    let now = now_ms();
     let inserted = sqlx::query(
         "INSERT INTO submissions (id, solver, track, idempotency_key, model, claimed_score, \
-         note, bundle_digest, base_commit, created_ms, status, next_stage, next_kind) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'queued', $11, $12)",
+         note, note_html, bundle_digest, base_commit, created_ms, status, next_stage, next_kind) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'queued', $12, $13)",
     )
     .bind(&id)
-    .bind(&solver)
+    .bind(n.solver)
     .bind(&track.name)
-    .bind(&key)
-    .bind(&req.model)
-    .bind(req.claimed_score)
-    .bind(&req.note)
-    .bind(&digest)
+    .bind(n.key)
+    .bind(&n.req.model)
+    .bind(n.req.claimed_score)
+    .bind(&n.req.note)
+    .bind(n.note_html)
+    .bind(n.digest)
     .bind(&base)
-    .bind(now)
+    .bind(now_ms())
     .bind(stages::POLICY)
     .bind(stages::kind(stages::POLICY, track))
-    .execute(&s.db.pool)
+    .execute(&mut *tx)
     .await;
     if let Err(e) = inserted {
+        drop(tx);
         // Two requests with one key at once: the other one's insert won.
-        if let Some(id) = existing(&s, &solver, &key).await? {
+        if let Some(id) = existing(&s.db.pool, n.solver, n.key).await? {
             return Ok(accepted(id, true));
         }
         return Err(e.into());
     }
+    tx.commit().await?;
     Ok(accepted(id, false))
 }
 

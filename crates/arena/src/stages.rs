@@ -25,6 +25,10 @@ pub const CONFIRM: &str = "confirm";
 /// The service's own row: the verdict, written when the pipeline ends.
 pub const VERDICT: &str = "verdict";
 
+/// The clock's verdict when a pricing's interval still straddles the floor at the end of its
+/// budget: the noise, not the build, decided it.
+pub const INCONCLUSIVE: &str = "infra:inconclusive";
+
 /// The runner kind that builds.
 pub const BUILDER: &str = "builder";
 
@@ -39,6 +43,30 @@ pub fn next(stage: &str, track: &Track) -> Option<&'static str> {
         GATE => Some(PRICE),
         _ => None,
     }
+}
+
+/// Whether a report of `outcome` at `stage` runs that stage once more instead of ending the job
+/// (asked before its row is closed): an inconclusive pricing or confirmation, the first time.
+/// Back in the queue, it is run again as an expired lease's stage is, its first row kept.
+pub async fn runs_again(
+    tx: &mut sqlx::AnyConnection,
+    submission: &str,
+    stage: &str,
+    outcome: &str,
+) -> Result<bool> {
+    if !matches!(stage, PRICE | CONFIRM) || outcome != INCONCLUSIVE {
+        return Ok(false);
+    }
+    let n: i64 = sqlx::query(
+        "SELECT COUNT(*) AS n FROM stages WHERE submission = $1 AND stage = $2 AND outcome = $3",
+    )
+    .bind(submission)
+    .bind(stage)
+    .bind(outcome)
+    .fetch_one(&mut *tx)
+    .await?
+    .try_get("n")?;
+    Ok(n == 0)
 }
 
 /// The kind of runner that runs `stage` of a submission on `track`.

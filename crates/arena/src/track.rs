@@ -105,7 +105,9 @@ pub struct Caps {
     pub file_bytes: u64,
     /// How much the changed files may grow beyond their base versions, in all.
     pub growth_bytes: u64,
-    /// Attributable failures a solver may have per day before intake answers 429.
+    /// Failures a solver may have per day before intake answers 429: its attributable ones, its
+    /// candidate-caused infrastructure failures beyond `free_infra_per_day`, and its submissions
+    /// still queued or running (`caps.rs`).
     pub failures_per_day: u32,
     /// The largest binary a build may make.
     #[serde(default = "default_artifact_bytes")]
@@ -113,6 +115,14 @@ pub struct Caps {
     /// The most disk a build's directory (sources, target, cargo's own files) may take.
     #[serde(default = "default_build_disk_bytes")]
     pub build_disk_bytes: u64,
+    /// Infrastructure failures a solver's candidate may cause per day (its worker crashed, hung,
+    /// broke the protocol) before each counts as a failure (default 2).
+    #[serde(default = "default_free_infra_per_day")]
+    pub free_infra_per_day: u32,
+}
+
+fn default_free_infra_per_day() -> u32 {
+    2
 }
 
 fn default_artifact_bytes() -> u64 {
@@ -341,6 +351,15 @@ impl Track {
         if self.caps.file_bytes == 0 || self.caps.total_bytes < self.caps.file_bytes {
             bail!("caps: file_bytes must be positive and at most total_bytes");
         }
+        if self.caps.failures_per_day == 0 {
+            bail!("caps.failures_per_day 0: at least 1 (0 would refuse every submission)");
+        }
+        if self.caps.free_infra_per_day > 1000 {
+            bail!(
+                "caps.free_infra_per_day {}: at most 1000",
+                self.caps.free_infra_per_day
+            );
+        }
         if !(self.promotion.margin.is_finite() && self.promotion.margin >= 0.0) {
             bail!("promotion.margin {}: a number >= 0", self.promotion.margin);
         }
@@ -456,5 +475,30 @@ mod tests {
         let bad = text.replace("floor = 0.95", "floor = -1");
         let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();
         assert!(format!("{e:#}").contains("clock.floor"), "{e:#}");
+        let bad = text.replace("free_infra_per_day = 2", "free_infra_per_day = 5000");
+        let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("caps.free_infra_per_day"),
+            "{e:#}"
+        );
+        let bad = text.replace("failures_per_day = 10", "failures_per_day = 0");
+        let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("caps.failures_per_day"), "{e:#}");
+    }
+
+    #[test]
+    fn the_free_infra_allowance_defaults_to_two() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks/serial-tiny.toml"),
+        )
+        .unwrap();
+        let without: String = text
+            .lines()
+            .filter(|l| !l.contains("free_infra_per_day"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_ne!(without, text);
+        let t = Track::parse(&without, Path::new("t.toml")).unwrap();
+        assert_eq!(t.caps.free_infra_per_day, 2);
     }
 }

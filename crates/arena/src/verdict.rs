@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use sqlx::Row;
 
 use crate::api::Report;
+use crate::caps::Blame;
 use crate::db::now_ms;
 use crate::server::{current_base, ApiError, Service};
 use crate::{lease, promotion, stages};
@@ -28,18 +29,32 @@ pub async fn on_report(
 ) -> Result<Option<(String, String)>, ApiError> {
     let now = now_ms();
     let mut tx = s.db.write().await?;
-    if !lease::holds(&mut tx, &rep.submission, &rep.lease_id, &rep.stage).await? {
+    if !lease::holds(
+        &mut tx,
+        s.db.backend,
+        &rep.submission,
+        &rep.lease_id,
+        &rep.stage,
+    )
+    .await?
+    {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "the lease is lost (expired and taken by another runner, or finished)",
+            "the lease is lost (expired and taken by another runner, finished, or cancelled)",
         ));
     }
+    let again = stages::runs_again(&mut tx, &rep.submission, &rep.stage, &rep.outcome).await?;
+    let detail = if again {
+        format!("{}; inconclusive once: this stage runs again", rep.detail)
+    } else {
+        rep.detail.clone()
+    };
     stages::finish(
         &mut tx,
         &rep.submission,
         &rep.stage,
         &rep.outcome,
-        &rep.detail,
+        &detail,
         &rep.result,
         now,
     )
@@ -69,19 +84,23 @@ pub async fn on_report(
         .tracks
         .get(&track_name)
         .with_context(|| format!("track {track_name} is no longer loaded"))?;
-    // A confirmation that cannot confirm (inconclusive, a crashed worker) leaves a passed
+    if again {
+        let k = stages::kind(&rep.stage, track);
+        lease::advance(&mut tx, &rep.submission, &rep.stage, &k, None, now).await?;
+        tx.commit().await?;
+        return Ok(None);
+    }
+    // A confirmation that cannot confirm (inconclusive twice, a crashed worker) leaves a passed
     // submission held, not failed: its first pricing stands.
     let unconfirmed = rep.stage == stages::CONFIRM && rep.outcome != "ok";
     if rep.outcome != "ok" && !unconfirmed {
-        fail(
-            &mut tx,
-            &rep.submission,
-            &rep.stage,
-            &rep.outcome,
-            &rep.detail,
-            now,
-        )
-        .await?;
+        let blame = Blame::of(&rep.outcome, rep.candidate_caused);
+        let failure = (
+            rep.stage.as_str(),
+            rep.outcome.as_str(),
+            rep.detail.as_str(),
+        );
+        fail(&mut tx, &rep.submission, failure, blame, now).await?;
         tx.commit().await?;
         return Ok(None);
     }
@@ -198,23 +217,23 @@ pub async fn on_report(
     Ok(kept)
 }
 
-/// Ends `submission` as failed at `stage` with `category`.
-async fn fail(
+/// Ends `submission` as failed at (stage, category, public detail), whose failure it is for the
+/// daily cap (`caps`) recorded with it.
+pub async fn fail(
     tx: &mut sqlx::AnyConnection,
     submission: &str,
-    stage: &str,
-    category: &str,
-    detail: &str,
+    (stage, category, detail): (&str, &str, &str),
+    blame: Blame,
     now: i64,
 ) -> Result<()> {
-    let attributable = !category.starts_with("infra:");
     let v = json!({"status": "failed", "stage": stage, "category": category, "detail": detail});
     sqlx::query(
         "UPDATE submissions SET status = 'failed', category = $1, attributable = $2, \
-         verdict = $3, finished_ms = $4 WHERE id = $5",
+         candidate_caused = $3, verdict = $4, finished_ms = $5 WHERE id = $6",
     )
     .bind(category)
-    .bind(i64::from(attributable))
+    .bind(i64::from(blame == Blame::Solver))
+    .bind(i64::from(blame == Blame::Candidate))
     .bind(v.to_string())
     .bind(now)
     .bind(submission)

@@ -394,6 +394,7 @@ pub fn run(opts: Options) -> Result<()> {
                 detail: out.detail,
                 result: out.result,
                 builder: r.builder,
+                candidate_caused: out.candidate_caused,
             };
             match report(&r.api, &rep) {
                 Ok(Some(ReportReply { next: Some(next) })) => job = next,

@@ -1,0 +1,56 @@
+//! Test-only: a service on a fresh database, SQLite or PostgreSQL (a new database of its own on
+//! the server `tools/test.sh` starts), with the repository's tracks. Tests that exercise the
+//! database run on both.
+
+use std::path::Path;
+
+use crate::db::Db;
+use crate::server::Service;
+use crate::store::Store;
+
+/// Where a test's records live.
+#[derive(Debug, Clone, Copy)]
+pub enum On {
+    Sqlite,
+    /// A new database of its own on the server tools/test.sh starts.
+    Postgres,
+}
+
+pub fn url(on: On, dir: &Path) -> String {
+    match on {
+        On::Sqlite => crate::db::sqlite_url(dir),
+        On::Postgres => {
+            let server = std::env::var("FASTDECODE_TEST_POSTGRES").expect(
+                "FASTDECODE_TEST_POSTGRES is not set: run the tests with tools/test.sh (the \
+                 README's test command), which starts a PostgreSQL server for them",
+            );
+            let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+            format!("{base}/record_{}", hex::encode(rand::random::<[u8; 8]>()))
+        }
+    }
+}
+
+/// A service on a fresh database (`on`) in `dir` with the repository's tracks (their baseline
+/// rows are not added: `base` adds one).
+pub async fn service(dir: &Path, on: On) -> Service {
+    let db = Db::open(&url(on, dir)).await.unwrap();
+    Service {
+        db,
+        tracks: crate::track::repo_tracks(),
+        store: Store::new(dir),
+        repo: dir.to_path_buf(),
+        lease_ms: 30_000,
+    }
+}
+
+/// The baseline row of `track` (what `server::prepare` adds from the track file).
+pub async fn base(db: &Db, track: &str) {
+    sqlx::query(
+        "INSERT INTO promotions (track, seq, submission, base_commit, score, created_ms) \
+         VALUES ($1, 0, NULL, 'b0', 1.0, 1)",
+    )
+    .bind(track)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}

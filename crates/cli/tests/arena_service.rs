@@ -1,0 +1,325 @@
+//! The arena's answers to the red team's free abuses (issue 42; issue 43 item 7), end to end:
+//! `fastdecode arena serve` on a real database (SQLite and PostgreSQL), requests over HTTP, the
+//! runner's side played by this test through the runners' routes (deterministic outcomes, no
+//! build), and one real runner for a cancel in the middle of a long pricing.
+//!
+//! - The daily cap counts unfinished submissions: bundles posted before any verdict stop at it.
+//! - A runner's report of a candidate-caused infrastructure failure (`candidate_caused`) counts
+//!   beyond the track's free allowance; the runner's own do not.
+//! - `fastdecode arena admin cancel ID` ends a job `cancelled`; the runner pricing it is
+//!   answered 409 at its next heartbeat and kills the pricing; a finished or unknown id is an
+//!   error naming it.
+//! - An inconclusive pricing runs once more, both rows on the record.
+
+mod arena_support;
+
+use std::process::Command;
+
+use arena_support::*;
+use fastdecode_arena::api::{Job, LeaseRequest, Report, ReportReply, SubmissionView};
+use fastdecode_arena::bundle::Content;
+use fastdecode_arena::http::Api;
+use serde_json::{json, Value};
+
+/// Every scenario on both databases, one at a time (the real runner's pricing shares the
+/// machine's cores).
+macro_rules! on_both_databases {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            use super::*;
+
+            #[test]
+            fn on_sqlite() {
+                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+                super::$scenario(Database::Sqlite);
+            }
+
+            #[test]
+            fn on_postgresql() {
+                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+                super::$scenario(Database::Postgres);
+            }
+        }
+    )*};
+}
+
+on_both_databases!(
+    bad_bundles_posted_before_any_verdict_stop_at_the_cap,
+    a_candidates_own_infra_failures_count_beyond_the_free_allowance,
+    an_inconclusive_pricing_is_priced_again_with_both_rows_kept,
+    a_cancel_stops_the_runner_pricing_the_job,
+);
+
+fn off_surface() -> Vec<(String, Content)> {
+    vec![(
+        "crates/clock/src/price.rs".to_string(),
+        Content::File(b"// changed\n".to_vec(), 0o644),
+    )]
+}
+
+/// The red team's 14 bad bundles posted before any was judged: the cap (3 on the test track)
+/// takes 3, then answers 429 saying what it counted.
+fn bad_bundles_posted_before_any_verdict_stop_at_the_cap(db: Database) {
+    let a = Arena::on(db, 30);
+    let answers: Vec<Result<String, String>> = (0..14)
+        .map(|i| a.post(&off_surface(), &format!("bad-{i}")).map(|x| x.id))
+        .collect();
+    assert_eq!(
+        answers.iter().filter(|x| x.is_ok()).count(),
+        3,
+        "{answers:?}"
+    );
+    let e = answers[3].as_ref().unwrap_err();
+    assert!(
+        e.contains("429")
+            && e.contains("3 count against your daily cap of 3")
+            && e.contains("3 submission(s) queued or running")
+            && e.contains("retry after 60 s"),
+        "{e}"
+    );
+}
+
+/// A runner token and its client (this test plays the runner).
+fn fake_runner(a: &Arena, name: &str) -> Api {
+    let mut add = vec!["arena", "admin", "runner", "add", name, "--kind", "cpu"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    add.extend(a.state());
+    let token = fd(&add.iter().map(String::as_str).collect::<Vec<_>>());
+    Api::new(&a.url(), Some(&token)).unwrap()
+}
+
+fn lease(r: &Api) -> Job {
+    r.post("/api/runner/lease", &LeaseRequest { builder: true }, &[])
+        .unwrap()
+        .expect("a job")
+}
+
+/// Reports `outcome` for `job`: the next job this runner keeps, if any.
+fn report(r: &Api, job: &Job, outcome: &str, result: Value, candidate_caused: bool) -> Option<Job> {
+    let rep = Report {
+        submission: job.submission.clone(),
+        lease_id: job.lease_id.clone(),
+        stage: job.stage.clone(),
+        outcome: outcome.into(),
+        detail: format!("{outcome} (as this test reports it)"),
+        result,
+        builder: true,
+        candidate_caused,
+    };
+    let reply: ReportReply = r.post("/api/runner/report", &rep, &[]).unwrap().unwrap();
+    reply.next
+}
+
+/// Leases the next job and reports `ok` until it reaches `stage`.
+fn lease_until(r: &Api, stage: &str) -> Job {
+    let mut job = lease(r);
+    while job.stage != stage {
+        job = report(r, &job, "ok", Value::Null, false).expect("the next stage, kept");
+    }
+    job
+}
+
+fn rows(v: &SubmissionView) -> Vec<(String, String)> {
+    v.stages
+        .iter()
+        .map(|s| (s.stage.clone(), s.outcome.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+/// Two crashes of the candidate's worker are free, the third counts; a crash of the runner's
+/// own (or a report from a runner that does not say) never does.
+fn a_candidates_own_infra_failures_count_beyond_the_free_allowance(db: Database) {
+    let a = Arena::on(db, 30);
+    let r = fake_runner(&a, "fake");
+    let crash = |key: &str, candidate: Option<bool>| {
+        let id = a.post(&[], key).unwrap().id;
+        let job = lease_until(&r, "gate");
+        assert_eq!(job.submission, id);
+        let mut rep = json!({
+            "submission": job.submission, "lease_id": job.lease_id, "stage": job.stage,
+            "outcome": "infra:worker_crashed", "detail": "the worker exited", "result": null,
+            "builder": true,
+        });
+        if let Some(c) = candidate {
+            rep["candidate_caused"] = json!(c);
+        }
+        let _: Option<Value> = r.post("/api/runner/report", &rep, &[]).unwrap();
+        let v = a.view(&id);
+        assert_eq!(v.verdict.unwrap()["category"], "infra:worker_crashed");
+    };
+    crash("runner-1", Some(false));
+    crash("old-runner", None);
+    for i in 0..3 {
+        crash(&format!("candidate-{i}"), Some(true));
+    }
+    a.post(&[], "queued-1").unwrap();
+    a.post(&[], "queued-2").unwrap();
+    let e = a.post(&[], "refused").unwrap_err();
+    assert!(
+        e.contains("429")
+            && e.contains(
+                "0 failure(s) in the last day, 1 candidate-caused infra failure(s) beyond the 2 \
+                 free a day (3 in all), 2 submission(s) queued or running"
+            ),
+        "{e}"
+    );
+}
+
+/// A pricing's private result with interval `ci` (below the current best 1.0 by the margin:
+/// held, no confirmation).
+fn priced(ci: [f64; 2]) -> Value {
+    json!({"metrics": {"score": (ci[0] + ci[1]) / 2.0, "ci95": ci}, "pool_index": 1, "pairs": []})
+}
+
+fn an_inconclusive_pricing_is_priced_again_with_both_rows_kept(db: Database) {
+    let a = Arena::on(db, 30);
+    let r = fake_runner(&a, "fake");
+    let id = a.post(&[], "inconclusive").unwrap().id;
+    let job = lease_until(&r, "price");
+    assert!(report(&r, &job, "infra:inconclusive", Value::Null, false).is_none());
+    // Back in the queue at its pricing, as an expired lease's stage.
+    let v = a.view(&id);
+    assert_eq!(
+        (v.status.as_str(), v.next_stage.as_deref()),
+        ("queued", Some("price"))
+    );
+    let again = lease(&r);
+    assert_eq!(
+        (again.submission.as_str(), again.stage.as_str()),
+        (id.as_str(), "price")
+    );
+    assert!(report(&r, &again, "ok", priced([0.97, 1.02]), false).is_none());
+    let v = a.finished(&id);
+    assert_eq!(
+        rows(&v),
+        pairs(&[
+            ("policy", "ok"),
+            ("review", "ok"),
+            ("build", "ok"),
+            ("gate", "ok"),
+            ("price", "infra:inconclusive"),
+            ("price", "ok"),
+            ("verdict", "held"),
+        ])
+    );
+    assert!(v.stages[4]
+        .detail
+        .as_deref()
+        .unwrap()
+        .ends_with("inconclusive once: this stage runs again"));
+    // Twice: failed as before, free.
+    let id = a.post(&[], "twice").unwrap().id;
+    let job = lease_until(&r, "price");
+    report(&r, &job, "infra:inconclusive", Value::Null, false);
+    let job = lease(&r);
+    report(&r, &job, "infra:inconclusive", Value::Null, false);
+    let v = a.finished(&id);
+    let verdict = v.verdict.clone().unwrap();
+    assert_eq!(
+        (verdict["stage"].as_str(), verdict["category"].as_str()),
+        (Some("price"), Some("infra:inconclusive"))
+    );
+    let prices = rows(&v).into_iter().filter(|r| r.0 == "price").count();
+    assert_eq!(prices, 2);
+}
+
+/// `fastdecode arena admin cancel` with this arena's state: (success, stdout, stderr).
+fn cancel(a: &Arena, id: &str) -> (bool, String, String) {
+    let o = Command::new(BIN)
+        .args(["arena", "admin", "cancel", id])
+        .args(a.state())
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<String> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let ppid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .map(str::trim);
+        if ppid == Some(pid.to_string().as_str()) {
+            out.push(status.lines().next().unwrap_or("").to_string());
+        }
+    }
+    out
+}
+
+/// A real runner pricing a no-op for far longer than this test waits (a thousand pairs): the
+/// cancel ends the job, the runner's next heartbeat (every 2 s on a 6 s lease) is answered 409,
+/// and it kills the pricing and serves the next job.
+fn a_cancel_stops_the_runner_pricing_the_job(db: Database) {
+    let a = Arena::on_track(db, 6, |t| {
+        t.clock.min_pairs = 1000;
+        t.clock.max_pairs = 2000;
+        t.clock.target_ci = 0.0001;
+        t.clock.time_budget = 3000.0;
+    });
+    let runner = a.runner("r1");
+    let id = a.post(&[], "long").unwrap().id;
+    wait_for("r1 pricing", || {
+        a.view(&id)
+            .stages
+            .iter()
+            .any(|s| s.stage == "price" && s.outcome.is_none())
+            .then_some(())
+    });
+    wait_for("r1's pricing process", || {
+        (!children(runner.0.id()).is_empty()).then_some(())
+    });
+    let (ok, out, err) = cancel(&a, &id);
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("{id}: cancelled at price")), "{out}");
+    let stopped = format!("runner: {id} price: the lease was lost; the stage was stopped");
+    wait_for("r1 stopping the pricing", || {
+        std::fs::read_to_string(a.path("r1.log"))
+            .ok()
+            .filter(|l| l.contains(&stopped))
+    });
+    assert_eq!(children(runner.0.id()), Vec::<String>::new());
+    let v = a.view(&id);
+    assert_eq!(v.status, "failed");
+    assert_eq!(v.verdict.clone().unwrap()["category"], "cancelled");
+    let tail: Vec<(String, String)> = rows(&v).split_off(v.stages.len() - 2);
+    assert_eq!(
+        tail,
+        pairs(&[("price", "cancelled"), ("verdict", "failed")])
+    );
+    // The runner serves on: the next job (off the surface) is judged by it.
+    let next = a.post(&off_surface(), "next").unwrap().id;
+    let v = a.finished(&next);
+    assert_eq!(v.verdict.unwrap()["category"], "policy:off_surface");
+    assert_eq!(v.stages[0].runner.as_deref(), Some("r1"));
+    // A finished or unknown submission cannot be cancelled: an error naming it.
+    let (ok, _, err) = cancel(&a, &id);
+    assert!(
+        !ok && err.contains(&id) && err.contains("already finished"),
+        "{err}"
+    );
+    let (ok, _, err) = cancel(&a, "s-0000000000000000");
+    assert!(
+        !ok && err.contains("s-0000000000000000: no such submission"),
+        "{err}"
+    );
+    // The runner itself stayed up throughout.
+    let mut runner = runner;
+    assert!(runner.0.try_wait().unwrap().is_none(), "the runner exited");
+}
