@@ -685,3 +685,83 @@ fn a_hung_worker_times_out_when_no_sampler_watches() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("infra:worker_hung"), "{err}");
 }
+
+/// The clock observes a sandboxed worker (the arena's sandbox: the worker is a grandchild of
+/// what `price` spawns, in its own PID namespace): with both cores kept busy beside it, its
+/// windows are seen waiting on a run queue and marked disturbed, and a busy window longer than
+/// the stall guard is not taken for a stall. Reading only the spawned process (the idle
+/// `bwrap` above the worker), every window showed no CPU and no wait, none was ever disturbed,
+/// and the stall guard killed any window longer than it.
+#[test]
+fn the_clock_sees_a_sandboxed_worker() {
+    use fastdecode_arena::sandbox::{Mount, Sandbox};
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let f = fixture();
+    let sandbox = Sandbox::find("cpu").expect("bubblewrap is installed (tools/test.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = sandbox
+        .wrapper(
+            std::path::Path::new(BIN),
+            &[Mount::same(&f.model)],
+            &[],
+            &dir.path().join("candidate"),
+        )
+        .unwrap();
+    // Two spinners for the whole pricing: every window shares the cores with them.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::black_box(0u64);
+                }
+            })
+        })
+        .collect();
+    let (_, r) = price(
+        wrapper.to_str().unwrap(),
+        "",
+        &[
+            "--pairs",
+            "4",
+            "--decode-tokens",
+            "600",
+            "--stall",
+            "0.2",
+            "--noise-windows",
+            "2",
+            "--warmup-windows",
+            "1",
+            "--windows",
+            "2",
+        ],
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    assert_ne!(r["verdict"], "infra:worker_stalled", "{r}");
+    let windows: Vec<&serde_json::Value> = r["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["phases"].as_array().unwrap())
+        .filter(|ph| ph["role"] == "candidate")
+        .flat_map(|ph| ph["windows"].as_array().unwrap())
+        .collect();
+    assert!(!windows.is_empty(), "{r}");
+    // Every window ran on the CPU, as its tree shows; some waited beside the spinners.
+    for w in &windows {
+        let share = w["telemetry"]["worker_cpu_share"].as_f64().unwrap_or(0.0);
+        assert!(share > 0.0, "a sandboxed window with no CPU seen: {w}");
+        assert!(
+            w["window_seconds"].as_f64().unwrap() > 0.2,
+            "shorter than the guard: {w}"
+        );
+    }
+    assert!(
+        windows.iter().any(|w| w["disturbed"] == true),
+        "no sandboxed window was seen disturbed beside two spinners: {r}"
+    );
+}

@@ -48,31 +48,89 @@ fn cpu_jiffies() -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
-/// Seconds a process's main thread has waited on a run queue (`/proc/PID/schedstat`, second
-/// field, nanoseconds); `None` where the kernel does not keep it.
-pub fn runqueue_wait_seconds(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
-    let ns: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
-    Some(ns as f64 * 1e-9)
-}
-
-/// CPU time a process has run, in seconds: `/proc/PID/schedstat` (nanoseconds), else `stat`.
-fn process_cpu_seconds(pid: u32) -> Option<f64> {
-    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) {
-        if let Some(ns) = s
-            .split_whitespace()
-            .next()
-            .and_then(|x| x.parse::<u64>().ok())
+/// The processes of the tree rooted at `pid`: it and all its descendants. A sandboxed worker is
+/// a grandchild of the process its parent spawned (the sandbox's own processes idle above it),
+/// so what the clock observes of a worker is its whole tree.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some(pp) = std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| parent_of(&s))
         {
-            return Some(ns as f64 * 1e-9);
+            children.entry(pp).or_default().push(p);
         }
     }
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / 100.0)
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        tree.extend(children.get(&tree[i]).into_iter().flatten());
+        i += 1;
+    }
+    tree
+}
+
+/// The parent pid in a `/proc/PID/stat` line (the field after the state, past the command name,
+/// which may hold spaces and parentheses).
+fn parent_of(stat: &str) -> Option<u32> {
+    stat[stat.rfind(')')? + 2..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Seconds run and seconds waited on a run queue by every thread of every process of `tree`
+/// (`/proc/PID/task/TID/schedstat`: nanoseconds); `None` where the kernel keeps no schedstat.
+fn tree_schedstat(tree: &[u32]) -> Option<(f64, f64)> {
+    let (mut run, mut wait, mut any) = (0u64, 0u64, false);
+    for pid in tree {
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else {
+                continue;
+            };
+            let mut f = s.split_whitespace().map(|x| x.parse::<u64>().ok());
+            if let (Some(Some(r)), Some(Some(w))) = (f.next(), f.next()) {
+                (run, wait, any) = (run + r, wait + w, true);
+            }
+        }
+    }
+    any.then(|| (run as f64 * 1e-9, wait as f64 * 1e-9))
+}
+
+/// Seconds the threads of `pid`'s process tree have waited on a run queue; `None` where the
+/// kernel does not keep it.
+pub fn runqueue_wait_seconds(pid: u32) -> Option<f64> {
+    tree_schedstat(&process_tree(pid)).map(|(_, w)| w)
+}
+
+/// CPU time the processes of `tree` have run, in seconds: schedstat, else `stat`'s ticks.
+fn tree_cpu_seconds(tree: &[u32]) -> Option<f64> {
+    if let Some((run, _)) = tree_schedstat(tree) {
+        return Some(run);
+    }
+    let mut ticks = None;
+    for pid in tree {
+        let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+        let Some(rest) = s.rfind(')').map(|i| &s[i + 2..]) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let t = f.get(11).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+        ticks = Some(ticks.unwrap_or(0) + t);
+    }
+    ticks.map(|t| t as f64 / 100.0)
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -205,6 +263,8 @@ pub struct Sampler<'a> {
     last_progress: Instant,
     last_cpu: Option<f64>,
     wait_at_begin: Option<f64>,
+    /// The worker's process tree, found when the window begins.
+    tree: Vec<u32>,
     out: WindowTelemetry,
 }
 
@@ -223,6 +283,7 @@ impl<'a> Sampler<'a> {
             last_progress: now,
             last_cpu: None,
             wait_at_begin: None,
+            tree: vec![],
             out: WindowTelemetry {
                 interval_seconds: interval.as_secs_f64(),
                 ..Default::default()
@@ -231,8 +292,11 @@ impl<'a> Sampler<'a> {
     }
 
     fn sample(&mut self, pid: u32) -> bool {
+        if self.tree.is_empty() {
+            self.tree = process_tree(pid);
+        }
         let now = Instant::now();
-        let cpu = process_cpu_seconds(pid);
+        let cpu = tree_cpu_seconds(&self.tree);
         let s = (now, cpu_jiffies(), cpu);
         if self.first.is_none() {
             self.first = Some(s);
@@ -263,7 +327,8 @@ impl<'a> Sampler<'a> {
     /// Takes the closing sample (the worker has replied) and returns the summary.
     pub fn finish(mut self, pid: u32) -> WindowTelemetry {
         self.sample(pid);
-        if let (Some(a), Some(b)) = (self.wait_at_begin, runqueue_wait_seconds(pid)) {
+        let waited = tree_schedstat(&self.tree).map(|(_, w)| w);
+        if let (Some(a), Some(b)) = (self.wait_at_begin, waited) {
             self.out.runqueue_wait_seconds = Some(b - a);
         }
         if let (Some((t0, j0, c0)), Some((t1, j1, c1))) = (self.first, self.last) {
@@ -284,7 +349,8 @@ impl<'a> Sampler<'a> {
 
     /// Takes the opening sample, right before the request is sent.
     pub fn begin(&mut self, pid: u32) {
-        self.wait_at_begin = runqueue_wait_seconds(pid);
+        self.tree = process_tree(pid);
+        self.wait_at_begin = tree_schedstat(&self.tree).map(|(_, w)| w);
         self.start = Instant::now();
         self.last_progress = self.start;
         self.sample(pid);
@@ -305,5 +371,52 @@ impl Tick for Sampler<'_> {
                 self.start.elapsed().as_secs_f64()
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker behind a sandbox is a grandchild of what its parent spawned: the tree holds it,
+    /// and its CPU time is the tree's (the processes above it idle).
+    #[test]
+    fn the_tree_of_a_process_holds_its_grandchildren_and_their_cpu() {
+        let mut c = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "sh -c 'i=0; while [ $i -lt 2000000 ]; do i=$((i+1)); done' & wait",
+            ])
+            .spawn()
+            .unwrap();
+        let pid = c.id();
+        let mut tree = vec![];
+        for _ in 0..100 {
+            tree = process_tree(pid);
+            if tree.len() >= 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(tree.len() >= 2 && tree[0] == pid, "{tree:?}");
+        let before = tree_cpu_seconds(&tree).unwrap();
+        let mut after = before;
+        for _ in 0..200 {
+            std::thread::sleep(Duration::from_millis(20));
+            after = tree_cpu_seconds(&tree).unwrap_or(after);
+            if after > before {
+                break;
+            }
+        }
+        assert!(
+            after > before,
+            "the busy grandchild's CPU time: {before} then {after}"
+        );
+        // The spawned shell itself only waits: its own CPU time is not what moved.
+        let own = tree_cpu_seconds(&tree[..1]).unwrap();
+        assert!(own < after, "{own} {after}");
+        c.kill().unwrap();
+        let _ = c.wait();
+        assert_eq!(parent_of("12 (a) b) S 7 12"), Some(7));
     }
 }
