@@ -246,9 +246,16 @@ pub fn registry(cache: &Path, shared: bool) -> Result<PathBuf> {
         .arg(&tmp)
         .status()
         .context("running cp")?;
-    let open = Command::new("chmod").args(["-R", "a+rX"]).arg(&tmp).status()?;
+    let open = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&tmp)
+        .status()?;
     if !copy.success() || !open.success() {
-        bail!("copying cargo's registry {} to {}", host.display(), tmp.display());
+        bail!(
+            "copying cargo's registry {} to {}",
+            host.display(),
+            tmp.display()
+        );
     }
     if dst.exists() {
         std::fs::remove_dir_all(&dst)?;
@@ -289,7 +296,9 @@ pub fn failure_summary(log: &str) -> String {
         if let Some(code) = rest
             .strip_prefix('[')
             .and_then(|r| r.split(']').next())
-            .filter(|c| c.len() == 5 && c.starts_with('E') && c[1..].bytes().all(|b| b.is_ascii_digit()))
+            .filter(|c| {
+                c.len() == 5 && c.starts_with('E') && c[1..].bytes().all(|b| b.is_ascii_digit())
+            })
         {
             codes.insert(code.to_string());
         }
@@ -335,8 +344,68 @@ mod tests {
     fn a_failed_build_is_told_by_its_error_codes_never_its_text() {
         let log = "   Compiling x v0.1.0\nerror[E0308]: mismatched types\n --> src/a.rs:3:5\n  |\n3 | root:x:0:0:root:/root:/bin/bash\nerror: expected item, found `root`\nerror[E0308]: again\nerror: aborting due to 3 previous errors\nerror: could not compile `x`\n";
         let s = failure_summary(log);
-        assert!(s.starts_with("the build failed: 3 compiler error(s) (E0308)"), "{s}");
+        assert!(
+            s.starts_with("the build failed: 3 compiler error(s) (E0308)"),
+            "{s}"
+        );
         assert!(!s.contains("root") && !s.contains("src/a.rs"), "{s}");
+    }
+
+    /// Two builds run side by side: from inside one, the other's directories are nowhere (not
+    /// at the shared paths, not at their own), and what it writes lands in its own only.
+    #[test]
+    fn two_builds_see_none_of_each_others_files() {
+        use crate::sandbox::{build_mounts, BuildMounts, Sandbox};
+        let sandbox = Sandbox::find("cpu").expect("bubblewrap is installed (tools/test.sh)");
+        // Not under /tmp: the sandbox's /tmp is its own, which would hide it anyway.
+        let root = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let (a, b) = (
+            BuildDir::new(&root.path().join("builds")).unwrap(),
+            BuildDir::new(&root.path().join("builds")).unwrap(),
+        );
+        write_atomic(&a.target.join("release/secret"), b"a's binary").unwrap();
+        let registry = root.path().join("registry");
+        std::fs::create_dir(&registry).unwrap();
+        sandbox.give(&a.root).unwrap();
+        sandbox.give(&b.root).unwrap();
+        let mounts = build_mounts(&BuildMounts {
+            src: &b.src,
+            target: &b.target,
+            cargo_home: &b.cargo_home,
+            registry: &registry,
+        });
+        let try_ = |script: &str| {
+            sandbox
+                .command(&mounts, &[], Path::new("/bin/sh"))
+                .args(["-c", script])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap()
+                .success()
+        };
+        let a_secret = a.target.join("release/secret");
+        assert!(
+            !try_("cat /build/target/release/secret"),
+            "b sees a's target"
+        );
+        assert!(
+            !try_(&format!("cat '{}'", a_secret.display())),
+            "b sees a's directory"
+        );
+        assert!(!try_(&format!(
+            "ls '{}'",
+            root.path().join("builds").display()
+        )));
+        assert!(
+            try_("echo b > /build/target/mine"),
+            "b cannot write its own target"
+        );
+        assert!(
+            !try_("echo b > /build/cargo-home/registry/x"),
+            "the registry is writable"
+        );
+        assert!(b.target.join("mine").is_file() && !a.target.join("mine").exists());
     }
 
     #[test]
@@ -356,10 +425,16 @@ mod tests {
         b.seed_from(&seed).unwrap();
         let root = b.root.clone();
         assert_eq!(std::fs::read(b.target.join("release/x")).unwrap(), b"bin");
-        let m = std::fs::metadata(b.src.join("a.rs")).unwrap().modified().unwrap();
+        let m = std::fs::metadata(b.src.join("a.rs"))
+            .unwrap()
+            .modified()
+            .unwrap();
         assert_eq!(m, old, "the seed's file times are kept");
         std::fs::write(b.target.join("release/x"), b"changed").unwrap();
-        assert_eq!(std::fs::read(seed.join("target/release/x")).unwrap(), b"bin");
+        assert_eq!(
+            std::fs::read(seed.join("target/release/x")).unwrap(),
+            b"bin"
+        );
         drop(b);
         assert!(!root.exists(), "a build's directory goes with it");
         // A trusted build kept as a seed moves its sources and target there.

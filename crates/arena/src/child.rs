@@ -134,14 +134,29 @@ mod tests {
         assert!(matches!(ended, Ended::Deadline), "{ended:?}");
         assert!(t0.elapsed() < Duration::from_secs(60));
         // The grandchild went with it: its group was killed.
-        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         std::thread::sleep(Duration::from_millis(200));
         let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"));
+            .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"));
         assert!(!alive, "the child's own child outlived the deadline");
-        let ended = run(sh("exit 3"), &log, &lost, Limits { deadline: Duration::from_secs(60), disk: None })
-            .unwrap();
-        assert!(matches!(ended, Ended::Exited(st) if st.code() == Some(3)), "{ended:?}");
+        let ended = run(
+            sh("exit 3"),
+            &log,
+            &lost,
+            Limits {
+                deadline: Duration::from_secs(60),
+                disk: None,
+            },
+        )
+        .unwrap();
+        assert!(
+            matches!(ended, Ended::Exited(st) if st.code() == Some(3)),
+            "{ended:?}"
+        );
     }
 
     #[test]
@@ -159,7 +174,10 @@ mod tests {
             disk: Some((&work, 1_000_000)),
         };
         let ended = run(sh(&script), &log, &AtomicBool::new(false), limits).unwrap();
-        assert!(matches!(ended, Ended::Disk(n) if n >= 3_000_000), "{ended:?}");
+        assert!(
+            matches!(ended, Ended::Disk(n) if n >= 3_000_000),
+            "{ended:?}"
+        );
         assert_eq!(disk_use(&work), 3_000_000);
     }
 }

@@ -13,10 +13,10 @@
 mod abuse_tests;
 pub mod api;
 pub mod builder;
-pub mod child;
 pub mod bundle;
 pub mod cancel;
 pub mod caps;
+pub mod child;
 pub mod cli;
 pub mod client;
 pub mod db;

@@ -21,6 +21,11 @@ use crate::{client, git};
 /// What an honest control must end as.
 pub const PASSED: &str = "passed";
 
+/// The stage and category of a cheat that passes (its output is exact) but is never promoted:
+/// one that only moves work where the clock does not look.
+pub const PROMOTION: &str = "promotion";
+pub const NOT_PROMOTED: &str = "not_promoted";
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Case {
@@ -28,7 +33,7 @@ pub struct Case {
     pub description: String,
     pub track: String,
     /// The stage that must end it (`policy`, `review`, `build`, `gate`, `price`); `verdict` for
-    /// a control.
+    /// a control; `promotion` (category `not_promoted`) for a cheat that must pass at no gain.
     pub stage: String,
     /// Its failure category as the verdict names it (`policy:link`, `gate:dflash_inexact`,
     /// `violation:…`); `passed` for a control.
@@ -39,6 +44,10 @@ pub struct Case {
     pub edit: Vec<Edit>,
     #[serde(default)]
     pub entry: Vec<RawEntry>,
+    /// Texts the candidate writes that must appear nowhere in the submission's public record
+    /// (its API view and its page).
+    #[serde(default)]
+    pub absent: Vec<String>,
 }
 
 /// A change to a file of the base: `find` (exactly once in it) becomes `replace`; an empty
@@ -78,6 +87,13 @@ impl Case {
             return Err(at(
                 "a case has a patch, edits or raw entries (exactly one of the three)".into(),
             ));
+        }
+        if (c.stage == PROMOTION) != (c.category == NOT_PROMOTED) {
+            return Err(at(format!(
+                "stage {:?} with category {:?}: a cheat that must pass unpromoted is stage \
+                 \"promotion\" with category \"not_promoted\"",
+                c.stage, c.category
+            )));
         }
         if (c.category == PASSED) != (c.stage == "verdict") {
             return Err(at(format!(
@@ -233,8 +249,17 @@ pub struct Row {
     pub ok: bool,
 }
 
-/// What a finished submission ended as: `STAGE CATEGORY` of its failure, or `verdict passed`.
-pub fn actual(v: &SubmissionView) -> String {
+/// What a finished submission ended as: `STAGE CATEGORY` of its failure, or `verdict passed`
+/// (for a case that expects to pass unpromoted, `promotion not_promoted` or `promotion promoted`).
+pub fn actual(v: &SubmissionView, case: &Case) -> String {
+    if client::passed(v) && case.stage == PROMOTION {
+        let how = if v.status == "promoted" {
+            "promoted"
+        } else {
+            NOT_PROMOTED
+        };
+        return format!("{PROMOTION} {how}");
+    }
     if client::passed(v) {
         return format!("verdict {PASSED}");
     }
@@ -279,7 +304,10 @@ pub fn run(
     let mut rows = vec![];
     for (name, c, id) in posted {
         let v = wait(api, &id).with_context(|| format!("case {name}: following {id}"))?;
-        let actual = actual(&v);
+        let mut actual = actual(&v, c);
+        if let Some(t) = shown(api, &id, &c.absent)? {
+            actual = format!("{actual} (the record shows {t:?})");
+        }
         let row = Row {
             ok: actual == c.expected(),
             case: name,
@@ -293,6 +321,25 @@ pub fn run(
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// The first of `texts` that the submission's public record (API view, page) shows.
+fn shown(api: &Api, id: &str, texts: &[String]) -> Result<Option<String>> {
+    if texts.is_empty() {
+        return Ok(None);
+    }
+    let view = api
+        .get_bytes(&format!("/api/submissions/{id}"))?
+        .unwrap_or_default();
+    let page = api
+        .get_bytes(&format!("/submissions/{id}"))?
+        .unwrap_or_default();
+    let record = format!(
+        "{}{}",
+        String::from_utf8_lossy(&view),
+        String::from_utf8_lossy(&page)
+    );
+    Ok(texts.iter().find(|t| record.contains(t.as_str())).cloned())
 }
 
 /// Polls a submission until its verdict (quietly: the corpus prints one line a case).

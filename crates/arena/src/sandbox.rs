@@ -237,14 +237,8 @@ impl Sandbox {
     /// target and cargo home writable, the crates' sources read-only), offline.
     pub fn cargo(&self, b: &BuildMounts) -> Result<Command> {
         use build_paths::*;
-        let sys = sysroot()?;
-        let mut mounts = vec![
-            Mount::ro(&sys, TOOLCHAIN),
-            Mount::rw(b.src, SRC),
-            Mount::rw(b.target, TARGET),
-            Mount::rw(b.cargo_home, CARGO_HOME),
-            Mount::ro(b.registry, REGISTRY),
-        ];
+        let mut mounts = vec![Mount::ro(sysroot()?, TOOLCHAIN)];
+        mounts.extend(build_mounts(b));
         if Path::new("/etc/alternatives").is_dir() {
             // Debian's `cc`, the linker rustc calls, is /etc/alternatives/cc.
             mounts.push(Mount::same(Path::new("/etc/alternatives")));
@@ -356,6 +350,17 @@ impl Sandbox {
         }
         Ok(())
     }
+}
+
+/// What one build sees of its own directories: nothing of any other build's.
+pub fn build_mounts(b: &BuildMounts) -> Vec<Mount> {
+    use build_paths::*;
+    vec![
+        Mount::rw(b.src, SRC),
+        Mount::rw(b.target, TARGET),
+        Mount::rw(b.cargo_home, CARGO_HOME),
+        Mount::ro(b.registry, REGISTRY),
+    ]
 }
 
 /// `setpriv` switching to `uid` with no capabilities left, before the candidate starts.

@@ -21,9 +21,13 @@ fn every_cheat_is_stopped_where_its_case_says_and_the_controls_pass() {
     // window reaches past the goldens' last position (32 + 64 = 96), as a real track's does
     // (512 + 128), so a build that behaves differently only there (price-argument-shapes) has
     // somewhere to do it.
-    let mut a = Arena::on_track(Database::Sqlite, 30, |t| {
+    let mut a = Arena::on_tracks(Database::Sqlite, 30, &[TRACK, "dflash-tiny"], |t| {
         quick_clock(t);
         t.caps.failures_per_day = 1000;
+        // A candidate's build starts from the baseline's and takes 20-60 s here; the case that
+        // holds the compiler for good is stopped at this deadline (the pinned baseline's own
+        // build gets four times it).
+        t.deadlines.build = 120.0;
         t.window.prompt_tokens = 128;
         assert!(
             t.window.prompt_tokens + t.window.decode_tokens

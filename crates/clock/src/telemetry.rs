@@ -102,7 +102,7 @@ fn tree_schedstat(tree: &[u32]) -> Option<(f64, f64)> {
             }
         }
     }
-    any.then(|| (run as f64 * 1e-9, wait as f64 * 1e-9))
+    any.then_some((run as f64 * 1e-9, wait as f64 * 1e-9))
 }
 
 /// Seconds the threads of `pid`'s process tree have waited on a run queue; `None` where the

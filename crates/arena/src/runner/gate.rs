@@ -31,7 +31,10 @@ fn judged(rep: &Value, public: bool) -> Outcome {
     let f = &rep["failure"];
     let cat = f["category"].as_str().unwrap_or("unknown");
     let side = f["side"].as_str();
-    if side == Some("reference") || cat.starts_with("infra:reference") || cat == "golden_model_mismatch" {
+    if side == Some("reference")
+        || cat.starts_with("infra:reference")
+        || cat == "golden_model_mismatch"
+    {
         return failed(
             "infra:reference",
             format!("the pinned baseline's worker failed ({cat}); the stage runs again"),
@@ -67,8 +70,18 @@ impl Runner {
         let mut counts = BTreeMap::new();
         let mut times = vec![];
         for (name, seed, count, public) in [
-            ("public", t.goldens.public_seed, t.goldens.public_count, true),
-            ("hidden", hidden.golden_seeds[0], t.goldens.hidden_count, false),
+            (
+                "public",
+                t.goldens.public_seed,
+                t.goldens.public_count,
+                true,
+            ),
+            (
+                "hidden",
+                hidden.golden_seeds[0],
+                t.goldens.hidden_count,
+                false,
+            ),
         ] {
             let t0 = Instant::now();
             let Ok(dir) = self.goldens(t, &base, &model, (name, seed, count), lost)? else {
@@ -78,7 +91,10 @@ impl Runner {
                     format!("the pinned baseline could not make the {name} goldens"),
                 ));
             };
-            times.push(format!("{name} goldens {:.1} s", t0.elapsed().as_secs_f64()));
+            times.push(format!(
+                "{name} goldens {:.1} s",
+                t0.elapsed().as_secs_f64()
+            ));
             let t0 = Instant::now();
             let rep = match self.gate_one(t, (&cand, &base), &model, &dir, lost)? {
                 Ok(r) => r,
@@ -147,13 +163,15 @@ impl Runner {
                 ),
             )));
         }
-        Ok(match std::fs::read(&report)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-        {
-            Some(r) => Ok(r),
-            None => Err(failed("infra:gate_error", "the gate wrote no report")),
-        })
+        Ok(
+            match std::fs::read(&report)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+            {
+                Some(r) => Ok(r),
+                None => Err(failed("infra:gate_error", "the gate wrote no report")),
+            },
+        )
     }
 
     /// Goldens made by the pinned baseline from `seed`, once, in a directory only this runner
@@ -236,5 +254,57 @@ impl Runner {
         }
         self.sandbox
             .wrapper(candidate, &mounts, &env, &work.join("candidate"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(category: &str, step: Option<u64>, side: &str) -> Value {
+        json!({"passed": false, "failure": {
+            "category": category, "step": step, "side": side,
+            "golden": "/runner/goldens/hidden-1/golden-000.json",
+            "detail": "SURVEY host=runner uid=0"}})
+    }
+
+    /// Whatever a candidate chooses on a hidden golden reads the same; on the public one it reads
+    /// as the runner words it, never with the worker's own text.
+    #[test]
+    fn a_hidden_golden_failure_is_one_category_and_no_worker_text_is_public() {
+        let kinds = [
+            ("infra:worker_crashed", None),
+            ("infra:worker_error", None),
+            ("infra:protocol", None),
+            ("infra:worker_hung", None),
+            ("violation:kv_ledger", None),
+            ("fidelity_divergence", Some(5)),
+            ("replay_divergence", Some(40)),
+            ("near_tie_budget", None),
+        ];
+        for (cat, step) in kinds {
+            let o = judged(&report(cat, step, "candidate"), false);
+            assert_eq!(
+                (o.outcome.as_str(), o.detail.as_str()),
+                (HIDDEN_GOLDEN, "in a hidden golden")
+            );
+            assert!(!o.candidate_caused, "{cat}: one attributable category");
+            let o = judged(&report(cat, step, "candidate"), true);
+            assert!(
+                !o.detail.contains("SURVEY") && !o.detail.contains("goldens"),
+                "{}",
+                o.detail
+            );
+            assert_eq!(o.candidate_caused, cat.starts_with("infra:"), "{cat}");
+        }
+        let o = judged(&report("fidelity_divergence", Some(38), "candidate"), true);
+        assert_eq!(o.outcome, "gate:fidelity_divergence");
+        assert_eq!(o.detail, "in the public golden at steps 32-63");
+        // The pinned baseline's own worker failing is the runner's trouble, never the solver's.
+        for public in [true, false] {
+            let o = judged(&report("infra:worker_crashed", None, "reference"), public);
+            assert_eq!(o.outcome, "infra:reference");
+            assert!(!o.candidate_caused && !o.detail.contains("SURVEY"));
+        }
     }
 }

@@ -183,8 +183,6 @@ impl Runner {
         }
     }
 
-
-
     /// The worker options of the track's model (`--model DIR` or `--synthetic`), checked.
     fn model_args(
         &self,
@@ -236,14 +234,12 @@ impl Runner {
         Ok(Ok(args))
     }
 
-
     /// The candidate and pinned baseline binaries the build stage made, as the gate and the
     /// pricing run them.
     fn binaries(&self, job: &Job) -> Result<(PathBuf, PathBuf)> {
         let (cand, base) = built_binaries(job)?;
         Ok((self.artifact(cand, true)?, self.artifact(base, true)?))
     }
-
 }
 
 /// `host:port` of a service URL (the port of its scheme when it has none).

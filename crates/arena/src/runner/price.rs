@@ -185,3 +185,39 @@ impl Runner {
         Ok(priced_failure(&verdict, res["culprit"].as_str(), detail))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pricing_failure_of_the_candidate_is_one_category() {
+        let d = || "the clock's detail".to_string();
+        for v in [
+            "infra:worker_crashed",
+            "infra:worker_hung",
+            "violation:token_count",
+            "violation:timed_fidelity_divergence",
+            "violation:implausible_speed",
+        ] {
+            let o = priced_failure(v, Some("candidate"), d());
+            assert_eq!(
+                (o.outcome.as_str(), o.detail.as_str()),
+                (HIDDEN_PROMPT, "on the hidden pool's prompts")
+            );
+        }
+        assert_eq!(
+            priced_failure("below_floor", Some("candidate"), d()).outcome,
+            "price:below_floor"
+        );
+        // The trusted side's trouble, or the machine's, keeps its own words and is free.
+        assert_eq!(
+            priced_failure("infra:worker_crashed", Some("baseline"), d()).outcome,
+            "infra:worker_crashed"
+        );
+        assert_eq!(
+            priced_failure("infra:inconclusive", None, d()).outcome,
+            "infra:inconclusive"
+        );
+    }
+}

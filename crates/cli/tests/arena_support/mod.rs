@@ -143,10 +143,17 @@ impl Arena {
     }
 
     /// The same with the test track changed by `edit` (after the harness's own settings).
-    pub fn on_track(
+    pub fn on_track(database: Database, lease_seconds: u64, edit: impl Fn(&mut Track)) -> Arena {
+        Arena::on_tracks(database, lease_seconds, &[TRACK], edit)
+    }
+
+    /// An arena serving the repository's tracks `names`, each with the test settings below and
+    /// then `edit`.
+    pub fn on_tracks(
         database: Database,
         lease_seconds: u64,
-        edit: impl FnOnce(&mut Track),
+        names: &[&str],
+        edit: impl Fn(&mut Track),
     ) -> Arena {
         let database = database.url();
         let dir = tempfile::tempdir().unwrap();
@@ -164,29 +171,31 @@ impl Arena {
             "--data",
             &data.to_string_lossy(),
         ]);
-        let file = checkout().join("tracks/serial-tiny.toml");
-        let mut t = Track::parse(&std::fs::read_to_string(&file).unwrap(), &file).unwrap();
-        t.goldens.hidden = hidden;
-        t.goldens.hidden_count = 1;
-        t.window.prompt_tokens = 32;
-        t.window.decode_tokens = 32;
-        t.clock.floor = 0.5;
-        t.clock.target_ci = 0.03;
-        t.clock.min_pairs = 10;
-        t.clock.max_pairs = 40;
-        t.clock.time_budget = 300.0;
-        // Other tests' builds may share the machine: quiet means "not saturated" here.
-        t.clock.extra_args = ["--quiet-cpu", "1.0", "--quiet-wait", "1"]
-            .map(String::from)
-            .to_vec();
-        t.caps.failures_per_day = 3;
-        edit(&mut t);
         std::fs::create_dir(d.join("tracks")).unwrap();
-        std::fs::write(
-            d.join("tracks/serial-tiny.toml"),
-            toml::to_string(&t).unwrap(),
-        )
-        .unwrap();
+        for name in names {
+            let file = checkout().join(format!("tracks/{name}.toml"));
+            let mut t = Track::parse(&std::fs::read_to_string(&file).unwrap(), &file).unwrap();
+            t.goldens.hidden = hidden.clone();
+            t.goldens.hidden_count = 1;
+            t.window.prompt_tokens = 32;
+            t.window.decode_tokens = 32;
+            t.clock.floor = 0.5;
+            t.clock.target_ci = 0.03;
+            t.clock.min_pairs = 10;
+            t.clock.max_pairs = 40;
+            t.clock.time_budget = 300.0;
+            // Other tests' builds may share the machine: quiet means "not saturated" here.
+            t.clock.extra_args = ["--quiet-cpu", "1.0", "--quiet-wait", "1"]
+                .map(String::from)
+                .to_vec();
+            t.caps.failures_per_day = 3;
+            edit(&mut t);
+            std::fs::write(
+                d.join(format!("tracks/{name}.toml")),
+                toml::to_string(&t).unwrap(),
+            )
+            .unwrap();
+        }
         let mut add = vec!["arena", "admin", "solver", "add", "alice", "--data"];
         let data_arg = data.to_string_lossy();
         add.push(&data_arg);
