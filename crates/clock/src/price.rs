@@ -222,6 +222,7 @@ pub struct PriceResult {
     /// The candidate's distinct timed outputs judged by the reference (the gate's fidelity
     /// rule): one that matches the baseline's counts its tokens as exact.
     pub timed_fidelity: TimedFidelity,
+    pub spent: Spent,
     pub weights_digest: String,
     pub gpu_telemetry: bool,
     pub prompt_tokens: usize,
@@ -232,6 +233,18 @@ pub struct PriceResult {
     pub candidate: SideInfo,
     pub noop: Option<SideInfo>,
     pub pairs: Vec<Pair>,
+}
+
+/// Where a pricing's time went, in seconds: the noise measurement and the baseline's tokens of
+/// the pool (one worker), the phases' worker start-ups, their windows (warm-up included), the
+/// waits for a quiet machine, and the reference judging differing timed outputs.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Spent {
+    pub noise_and_pool: f64,
+    pub start_ups: f64,
+    pub windows: f64,
+    pub quiet_waits: f64,
+    pub judging: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -405,6 +418,7 @@ pub fn run(
         windows_per_phase: None,
         pairs_with_output_mismatch: 0,
         timed_fidelity: TimedFidelity::default(),
+        spent: Spent::default(),
         weights_digest: model.digest.clone(),
         gpu_telemetry: telemetry.has_gpu(),
         prompt_tokens: p.prompt_tokens,
@@ -521,6 +535,7 @@ pub fn run(
         truth.push(t.tokens);
     }
     w.shutdown();
+    res.spent.noise_and_pool = start.elapsed().as_secs_f64();
     let expected_window = Duration::from_secs_f64(res.noise.as_ref().expect("set").median_seconds);
     let mut expected: HashMap<Role, Duration> =
         roles.iter().map(|&r| (r, expected_window)).collect();
@@ -575,6 +590,7 @@ pub fn run(
                     .unwrap_or_default()
             ));
             let quiet = quiesce(&telemetry, &p.quiet);
+            res.spent.quiet_waits += quiet.waited_seconds;
             if !quiet.quiet && p.require_quiet {
                 pair.accepted = false;
                 pair.rejected_because = Some("not_quiescent".into());
@@ -582,6 +598,7 @@ pub fn run(
             let t0 = Instant::now();
             let mut w = attempt!(Worker::spawn(spec_of(role), vocab, &model.digest), role);
             let spawn_seconds = t0.elapsed().as_secs_f64();
+            res.spent.start_ups += spawn_seconds;
             match role {
                 Role::Baseline => res.baseline.build = Some(w.ready.build.clone()),
                 Role::Candidate => {
@@ -601,6 +618,7 @@ pub fn run(
                 sampler.begin(pid);
                 let req = request(role, &pool[ix], &truth[ix])?;
                 let t = attempt!(w.window(req, &mut sampler), role);
+                res.spent.windows += whole(&t);
                 let tele = sampler.finish(pid);
                 if role == Role::Candidate {
                     judge.note(ix, &t.tokens, &truth[ix]);
@@ -661,7 +679,9 @@ pub fn run(
         if !judge.pending.is_empty() {
             progress.set_message(format!("judging {} timed output(s)", judge.pending.len()));
         }
+        let t0 = Instant::now();
         let diverged = judge.judge(&sides.baseline, model, &pool, p.envelope);
+        res.spent.judging += t0.elapsed().as_secs_f64();
         res.timed_fidelity = judge.report.clone();
         // The judge is the baseline's worker: its fault is the baseline's.
         if let Some(detail) = attempt!(diverged, Role::Baseline) {

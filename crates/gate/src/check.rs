@@ -171,6 +171,9 @@ pub struct GateReport {
     pub budget_per_1000: f64,
     pub reference: Option<Build>,
     pub candidate: Option<Build>,
+    /// Seconds from spawning each side's worker to its `ready` line.
+    pub candidate_ready_seconds: Option<f64>,
+    pub reference_ready_seconds: Option<f64>,
 }
 
 fn fail(
@@ -219,6 +222,8 @@ pub fn run(
         budget_per_1000: p.budget_per_1000,
         reference: None,
         candidate: None,
+        candidate_ready_seconds: None,
+        reference_ready_seconds: None,
     };
     p.validate()?;
     for (path, g) in goldens {
@@ -244,6 +249,7 @@ pub fn run(
             return Ok(rep);
         }
     }
+    let t0 = std::time::Instant::now();
     let mut cand = match Worker::spawn(candidate, model.vocab, &model.digest) {
         Ok(w) => w,
         Err(f) => {
@@ -252,6 +258,7 @@ pub fn run(
         }
     };
     rep.candidate = Some(cand.ready.build.clone());
+    rep.candidate_ready_seconds = Some(t0.elapsed().as_secs_f64());
     let largest = p.own_draft.as_ref().map_or(0, |d| d.0).max(p.block_size);
     if largest > cand.ready.max_block {
         bail!(
@@ -259,6 +266,7 @@ pub fn run(
             cand.ready.max_block
         );
     }
+    let t0 = std::time::Instant::now();
     let mut refw = match Worker::spawn(reference, model.vocab, &model.digest) {
         Ok(w) => w,
         Err(f) => {
@@ -267,6 +275,7 @@ pub fn run(
         }
     };
     rep.reference = Some(refw.ready.build.clone());
+    rep.reference_ready_seconds = Some(t0.elapsed().as_secs_f64());
     progress.set_length(goldens.len() as u64);
     for (path, g) in goldens {
         let name = path.display().to_string();

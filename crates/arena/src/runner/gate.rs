@@ -100,7 +100,12 @@ impl Runner {
                 Ok(r) => r,
                 Err(o) => return Ok(o),
             };
-            times.push(format!("{name} gate {:.1} s", t0.elapsed().as_secs_f64()));
+            times.push(format!(
+                "{name} gate {:.1} s (candidate ready in {:.1} s, reference in {:.1} s)",
+                t0.elapsed().as_secs_f64(),
+                rep["candidate_ready_seconds"].as_f64().unwrap_or(f64::NAN),
+                rep["reference_ready_seconds"].as_f64().unwrap_or(f64::NAN)
+            ));
             if rep["passed"] != json!(true) {
                 return Ok(judged(&rep, public));
             }

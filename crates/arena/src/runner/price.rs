@@ -31,6 +31,20 @@ fn priced_failure(verdict: &str, culprit: Option<&str>, detail: String) -> Outco
     }
 }
 
+/// Where the clock says a pricing's time went (its own observations, as the runner words them).
+fn spent(s: &Value) -> String {
+    let part = |k: &str| s[k].as_f64().unwrap_or(0.0);
+    format!(
+        "time: noise and pool {:.1} s, start-ups {:.1} s, windows {:.1} s, quiet waits {:.1} s, \
+         judging {:.1} s",
+        part("noise_and_pool"),
+        part("start_ups"),
+        part("windows"),
+        part("quiet_waits"),
+        part("judging")
+    )
+}
+
 impl Runner {
     pub(super) fn price(&self, job: &Job, lost: &AtomicBool) -> Result<Outcome> {
         let t = &job.track;
@@ -158,8 +172,9 @@ impl Runner {
             _ => String::new(),
         };
         let detail = format!(
-            "{verdict}: score {score}{ci} over {} pair(s)",
-            res["pairs_used"]
+            "{verdict}: score {score}{ci} over {} pair(s); {}",
+            res["pairs_used"],
+            spent(&res["spent"])
         );
         // Each pair's own score, for the pairs plot of the submission's page: ratios of
         // timings only (no prompt, token or seed), what the clock's own pairs.svg shows.
