@@ -189,6 +189,15 @@ impl Sandbox {
             ]
             .map(OsString::from),
         );
+        if self.devices {
+            // Where the GPU machine keeps its driver and CUDA libraries (an operator's paths,
+            // which the cleared environment would lose): the candidate needs them to use it.
+            for var in ["LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"] {
+                if let Some(v) = std::env::var_os(var) {
+                    a.extend(["--setenv".into(), var.into(), v]);
+                }
+            }
+        }
         for (k, v) in env {
             a.extend(["--setenv".into(), OsString::from(k), v.into()]);
         }

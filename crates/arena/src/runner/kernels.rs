@@ -35,10 +35,13 @@ impl Runner {
             let how = match self.compile_kernels(t, bin, lost)? {
                 Ok(how) => how,
                 Err(o) if who == "baseline" => {
-                    return Ok(failed(
-                        "infra:baseline_kernels",
-                        format!("the pinned baseline's kernels: {}", o.detail),
-                    ))
+                    return Ok(Outcome {
+                        result: o.result,
+                        ..failed(
+                            "infra:baseline_kernels",
+                            format!("the pinned baseline's kernels: {}", o.detail),
+                        )
+                    })
                 }
                 Err(o) => return Ok(o),
             };
@@ -89,6 +92,7 @@ impl Runner {
         };
         let log = tmp.path().with_extension("log");
         let ended = child::run(c, &log, lost, limits)?;
+        let tail = child::tail(&log, 20);
         let _ = std::fs::remove_file(&log);
         if let Some(what) = overrun(&ended) {
             return Ok(Err(failed(
@@ -97,11 +101,15 @@ impl Runner {
             )));
         }
         if !matches!(ended, Ended::Exited(st) if st.success()) {
-            return Ok(Err(failed(
-                "kernels:failed",
-                "the build's kernel modules do not compile (NVRTC refused them); \
-                 `fastdecode kernels --arch sm_90a --out DIR` shows why",
-            )));
+            return Ok(Err(Outcome {
+                // Private: what the build's own binary said.
+                result: json!({ "log_tail": tail }),
+                ..failed(
+                    "kernels:failed",
+                    "the build's `fastdecode kernels` made no modules (NVRTC refused them, or \
+                     found no GPU); `fastdecode kernels --arch sm_90a --out DIR` of the tree shows why",
+                )
+            }));
         }
         let dst = root.join(bin.file_name().context("an artifact has a name")?);
         if std::fs::rename(tmp.path().join("modules"), &dst).is_err() && !dst.is_dir() {
