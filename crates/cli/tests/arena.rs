@@ -17,6 +17,7 @@
 //! no-op's chance of clearing the margin twice is below 1e-3, and a no-op, which changes no
 //! file, is held all the same).
 
+#[macro_use]
 mod arena_support;
 
 use std::time::Duration;
@@ -51,28 +52,6 @@ const PASSED: &[(&str, &str)] = &[
     ("price", "ok"),
     ("verdict", "held"),
 ];
-
-/// Every scenario runs on both databases: `SCENARIO::on_sqlite` and `SCENARIO::on_postgresql`,
-/// one test at a time (they share the machine's cores with each other's pricings).
-macro_rules! on_both_databases {
-    ($($scenario:ident),* $(,)?) => {$(
-        mod $scenario {
-            use super::*;
-
-            #[test]
-            fn on_sqlite() {
-                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-                super::$scenario(Database::Sqlite);
-            }
-
-            #[test]
-            fn on_postgresql() {
-                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-                super::$scenario(Database::Postgres);
-            }
-        }
-    )*};
-}
 
 on_both_databases!(
     a_no_op_holds_a_speed_up_is_promoted_a_held_one_is_repriced_a_wrong_token_fails,

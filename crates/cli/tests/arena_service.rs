@@ -11,6 +11,7 @@
 //!   error naming it.
 //! - An inconclusive pricing runs once more, both rows on the record.
 
+#[macro_use]
 mod arena_support;
 
 use std::process::Command;
@@ -20,28 +21,6 @@ use fastdecode_arena::api::{Job, LeaseRequest, Report, ReportReply, SubmissionVi
 use fastdecode_arena::bundle::Content;
 use fastdecode_arena::http::Api;
 use serde_json::{json, Value};
-
-/// Every scenario on both databases, one at a time (the real runner's pricing shares the
-/// machine's cores).
-macro_rules! on_both_databases {
-    ($($scenario:ident),* $(,)?) => {$(
-        mod $scenario {
-            use super::*;
-
-            #[test]
-            fn on_sqlite() {
-                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-                super::$scenario(Database::Sqlite);
-            }
-
-            #[test]
-            fn on_postgresql() {
-                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-                super::$scenario(Database::Postgres);
-            }
-        }
-    )*};
-}
 
 on_both_databases!(
     bad_bundles_posted_before_any_verdict_stop_at_the_cap,

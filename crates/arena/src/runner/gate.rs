@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::{bucket, failed, ok, overrun, Outcome, Runner};
+use super::{bucket, failed, ok, overrun, Judged, Outcome, Runner};
 use crate::api::Job;
 use crate::builder;
 use crate::bundle::digest;
@@ -61,12 +61,15 @@ fn judged(rep: &Value, public: bool) -> Outcome {
 impl Runner {
     pub(super) fn gate(&self, job: &Job, lost: &AtomicBool) -> Result<Outcome> {
         let t = &job.track;
-        let (cand, base) = self.binaries(job)?;
-        let model = match self.model_args(t, lost)? {
-            Ok(m) => m,
+        let Judged {
+            cand,
+            base,
+            model,
+            hidden,
+        } = match self.judged_inputs(job, lost)? {
+            Ok(j) => j,
             Err(o) => return Ok(o),
         };
-        let hidden = self.hidden(t)?;
         let mut counts = BTreeMap::new();
         let mut times = vec![];
         for (name, seed, count, public) in [

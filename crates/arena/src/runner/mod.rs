@@ -84,6 +84,15 @@ struct Runner {
     sandbox: Sandbox,
 }
 
+/// What the gate and the pricing judge a build with: the candidate's and the pinned baseline's
+/// binaries, the model's worker options, the track's hidden material.
+struct Judged {
+    cand: PathBuf,
+    base: PathBuf,
+    model: Vec<String>,
+    hidden: Hidden,
+}
+
 /// A child's end that is not its own exit: past its deadline, or over its disk cap.
 fn overrun(ended: &Ended) -> Option<&'static str> {
     match ended {
@@ -232,6 +241,27 @@ impl Runner {
             ]);
         }
         Ok(Ok(args))
+    }
+
+    /// The gate's and the pricing's inputs, or the stage's outcome when the model does not
+    /// verify.
+    fn judged_inputs(
+        &self,
+        job: &Job,
+        lost: &AtomicBool,
+    ) -> Result<std::result::Result<Judged, Outcome>> {
+        let (cand, base) = self.binaries(job)?;
+        let model = match self.model_args(&job.track, lost)? {
+            Ok(m) => m,
+            Err(o) => return Ok(Err(o)),
+        };
+        let hidden = self.hidden(&job.track)?;
+        Ok(Ok(Judged {
+            cand,
+            base,
+            model,
+            hidden,
+        }))
     }
 
     /// The candidate and pinned baseline binaries the build stage made, as the gate and the

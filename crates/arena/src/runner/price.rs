@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::{failed, ok, overrun, Outcome, Runner};
+use super::{failed, ok, overrun, Judged, Outcome, Runner};
 use crate::api::Job;
 use crate::child::{self, Ended, Limits};
 use crate::stages;
@@ -48,12 +48,15 @@ fn spent(s: &Value) -> String {
 impl Runner {
     pub(super) fn price(&self, job: &Job, lost: &AtomicBool) -> Result<Outcome> {
         let t = &job.track;
-        let (cand, base) = self.binaries(job)?;
-        let model = match self.model_args(t, lost)? {
-            Ok(m) => m,
+        let Judged {
+            cand,
+            base,
+            model,
+            hidden,
+        } = match self.judged_inputs(job, lost)? {
+            Ok(j) => j,
             Err(o) => return Ok(o),
         };
-        let hidden = self.hidden(t)?;
         // One prompt seed of the hidden pool per pricing; a confirmation never reuses the
         // first pricing's.
         let earlier = job

@@ -10,6 +10,29 @@
 
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+/// Every scenario runs on both databases: `SCENARIO::on_sqlite` and `SCENARIO::on_postgresql`,
+/// one test at a time (they share the machine's cores with each other's pricings).
+#[allow(unused_macros)] // arena.rs and arena_service.rs use it; the other test binaries do not
+macro_rules! on_both_databases {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            use super::*;
+
+            #[test]
+            fn on_sqlite() {
+                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+                super::$scenario(Database::Sqlite);
+            }
+
+            #[test]
+            fn on_postgresql() {
+                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+                super::$scenario(Database::Postgres);
+            }
+        }
+    )*};
+}
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
