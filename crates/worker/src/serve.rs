@@ -361,6 +361,8 @@ impl Server {
             for k in 2..=max.min(MAX_BLOCK_SIZE) {
                 w.block_size = k;
                 w.draft = Some("drafter".into());
+                // The oracle window's drafts are not the drafter's to take.
+                w.drafts = None;
                 w.decode_tokens = 2 * k;
                 self.window(&w, &mut sink)?;
             }
