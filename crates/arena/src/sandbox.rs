@@ -1,7 +1,8 @@
 //! The sandbox of the candidate's build and worker processes: bubblewrap (`bwrap`, Debian's
 //! `bubblewrap`). Inside: no network (a network namespace of its own), its own PID namespace
 //! (the runner cannot be signalled or traced), `/usr` read-only and of `/etc` only the dynamic
-//! linker's cache (and, for builds, `alternatives`, where `cc` points), an empty private `/tmp`,
+//! linker's cache and `alternatives` (the links that resolve `/usr/bin/cc` or
+//! `/usr/local/cuda`), an empty private `/tmp`,
 //! and of everything else only what the stage mounts (`Mount`): a build's private directories,
 //! or the candidate binary, the model and the build's compiled kernels, read-only. The runner's
 //! cache (hidden goldens, other builds), the service's files and every home directory stay out
@@ -216,8 +217,12 @@ impl Sandbox {
             a.extend(["--dev", "/dev"].map(OsString::from));
         }
         let mut all = vec![];
-        if Path::new("/etc/ld.so.cache").is_file() {
-            all.push(Mount::same(Path::new("/etc/ld.so.cache")));
+        // The dynamic linker's cache, and Debian's alternatives: links by which paths under /usr
+        // resolve (/usr/bin/cc for a build, /usr/local/cuda on a GPU machine).
+        for etc in ["/etc/ld.so.cache", "/etc/alternatives"] {
+            if Path::new(etc).exists() {
+                all.push(Mount::same(Path::new(etc)));
+            }
         }
         all.extend(mounts.iter().cloned());
         a.extend(mount_args(&all));
@@ -248,10 +253,6 @@ impl Sandbox {
         use build_paths::*;
         let mut mounts = vec![Mount::ro(sysroot()?, TOOLCHAIN)];
         mounts.extend(build_mounts(b));
-        if Path::new("/etc/alternatives").is_dir() {
-            // Debian's `cc`, the linker rustc calls, is /etc/alternatives/cc.
-            mounts.push(Mount::same(Path::new("/etc/alternatives")));
-        }
         let path = format!("{TOOLCHAIN}/bin:/usr/local/bin:/usr/bin:/bin");
         let env: [(&str, &OsStr); 4] = [
             ("PATH", path.as_ref()),
