@@ -1,4 +1,4 @@
-"""The DFlash drafter (../../../shared/spec/dflash.md) in PyTorch.
+"""The DFlash drafter (docs/spec/dflash.md) in PyTorch.
 
 Tensor names (the module's state_dict) are exactly the spec's:
   fc.weight [D, T*D], hidden_norm.weight, norm.weight, aux_hidden_norms.{j}.weight (j < T),

@@ -1,4 +1,4 @@
-"""NVFP4 (group 16) fake quantisation exactly as ../../../shared/spec/laguna.md specifies.
+"""NVFP4 (group 16) fake quantisation exactly as docs/spec/laguna.md specifies.
 
 A weight W [..., in] is split into groups of 16 consecutive inputs along its last axis (the input dim of every
 HF expert tensor: `mlp.experts.gate_up_proj` [E, 2I, hidden], `mlp.experts.down_proj` [E, hidden, I] and the

@@ -1,5 +1,5 @@
 """Checks the batched DFlash drafter forward (dflash.py, many anchors per sequence in one masked attention)
-against a naive per-row implementation written straight from dflash.md. Run: python3 -m pytest
+against a naive per-row implementation written straight from docs/spec/dflash.md. Run: python3 -m pytest
 tools/train/test_dflash.py (or python3 tools/train/test_dflash.py)."""
 from __future__ import annotations
 

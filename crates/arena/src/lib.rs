@@ -1,5 +1,5 @@
 //! The arena: a submission service, its runners and the pipeline that judges solvers' changes
-//! (`shared/spec/arena.md`). The service (`server`) owns the database (`db`), the tracks
+//! (`docs/spec/arena.md`). The service (`server`) owns the database (`db`), the tracks
 //! (`track`), the queue and the record; runners (`runner`) lease jobs (`lease`) and run a
 //! submission's stages (`stages`: `policy`, `review`, `build`, then the existing gate and clock
 //! driven as `fastdecode gate` / `fastdecode price`); the service writes the verdict

@@ -1,7 +1,8 @@
 //! The review stage: built-in rules over what a bundle adds, then an optional external reviewer
-//! command. The rules flag the benchmark bypasses `challenge.md` lists: reading goldens, hidden
-//! prompts or other files at run time, detecting the timed phase or touching the clock, caching
-//! outputs across calls, skipping verify work, pruning lm_head rows, network or process escapes.
+//! command. The rules flag the benchmark bypasses `docs/spec/challenge.md` lists: reading
+//! goldens, hidden prompts or other files at run time, detecting the timed phase or touching the
+//! clock, caching outputs across calls, skipping verify work, pruning lm_head rows, network or
+//! process escapes.
 //! A finding fails the submission (the solver's fault); a reviewer that cannot be run, times out
 //! or answers nonsense is `infra:review_unavailable`, never a finding.
 //!

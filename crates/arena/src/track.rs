@@ -16,7 +16,7 @@ pub struct Track {
     pub name: String,
     /// One line for listings.
     pub description: String,
-    /// The clock's track: `serial` or `dflash` (`challenge.md`'s two scores).
+    /// The clock's track: `serial` or `dflash` (`docs/spec/challenge.md`'s two scores).
     pub clock_track: String,
     /// Kind of runner that gates and prices (`cpu`, `cuda`); builds always run on a builder.
     pub runner_kind: String,

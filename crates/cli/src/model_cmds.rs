@@ -30,7 +30,7 @@ pub fn bytes_bar(what: &str) -> ProgressBar {
 pub enum LayoutArg {
     /// NVFP4 experts (`switch_mlp`, `shared_expert`), what the engine runs.
     Runtime,
-    /// laguna.md's HF layout: BF16 stacked experts (`mlp.experts.gate_up_proj`).
+    /// docs/spec/laguna.md's HF layout: BF16 stacked experts (`mlp.experts.gate_up_proj`).
     Hf,
     /// What HF transformers 5.x `save_pretrained` writes: one BF16 tensor per expert.
     HfSaved,
@@ -111,7 +111,7 @@ fn summary(cfg: &LagunaConfig, d: Option<&DrafterConfig>, t: &[TensorSpec], layo
     let bytes: usize = t.iter().map(TensorSpec::nbytes).sum();
     let name = match layout {
         Layout::Runtime => "runtime (NVFP4 experts)",
-        Layout::Hf => "HF (stacked experts, as laguna.md names them)",
+        Layout::Hf => "HF (stacked experts, as docs/spec/laguna.md names them)",
         Layout::HfSaved => "HF as transformers saves it (one tensor per expert)",
     };
     println!("layout        {name}");
@@ -178,7 +178,8 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         ),
     };
     let layout = match &a.dir {
-        // An HF directory may hold laguna.md's stacked experts or transformers' per-expert files.
+        // An HF directory may hold docs/spec/laguna.md's stacked experts or transformers'
+        // per-expert files.
         Some(dir) if Layout::of(&cfg).is_hf() => {
             let store = fastdecode_model::checkpoint::TensorStore::open_dir(dir)?;
             Layout::detect(&cfg, store.names())

@@ -1,5 +1,6 @@
-//! From the phases' figures to a verdict: the score of a set of pairs (`challenge.md`), its 95 %
-//! interval, when to stop adding pairs, and what the interval says about the floor.
+//! From the phases' figures to a verdict: the score of a set of pairs
+//! (`docs/spec/challenge.md`), its 95 % interval, when to stop adding pairs, and what the
+//! interval says about the floor.
 //!
 //! Scores, from whole windows only (request written → last reply read, both instants the
 //! parent's own): serial = the baseline's mean window over the candidate's; DFlash = raw / noop

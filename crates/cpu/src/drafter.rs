@@ -1,5 +1,6 @@
-//! The DFlash drafter on the CPU (`dflash.md`): context rows from the target's tapped hidden
-//! states, and one block forward that drafts K-1 tokens using the target's embedding and lm_head.
+//! The DFlash drafter on the CPU (`docs/spec/dflash.md`): context rows from the target's tapped
+//! hidden states, and one block forward that drafts K-1 tokens using the target's embedding and
+//! lm_head.
 
 use std::path::Path;
 

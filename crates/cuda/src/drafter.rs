@@ -1,8 +1,8 @@
-//! The DFlash drafter on the GPU (`dflash.md`). Its decoder layers are Laguna layers (sliding
-//! attention with the per-head gate, a dense SwiGLU MLP), so its block forward is the target's
-//! own step path (`CudaTarget`, batch-invariant, replayed as a CUDA graph per block size) over a
-//! drafter-shaped `CudaModel` that shares the target's embedding and lm_head; that session's KV
-//! cache holds the context rows. What is the drafter's own: turning the target's tapped hidden
+//! The DFlash drafter on the GPU (`docs/spec/dflash.md`). Its decoder layers are Laguna layers
+//! (sliding attention with the per-head gate, a dense SwiGLU MLP), so its block forward is the
+//! target's own step path (`CudaTarget`, batch-invariant, replayed as a CUDA graph per block size)
+//! over a drafter-shaped `CudaModel` that shares the target's embedding and lm_head; that session's
+//! KV cache holds the context rows. What is the drafter's own: turning the target's tapped hidden
 //! states into context rows (aux norms, `fc`, `hidden_norm`, then each layer's K/V).
 //! CPU twin: `fastdecode_cpu::drafter::DrafterModel`.
 
@@ -181,7 +181,7 @@ impl CudaDrafter {
     }
 
     /// The first `rows` rows of the pending taps became committed positions: their context rows
-    /// are appended (`dflash.md`, round step 1).
+    /// are appended (`docs/spec/dflash.md`, round step 1).
     pub fn commit(&mut self, rows: usize) -> Result<()> {
         if rows > self.pending_rows {
             return Err(CudaError::Shape(format!(

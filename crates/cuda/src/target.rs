@@ -457,7 +457,8 @@ impl CudaTarget {
     /// Appends `n <= MAX_ROWS` rows at positions `len..len + n` whose every layer's input is the
     /// same row of `x` (`n × hidden`, on the device): each layer's K and V of `RMSNorm(x;
     /// input_layernorm)`, normed and rotated as a forward would, are written to its cache; no
-    /// attention, no output. The DFlash drafter's context rows (`dflash.md`, round step 1).
+    /// attention, no output. The DFlash drafter's context rows (`docs/spec/dflash.md`, round
+    /// step 1).
     pub fn append_kv_rows(&mut self, x: &CudaView<f32>, n: usize) -> Result<()> {
         let m = self.model.clone();
         let c = &m.cfg;

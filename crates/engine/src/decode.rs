@@ -1,6 +1,6 @@
 //! Greedy decoding: prefill, then rounds. A round with block size K verifies `[bonus, d1..d(K-1)]`
-//! in one target forward and keeps the longest agreeing prefix (`dflash.md`); K = 1 is serial
-//! decoding. Output is the target's greedy choice at every position, whatever the drafts.
+//! in one target forward and keeps the longest agreeing prefix (`docs/spec/dflash.md`); K = 1 is
+//! serial decoding. Output is the target's greedy choice at every position, whatever the drafts.
 
 use std::time::Instant;
 

@@ -1053,9 +1053,7 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/fixtures/laguna-xs-2.1")
-            .join(name)
+        crate::fixtures::xs21(name)
     }
 
     fn xs_json() -> Value {

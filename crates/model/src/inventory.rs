@@ -8,11 +8,11 @@ use sha2::{Digest, Sha256};
 use crate::config::{DrafterConfig, LagunaConfig};
 use crate::nvfp4::{CODES_PER_WORD, GROUP};
 
-/// Checkpoint layouts: the two of `laguna.md`, plus the per-expert form HF transformers actually
-/// writes to disk.
+/// Checkpoint layouts: the two of `docs/spec/laguna.md`, plus the per-expert form HF
+/// transformers actually writes to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// `laguna.md`'s HF layout (transformers' in-memory state dict): stacked experts
+    /// `docs/spec/laguna.md`'s HF layout (transformers' in-memory state dict): stacked experts
     /// `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I],
     /// `mlp.shared_experts.*`, `mlp.gate.e_score_correction_bias`.
     Hf,
@@ -276,14 +276,9 @@ pub fn inventory_sha256(specs: &[TensorSpec]) -> String {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
-    use std::path::Path;
 
     fn xs() -> LagunaConfig {
-        LagunaConfig::from_file(
-            &Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../../shared/fixtures/laguna-xs-2.1/config.json"),
-        )
-        .unwrap()
+        LagunaConfig::from_file(&crate::fixtures::xs21("config.json")).unwrap()
     }
 
     #[test]
@@ -351,11 +346,7 @@ mod tests {
 
     #[test]
     fn xs21_drafter_inventory_has_about_462m_parameters() {
-        let d = DrafterConfig::from_file(
-            &Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../../shared/fixtures/laguna-xs-2.1/dflash-config.json"),
-        )
-        .unwrap();
+        let d = DrafterConfig::from_file(&crate::fixtures::xs21("dflash-config.json")).unwrap();
         let inv = drafter_inventory(&d);
         let params: usize = inv.iter().map(TensorSpec::numel).sum();
         assert!((450_000_000..475_000_000).contains(&params), "{params}");

@@ -1,4 +1,4 @@
-//! NVFP4 with 16-element groups, exactly as `laguna.md` specifies.
+//! NVFP4 with 16-element groups, exactly as `docs/spec/laguna.md` specifies.
 //!
 //! A weight row of `in` inputs is stored as `in / 8` little-endian u32 words of E2M1 codes (element
 //! j of a word in bits 4j..4j+3) and `in / 16` E4M3 scale bytes. `W[c] = e4m3(scale[c/16]) ·
@@ -158,7 +158,7 @@ mod tests {
                 }
             }
         }
-        // Specific anchors from laguna.md.
+        // Specific anchors from docs/spec/laguna.md.
         assert_eq!(e4m3_decode(0x7F), 480.0);
         assert_eq!(e4m3_decode(0xFF), -480.0);
         assert_eq!(e4m3_decode(0x7E), 448.0);

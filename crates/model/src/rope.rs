@@ -95,16 +95,11 @@ impl Rope {
 mod tests {
     use super::*;
     use crate::config::{LagunaConfig, YarnParams};
-    use std::path::Path;
 
-    /// The formula of laguna.md written out directly for the XS 2.1 full layers.
+    /// The formula of docs/spec/laguna.md written out directly for the XS 2.1 full layers.
     #[test]
     fn yarn_inverse_frequencies_match_the_formula() {
-        let c = LagunaConfig::from_file(
-            &Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../../shared/fixtures/laguna-xs-2.1/config.json"),
-        )
-        .unwrap();
+        let c = LagunaConfig::from_file(&crate::fixtures::xs21("config.json")).unwrap();
         let rope = Rope::new(&c.rope_full, c.head_dim);
         assert_eq!(rope.rotary_dim, 64);
         assert_eq!(rope.inv_freq.len(), 32);

@@ -394,22 +394,27 @@ mod tests {
         assert!(preset("huge").is_err());
     }
 
+    /// The `xs2.1` preset is Laguna XS 2.1's released `config.json` and `dflash-config.json` byte
+    /// for byte. The digests were taken when the copies were compared (`cmp`) with the release's
+    /// files; an edit to a preset file fails here instead of silently drifting from the release.
     #[test]
-    fn xs21_preset_is_the_shared_fixture_verbatim() {
-        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/fixtures/laguna-xs-2.1");
-        for f in ["config.json", "dflash-config.json"] {
-            let fixture = std::fs::read(fixtures.join(f))
-                .expect("the shared fixtures sit beside the checkout");
-            let preset = std::fs::read(
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("presets/xs2.1")
-                    .join(f),
-            )
-            .unwrap();
-            assert!(
-                fixture == preset,
-                "presets/xs2.1/{f} differs from the fixture"
+    fn xs21_preset_is_the_release_config_verbatim() {
+        use sha2::{Digest, Sha256};
+        for (f, sha) in [
+            (
+                "config.json",
+                "129dc0b8e7528f5dab6a856468b03dfb56f387b7efbe543022c3edc6f7e3e650",
+            ),
+            (
+                "dflash-config.json",
+                "ec2c95d22e59cde02d66c3944c54cd0ae842027c8884445f416c3681bafaac7e",
+            ),
+        ] {
+            let bytes = std::fs::read(crate::fixtures::xs21(f)).unwrap();
+            assert_eq!(
+                hex::encode(Sha256::digest(&bytes)),
+                sha,
+                "presets/xs2.1/{f} is no longer the released file"
             );
         }
     }
