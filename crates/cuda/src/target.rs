@@ -310,6 +310,20 @@ impl CudaTarget {
         Ok(out)
     }
 
+    /// A prefill as decoding runs it (`forward_greedy` of the last row only), returning that
+    /// row's logits: the very numbers its greedy choice was made from. The all-row path
+    /// (`forward`) computes a long prompt's logits with the prefill's GEMM, whose last bits
+    /// differ from this GEMV's, so a replay that must agree with decoding starts here.
+    pub fn prefill_logits(&mut self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f32>> {
+        self.forward_greedy(tokens, positions, &[], true, TapsTo::Host)?;
+        let vocab = self.model.cfg.vocab_size;
+        Ok(self
+            .model
+            .gpu
+            .stream
+            .clone_dtoh(&self.s.logits.slice(0..vocab))?)
+    }
+
     /// `forward` keeping only the greedy choice (argmax, ties to the lower id) of every row, or
     /// of the last row only when `last_only`, computed on the device; plus the taps.
     /// With `TapsTo::Device` the taps stay on the device and the returned taps are empty.

@@ -46,6 +46,15 @@ pub trait TargetBackend {
             taps: out.taps,
         })
     }
+    /// A prefill of `tokens` as decoding runs it (`forward_greedy` with `last_only`), returning
+    /// the last row's logits: the numbers the first greedy choice is made from. A backend whose
+    /// all-row `forward` computes a long run of rows another way (the GPU's prefill GEMMs) must
+    /// return these, not those, so that a replay agrees with decoding bit for bit.
+    fn prefill_logits(&mut self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f32>> {
+        let out = self.forward(tokens, positions, &[])?;
+        let vocab = self.config().vocab_size;
+        Ok(out.logits[(tokens.len() - 1) * vocab..].to_vec())
+    }
     /// Serial greedy decoding from the end of the cache: runs `first`, then each step's own
     /// choice, until `steps` choices are made or one is in `stop`, telling `on_token` each as it
     /// is known; returns how many were made (the cache holds one more position per choice).

@@ -127,6 +127,11 @@ impl TargetBackend for CudaBackend {
             .map_err(backend_err)?;
         Ok(Greedy { tokens, taps })
     }
+    fn prefill_logits(&mut self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f32>> {
+        self.target
+            .prefill_logits(tokens, positions)
+            .map_err(backend_err)
+    }
     fn serial_greedy(
         &mut self,
         first: u32,

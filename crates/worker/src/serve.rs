@@ -62,9 +62,6 @@ pub struct WorkerOptions {
     pub max_context: usize,
 }
 
-/// Rows per forward in a replay: bounds the logits held at once (rows × vocab) on large models.
-const REPLAY_CHUNK: usize = 64;
-
 fn write_line(out: &mut impl Write, reply: &Reply) -> std::io::Result<()> {
     let line = serde_json::to_string(reply).map_err(std::io::Error::other)?;
     out.write_all(line.as_bytes())?;
@@ -106,10 +103,13 @@ impl DraftRequest<'_> {
 /// A request's target and draft source (none when serial).
 type Decoding<'a> = (&'a mut dyn TargetBackend, Option<Box<dyn DraftSource>>);
 
-/// Whether a CUDA worker loads the GPU drafter (developer knob `FASTDECODE_WORKER_DRAFTER=0`:
-/// serial and oracle windows need none, and the drafter's memory and warm-up are then spared).
+/// Set to `0` by a parent whose windows will not draft with the drafter (serial windows, oracle
+/// drafts, replays): a CUDA worker then loads no GPU drafter, sparing its memory and warm-up.
+pub const DRAFTER_VAR: &str = "FASTDECODE_WORKER_DRAFTER";
+
+/// Whether a CUDA worker loads the GPU drafter (`DRAFTER_VAR`).
 fn gpu_drafter_wanted() -> Result<bool> {
-    drafter_knob(std::env::var("FASTDECODE_WORKER_DRAFTER").ok().as_deref())
+    drafter_knob(std::env::var(DRAFTER_VAR).ok().as_deref())
 }
 
 /// The drafter knob's value: unset, empty or `1` loads it, `0` does not, and anything else is
@@ -193,9 +193,14 @@ pub fn run(
     mut output: impl Write,
 ) -> Result<()> {
     flags::set_active(opts.flags);
+    let mut start = StartTimes::new();
     let (engine, digest) = load(opts)?;
+    start.lap("load");
     let mut server = Server { engine };
-    server.warm()?;
+    server.warm(&mut start)?;
+    // Where a start-up's seconds went, for whoever reads the worker's log (a parent prices none
+    // of it, and trusts none of it: it times the start-up itself).
+    eprintln!("worker: ready after {start}");
     let ready = Ready {
         protocol: PROTOCOL.into(),
         version: VERSION,
@@ -262,8 +267,99 @@ pub fn run(
     Ok(())
 }
 
+/// Replays `r.chain` teacher-forced on `target`, `block` rows a forward at most after the
+/// prompt's prefill. Every step's distribution is computed the way decoding computed the token it
+/// scores, so an exact build's replay agrees with its own greedy decoding bit for bit: step 0 is
+/// the prompt's prefill (its last row, `prefill_logits`), step i the row of chain[i - 1] through
+/// the step path a decoding step takes (batch-invariant: any rows per launch give the same bits),
+/// never a long run of rows, which a GPU computes with other summation orders.
+fn replay_on(target: &mut dyn TargetBackend, block: usize, r: &ReplayRequest) -> Result<Vec<Step>> {
+    target.reset();
+    let n = r.chain.len();
+    if n == 0 {
+        return Ok(vec![]);
+    }
+    let vocab = target.config().vocab_size;
+    let positions: Vec<usize> = (0..r.prompt.len()).collect();
+    let first = target.prefill_logits(&r.prompt, &positions)?;
+    let mut steps = Vec::with_capacity(n);
+    steps.push(replay_step(&first, &r.chain, 0, r.probe)?);
+    let mut at = r.prompt.len();
+    for rows in r.chain[..n - 1].chunks(block) {
+        let positions: Vec<usize> = (at..at + rows.len()).collect();
+        let out = target.forward(rows, &positions, &[])?;
+        for logits in out.logits.chunks_exact(vocab) {
+            steps.push(replay_step(logits, &r.chain, steps.len(), r.probe)?);
+        }
+        at += rows.len();
+    }
+    Ok(steps)
+}
+
+/// A replay's step `i` from its row's logits: the top two, and the chain token's own logit when
+/// the request probes.
+fn replay_step(logits: &[f32], chain: &[u32], i: usize, probe: bool) -> Result<Step> {
+    let [(a, la), (b, lb)] = top2(logits);
+    let probe_logit = if probe {
+        let t = chain[i] as usize;
+        Some(*logits.get(t).with_context(|| {
+            format!("replay: chain token {t} at step {i} is outside the vocabulary")
+        })?)
+    } else {
+        None
+    };
+    Ok(Step {
+        top: [
+            Scored {
+                id: a as u32,
+                logit: la,
+            },
+            Scored {
+                id: b as u32,
+                logit: lb,
+            },
+        ],
+        probe_logit,
+    })
+}
+
 struct Server {
     engine: Engine,
+}
+
+/// The seconds of each part of a worker's start-up, in order.
+struct StartTimes {
+    last: std::time::Instant,
+    parts: Vec<(&'static str, f64)>,
+}
+
+impl StartTimes {
+    fn new() -> Self {
+        StartTimes {
+            last: std::time::Instant::now(),
+            parts: vec![],
+        }
+    }
+
+    /// Ends the part called `name`, which began where the last one ended.
+    fn lap(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.parts
+            .push((name, now.duration_since(self.last).as_secs_f64()));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for StartTimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: f64 = self.parts.iter().map(|(_, s)| s).sum();
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|(name, s)| format!("{name} {s:.2} s"))
+            .collect();
+        write!(f, "{total:.2} s ({})", parts.join(", "))
+    }
 }
 
 impl Server {
@@ -321,7 +417,7 @@ impl Server {
 
     /// Runs each kind of request once on a short prompt so first-touch costs (page faults,
     /// allocator growth, kernel compilation, the GPU's step graphs) fall before `ready`.
-    fn warm(&mut self) -> Result<()> {
+    fn warm(&mut self, start: &mut StartTimes) -> Result<()> {
         let vocab = self.config().vocab_size as u32;
         let prompt: Vec<u32> = (0..16u32).map(|i| (i * 7 + 1) % vocab).collect();
         let mut sink = std::io::sink();
@@ -336,6 +432,7 @@ impl Server {
         let Reply::Window { tokens, .. } = self.window(&w, &mut sink)? else {
             bail!("warm-up: a window did not end in a window reply");
         };
+        start.lap("serial window");
         w.block_size = 4;
         w.draft = Some("oracle:0.5".into());
         w.drafts = Some(fastdecode_engine::oracle::realise(
@@ -345,12 +442,14 @@ impl Server {
             0,
         )?);
         self.window(&w, &mut sink)?;
+        start.lap("oracle window");
         self.replay(&ReplayRequest {
             id: 0,
             prompt: prompt.clone(),
             chain: tokens,
             probe: true,
         })?;
+        start.lap("replay");
         let drafter_block = match &self.engine {
             Engine::Cuda { target, .. } => target.drafter_block_size(),
             Engine::Cpu { .. } => None,
@@ -366,6 +465,7 @@ impl Server {
                 w.decode_tokens = 2 * k;
                 self.window(&w, &mut sink)?;
             }
+            start.lap("drafter windows");
         }
         if let Engine::Cuda { target, .. } = &mut self.engine {
             // Every step shape a window can use: one graph per row count (a verify block, or the
@@ -382,6 +482,7 @@ impl Server {
                 target.forward_greedy(&long[..n], &p, &[], false)?;
                 target.truncate(o);
             }
+            start.lap("step shapes");
         }
         Ok(())
     }
@@ -480,61 +581,116 @@ impl Server {
                 );
             }
         }
-        let n = r.chain.len();
+        // The chain's rows run as a DFlash verify block does: at most this many a forward.
+        let block = self.max_block().max(1);
         let (target, _) = self.target_and_source(None, 1)?;
-        target.reset();
-        let vocab = target.config().vocab_size;
-        // Step i is the distribution at row prompt.len() - 1 + i of prompt ++ chain[..n-1].
-        let rows: Vec<u32> = r
-            .prompt
-            .iter()
-            .chain(&r.chain[..n.saturating_sub(1)])
-            .copied()
-            .collect();
-        let first = r.prompt.len() - 1;
-        let mut steps = Vec::with_capacity(n);
-        let mut start = 0;
-        while start < rows.len() && steps.len() < n {
-            let end = (start + REPLAY_CHUNK).min(rows.len());
-            let positions: Vec<usize> = (start..end).collect();
-            let out = target.forward(&rows[start..end], &positions, &[])?;
-            for (j, logits) in out.logits.chunks_exact(vocab).enumerate() {
-                let row = start + j;
-                if row < first {
-                    continue;
-                }
-                let i = row - first;
-                let [(a, la), (b, lb)] = top2(logits);
-                steps.push(Step {
-                    top: [
-                        Scored {
-                            id: a as u32,
-                            logit: la,
-                        },
-                        Scored {
-                            id: b as u32,
-                            logit: lb,
-                        },
-                    ],
-                    probe_logit: if r.probe {
-                        let t = r.chain[i] as usize;
-                        Some(*logits.get(t).with_context(|| {
-                            format!("replay: chain token {t} at step {i} is outside the vocabulary")
-                        })?)
-                    } else {
-                        None
-                    },
-                });
-            }
-            start = end;
-        }
-        Ok(steps)
+        replay_on(target, block, r)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::drafter_knob;
+    use super::{drafter_knob, replay_on};
+    use crate::protocol::ReplayRequest;
+    use fastdecode_engine::backend::{ForwardOut, Greedy};
+    use fastdecode_engine::{generate, CpuTarget, DecodeOptions, LoadedModel, TargetBackend};
+    use fastdecode_model::inventory::Layout;
+    use fastdecode_model::synth::{preset, write_synthetic};
+    use fastdecode_model::{LagunaConfig, Result};
+
+    /// A target with a GPU's two paths: runs of more than `step_rows` rows through `forward`
+    /// (the prefill's GEMMs) land elsewhere than decoding's rows (caricatured here: each row's
+    /// top two logits swap, where a GPU differs in the last bits and flips only near-ties);
+    /// decoding's choices and `prefill_logits` take the step path, the CPU's exact rows.
+    struct TwoPaths {
+        inner: CpuTarget,
+        step_rows: usize,
+    }
+
+    impl TargetBackend for TwoPaths {
+        fn config(&self) -> &LagunaConfig {
+            self.inner.config()
+        }
+        fn forward(&mut self, t: &[u32], p: &[usize], taps: &[usize]) -> Result<ForwardOut> {
+            let mut out = self.inner.forward(t, p, taps)?;
+            if t.len() > self.step_rows {
+                let vocab = self.config().vocab_size;
+                for row in out.logits.chunks_exact_mut(vocab) {
+                    let [(a, _), (b, _)] = fastdecode_cpu::ops::top2(row);
+                    row.swap(a, b);
+                }
+            }
+            Ok(out)
+        }
+        fn forward_greedy(
+            &mut self,
+            t: &[u32],
+            p: &[usize],
+            taps: &[usize],
+            last_only: bool,
+        ) -> Result<Greedy> {
+            self.inner.forward_greedy(t, p, taps, last_only)
+        }
+        fn prefill_logits(&mut self, t: &[u32], p: &[usize]) -> Result<Vec<f32>> {
+            self.inner.prefill_logits(t, p)
+        }
+        fn kv_len(&self) -> usize {
+            self.inner.kv_len()
+        }
+        fn truncate(&mut self, len: usize) {
+            self.inner.truncate(len)
+        }
+        fn reset(&mut self) {
+            self.inner.reset()
+        }
+    }
+
+    #[test]
+    fn a_replay_agrees_with_greedy_decoding_on_a_target_whose_long_runs_differ() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("tiny");
+        let hidden = indicatif::ProgressBar::hidden();
+        write_synthetic(&dir, &preset("tiny").unwrap(), 1, Layout::Runtime, &hidden).unwrap();
+        let model = LoadedModel::load(&dir).unwrap();
+        let (step_rows, block) = (6, 4);
+        let mut target = TwoPaths {
+            inner: CpuTarget::new(model.target.clone(), step_rows),
+            step_rows,
+        };
+        let vocab = target.config().vocab_size as u32;
+        let prompt: Vec<u32> = (0..20u32).map(|i| (i * 37 + 11) % vocab).collect();
+        let opts = DecodeOptions {
+            max_new_tokens: 23,
+            block_size: 1,
+            stop_tokens: &[],
+        };
+        let chain = generate(&mut target, None, &prompt, &opts, &mut |_| {})
+            .unwrap()
+            .tokens;
+        let r = ReplayRequest {
+            id: 1,
+            prompt: prompt.clone(),
+            chain: chain.clone(),
+            probe: true,
+        };
+        let steps = replay_on(&mut target, block, &r).unwrap();
+        let ids: Vec<u32> = steps.iter().map(|s| s.top[0].id).collect();
+        assert_eq!(ids, chain, "the replay's top choices are decoding's tokens");
+        assert!(steps.iter().all(|s| s.probe_logit == Some(s.top[0].logit)));
+        // The target really has two paths: the whole sequence in one forward would disagree.
+        target.reset();
+        let rows: Vec<u32> = prompt
+            .iter()
+            .chain(&chain[..chain.len() - 1])
+            .copied()
+            .collect();
+        let positions: Vec<usize> = (0..rows.len()).collect();
+        let out = target.forward(&rows, &positions, &[]).unwrap();
+        let long = fastdecode_cpu::ops::argmax(
+            &out.logits[(prompt.len() - 1) * vocab as usize..][..vocab as usize],
+        );
+        assert_ne!(long as u32, chain[0]);
+    }
 
     #[test]
     fn the_drafter_knob_takes_0_and_1_and_refuses_the_rest_by_name() {
