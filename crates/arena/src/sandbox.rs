@@ -66,6 +66,9 @@ impl Mount {
 /// The unprivileged user a root runner's candidates run as.
 pub const NOBODY: u32 = 65534;
 
+/// Variables a wrapper passes from its caller (the trusted clock or gate) to the candidate.
+const PASSED_TO_WORKERS: [&str; 1] = ["FASTDECODE_WORKER_DRAFTER"];
+
 fn on_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
@@ -283,6 +286,12 @@ impl Sandbox {
         for a in self.args(&all, env) {
             line += " ";
             line += &quote(&a);
+        }
+        // What the parent tells a worker through its environment (the worker protocol's
+        // `FASTDECODE_WORKER_DRAFTER`: load no drafter), passed on from the wrapper's caller;
+        // nothing else of the caller's environment reaches the candidate.
+        for var in PASSED_TO_WORKERS {
+            line += &format!(" --setenv {var} \"${{{var}:-}}\"");
         }
         line += " --";
         if let Some(uid) = self.drop_to {
@@ -618,6 +627,36 @@ mod tests {
                 "{a} failed on the host too: the probe could not see a leak"
             );
         }
+    }
+
+    /// A wrapper passes the worker protocol's variables from its caller and no other.
+    #[test]
+    fn a_wrapper_passes_the_drafter_variable_and_nothing_else() {
+        let real = Sandbox::find("cpu").expect("bubblewrap is installed (tools/test.sh)");
+        let dir = tempfile::tempdir().unwrap();
+        let env = Path::new("/usr/bin/env");
+        let w = real.wrapper(env, &[], &[], &dir.path().join("w")).unwrap();
+        let run = |drafter: Option<&str>| {
+            let mut c = Command::new(&w);
+            c.env("FASTDECODE_SECRET_OF_THE_PARENT", "x");
+            if let Some(v) = drafter {
+                c.env("FASTDECODE_WORKER_DRAFTER", v);
+            }
+            let out = c.output().unwrap();
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let told = run(Some("0"));
+        assert!(
+            told.lines().any(|l| l == "FASTDECODE_WORKER_DRAFTER=0"),
+            "{told}"
+        );
+        assert!(!told.contains("FASTDECODE_SECRET_OF_THE_PARENT"), "{told}");
+        let untold = run(None);
+        assert!(
+            untold.lines().any(|l| l == "FASTDECODE_WORKER_DRAFTER="),
+            "{untold}"
+        );
     }
 
     /// The runner's start-up probe passes the real sandbox and refuses each leaky one, naming

@@ -56,6 +56,7 @@ impl WorkerSide {
             flags,
             ready_timeout: Duration::from_secs_f64(self.ready_timeout),
             request_timeout: Duration::from_secs_f64(self.timeout),
+            drafter: true,
         }
     }
 }

@@ -12,7 +12,7 @@ use fastdecode_gate::bisect::{self, Criterion};
 use fastdecode_gate::check::{self, GateParams, DEFAULT_BUDGET, DEFAULT_ENVELOPE};
 use fastdecode_gate::make::make_one;
 use fastdecode_gate::ScreenParams;
-use fastdecode_worker::Worker;
+use fastdecode_worker::{Spec, Worker};
 
 use crate::common::{
     at_least, between, check_binary, check_ids, check_report_path, draft_source, fraction,
@@ -145,11 +145,12 @@ pub fn golden(cmd: GoldenCmd) -> Result<()> {
             }),
         }
     };
-    let mut w = Worker::spawn(
-        &a.side.spec(&bin, &model, Some(String::new())),
-        model.vocab,
-        &model.digest,
-    )?;
+    // Greedy windows and replays: no drafter to load.
+    let spec = Spec {
+        drafter: false,
+        ..a.side.spec(&bin, &model, Some(String::new()))
+    };
+    let mut w = Worker::spawn(&spec, model.vocab, &model.digest)?;
     let pb = bar(count as u64, "golden");
     let (mut made, mut rejected) = (0, 0);
     let mut tried = 0;

@@ -295,7 +295,7 @@ impl Judge {
         if self.pending.is_empty() {
             return Ok(None);
         }
-        let mut w = Worker::spawn(reference, model.vocab, &model.digest)?;
+        let mut w = Worker::spawn(&drafting(reference, false), model.vocab, &model.digest)?;
         for (prompt, tokens) in std::mem::take(&mut self.pending) {
             let judged = w.replay(&pool[prompt], &tokens, true)?;
             let (c, diverged) = check::fidelity(&judged, &tokens, envelope);
@@ -349,6 +349,14 @@ fn side(spec: &Spec, build: Option<Build>) -> SideInfo {
                     .collect()
             })
             .unwrap_or_default(),
+    }
+}
+
+/// `spec` for a worker whose windows draft with the model's drafter only when `drafter`.
+fn drafting(spec: &Spec, drafter: bool) -> Spec {
+    Spec {
+        drafter: spec.drafter && drafter,
+        ..spec.clone()
     }
 }
 
@@ -481,7 +489,7 @@ pub fn run(
     let (noise_prompt, warm_prompts) = setup.split_last().expect("at least one");
     let t0 = Instant::now();
     let mut w = attempt!(
-        Worker::spawn(&sides.baseline, vocab, &model.digest),
+        Worker::spawn(&drafting(&sides.baseline, false), vocab, &model.digest),
         Role::Baseline
     );
     let spawn_seconds = t0.elapsed().as_secs_f64();
@@ -596,7 +604,9 @@ pub fn run(
                 pair.rejected_because = Some("not_quiescent".into());
             }
             let t0 = Instant::now();
-            let mut w = attempt!(Worker::spawn(spec_of(role), vocab, &model.digest), role);
+            let drafts = dflash && role != Role::Baseline && p.draft == "drafter";
+            let spec = drafting(spec_of(role), drafts);
+            let mut w = attempt!(Worker::spawn(&spec, vocab, &model.digest), role);
             let spawn_seconds = t0.elapsed().as_secs_f64();
             res.spent.start_ups += spawn_seconds;
             match role {

@@ -250,7 +250,14 @@ pub fn run(
         }
     }
     let t0 = std::time::Instant::now();
-    let mut cand = match Worker::spawn(candidate, model.vocab, &model.digest) {
+    // Only the track's own source can draft with the drafter; the oracle's windows and every
+    // replay need none, and a worker told so starts seconds sooner.
+    let drafts = p.own_draft.as_ref().is_some_and(|(_, d)| d == "drafter");
+    let candidate = Spec {
+        drafter: candidate.drafter && drafts,
+        ..candidate.clone()
+    };
+    let mut cand = match Worker::spawn(&candidate, model.vocab, &model.digest) {
         Ok(w) => w,
         Err(f) => {
             rep.failure = Some(fault(&f, None, "candidate"));
@@ -267,7 +274,11 @@ pub fn run(
         );
     }
     let t0 = std::time::Instant::now();
-    let mut refw = match Worker::spawn(reference, model.vocab, &model.digest) {
+    let reference = Spec {
+        drafter: false,
+        ..reference.clone()
+    };
+    let mut refw = match Worker::spawn(&reference, model.vocab, &model.digest) {
         Ok(w) => w,
         Err(f) => {
             rep.failure = Some(fault(&f, None, "reference"));

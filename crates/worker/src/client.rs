@@ -62,6 +62,10 @@ pub struct Spec {
     pub ready_timeout: Duration,
     /// Longest wait for any one reply.
     pub request_timeout: Duration,
+    /// Whether the worker's windows may draft with the model's own drafter. When not, the worker
+    /// is told (`DRAFTER_VAR=0`) to load none, which spares its memory and seconds of start-up;
+    /// a build that ignores it only starts slower.
+    pub drafter: bool,
 }
 
 /// What a worker did wrong. `category()` is the redacted name a report may show.
@@ -208,6 +212,9 @@ impl Worker {
             .arg(&spec.backend);
         if let Some(f) = &spec.flags {
             cmd.arg("--flags").arg(f);
+        }
+        if !spec.drafter {
+            cmd.env(crate::serve::DRAFTER_VAR, "0");
         }
         #[cfg(unix)]
         {
