@@ -17,6 +17,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+case "${1:-}" in
+-h | --help)
+    # This file's own header is its help: nothing is installed or run for it.
+    sed -n '2,/^$/{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+    ;;
+esac
+
 . tools/packages.sh
 need bwrap bubblewrap
 need chromedriver chromium chromium-driver
