@@ -190,6 +190,16 @@ impl Totals {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(t) = &a.trace {
+        let mut inputs: Vec<(&str, &Path)> = vec![];
+        if let Some(p) = &a.prompts {
+            inputs.push(("--prompts", p));
+        }
+        if let Some(m) = &a.model {
+            inputs.push(("model directory", m));
+        }
+        crate::common::outputs_apart(&[("--trace", t)], &inputs)?;
+    }
     if a.backend == Backend::Cuda {
         return crate::cuda_bench::run(crate::cuda_bench::CudaBenchArgs {
             model: a.model.as_deref(),

@@ -144,11 +144,25 @@ pub fn check_ids(ids: &[u32], vocab: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Refuses, before anything runs, an output that would write over, into or around an input of
+/// the same run (the same file by any name, a path inside an input directory, a directory
+/// holding an input): each output (its option, its path) against each input (what it is, its
+/// path). A user who names a CSV as its own SVG loses nothing.
+pub fn outputs_apart(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Result<()> {
+    for (option, out) in outputs {
+        for (what, input) in inputs {
+            fastdecode_model::files::refuse_overlap(out, input, what)
+                .with_context(|| option.to_string())?;
+        }
+    }
+    Ok(())
+}
+
 /// Checks, before a long run, that a report file can be written at `path`, and that it is not
 /// inside the model directory (whose MANIFEST it would break). `what` names the option.
 pub fn check_report_path(path: &Path, model: &ModelId, what: &str) -> Result<()> {
     match model.dir() {
-        Some(dir) => fastdecode_model::files::refuse_inside(path, dir, "model directory"),
+        Some(dir) => fastdecode_model::files::refuse_overlap(path, dir, "model directory"),
         None => Ok(()),
     }
     .and_then(|()| fastdecode_model::files::check_output_file(path))

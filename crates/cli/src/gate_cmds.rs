@@ -16,8 +16,8 @@ use fastdecode_worker::{Spec, Worker};
 
 use crate::common::{
     at_least, between, check_binary, check_ids, check_report_path, draft_source, fraction,
-    load_goldens, non_negative_f32, parent_of_workers, per_1000, this_binary, write_file,
-    WorkerSide, MAX_BLOCK,
+    load_goldens, non_negative_f32, outputs_apart, parent_of_workers, per_1000, this_binary,
+    write_file, WorkerSide, MAX_BLOCK,
 };
 
 fn bar(len: u64, what: &str) -> ProgressBar {
@@ -119,7 +119,10 @@ pub fn golden(cmd: GoldenCmd) -> Result<()> {
     // The goldens are written into a staging directory beside --out, renamed into place only
     // when all of them are made: --out never holds a mix of new and old goldens.
     if let Some(dir) = model.dir() {
-        fastdecode_model::files::refuse_inside(&a.out, dir, "model directory").context("--out")?;
+        fastdecode_model::files::refuse_overlap(&a.out, dir, "model directory").context("--out")?;
+    }
+    if let Some(r) = &a.reference {
+        outputs_apart(&[("--out", &a.out)], &[("--reference build", r)])?;
     }
     let staged = fastdecode_model::files::StagedDir::new(&a.out, true).context("--out")?;
     let bin = match &a.reference {
@@ -241,6 +244,12 @@ pub fn gate(a: GateArgs) -> Result<()> {
     parent_of_workers();
     let model = a.side.model()?;
     if let Some(p) = &a.json {
+        let mut inputs = vec![
+            ("--reference build", a.reference.as_path()),
+            ("--candidate build", a.candidate.as_path()),
+        ];
+        inputs.extend(a.golden.iter().map(|g| ("--golden", g.as_path())));
+        outputs_apart(&[("--json", p)], &inputs)?;
         check_report_path(p, &model, "--json")?;
     }
     let goldens = load_goldens(&a.golden)?;
@@ -329,6 +338,12 @@ pub fn bisect(a: BisectArgs) -> Result<()> {
     parent_of_workers();
     let model = a.side.model()?;
     if let Some(p) = &a.json {
+        let mut inputs: Vec<(&str, &std::path::Path)> =
+            a.golden.iter().map(|g| ("--golden", g.as_path())).collect();
+        if let Some(c) = &a.candidate {
+            inputs.push(("--candidate build", c));
+        }
+        outputs_apart(&[("--json", p)], &inputs)?;
         check_report_path(p, &model, "--json")?;
     }
     let goldens = load_goldens(&a.golden)?;

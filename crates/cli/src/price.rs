@@ -18,7 +18,8 @@ use fastdecode_model::config::{DrafterConfig, MAX_BLOCK_SIZE};
 use fastdecode_worker::ModelId;
 
 use crate::common::{
-    non_negative_f32, parent_of_workers, per_1000, this_binary, write_file, WorkerSide,
+    non_negative_f32, outputs_apart, parent_of_workers, per_1000, this_binary, write_file,
+    WorkerSide,
 };
 use crate::selftest::{self, SelftestArgs};
 
@@ -397,6 +398,20 @@ pub fn run(a: PriceArgs) -> Result<()> {
     check_side(&a.side)?;
     let model = a.side.model()?;
     let params = a.opts.params(&model)?;
+    let mut inputs: Vec<(&str, &std::path::Path)> = vec![];
+    for (what, b) in [
+        ("--baseline build", &a.baseline),
+        ("--candidate build", &a.candidate),
+        ("--noop build", &a.noop),
+    ] {
+        if let Some(b) = b {
+            inputs.push((what, b));
+        }
+    }
+    if let Some(dir) = model.dir() {
+        inputs.push(("model directory", dir));
+    }
+    outputs_apart(&[("--out", &a.out)], &inputs)?;
     let baseline_bin = match (&a.baseline, &a.baseline_ref) {
         (Some(b), _) => b.clone(),
         (None, Some(r)) => baseline::build(&a.repo, r, &cache_dir(&a), &|m| eprintln!("{m}"))?,

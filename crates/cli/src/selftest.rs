@@ -226,6 +226,14 @@ pub fn run(a: SelftestArgs) -> Result<()> {
     check_side(&a.side)?;
     let model = a.side.model()?;
     let params = a.opts.params(&model)?;
+    let mut inputs: Vec<(&str, &std::path::Path)> = vec![];
+    if let Some(f) = &a.faulty {
+        inputs.push(("--faulty build", f));
+    }
+    if let Some(dir) = model.dir() {
+        inputs.push(("model directory", dir));
+    }
+    crate::common::outputs_apart(&[("--out", &a.out)], &inputs)?;
     let me = this_binary()?;
     let faulty = match &a.faulty {
         Some(f) => f.clone(),

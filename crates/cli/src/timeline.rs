@@ -31,6 +31,7 @@ fn window_us(s: &str) -> std::result::Result<f64, String> {
 
 pub fn run(a: TimelineArgs) -> Result<()> {
     if let Some(svg) = &a.svg {
+        crate::common::outputs_apart(&[("--svg", svg)], &[("trace", &a.trace)])?;
         fastdecode_model::files::check_output_file(svg).context("--svg")?;
     }
     // A FIFO or a device given as the trace must not hang or stream forever, nor a huge file

@@ -992,6 +992,40 @@ fn cases() -> Vec<Case> {
             "timeline {D}/t.csv --svg {D}/f/t.svg",
             &["--svg", "f"],
         ),
+        // An output that names an input, by any name, is refused before anything is written.
+        with(
+            "timeline --svg onto its own trace",
+            |d| file(d, "t.csv", TRACE.as_bytes()),
+            "timeline {D}/t.csv --svg {D}/t.csv",
+            &["--svg", "same file as the trace", "t.csv"],
+        ),
+        with(
+            "timeline --svg onto its trace through ..",
+            |d| {
+                file(d, "t.csv", TRACE.as_bytes());
+                std::fs::create_dir(d.join("x")).unwrap();
+            },
+            "timeline {D}/t.csv --svg {D}/x/../t.csv",
+            &["--svg", "same file as the trace"],
+        ),
+        with(
+            "timeline --svg onto its trace through a link",
+            |d| {
+                file(d, "t.csv", TRACE.as_bytes());
+                std::os::unix::fs::symlink(d.join("t.csv"), d.join("l.svg")).unwrap();
+            },
+            "timeline {D}/t.csv --svg {D}/l.svg",
+            &["--svg", "same file as the trace"],
+        ),
+        with(
+            "timeline --svg onto a hard link of its trace",
+            |d| {
+                file(d, "t.csv", TRACE.as_bytes());
+                std::fs::hard_link(d.join("t.csv"), d.join("h.svg")).unwrap();
+            },
+            "timeline {D}/t.csv --svg {D}/h.svg",
+            &["--svg", "same file as the trace"],
+        ),
         // worker
         case("worker missing model", "worker --model {D}/none", &["none"]),
         case(
@@ -1266,6 +1300,40 @@ fn cases() -> Vec<Case> {
             "gate --json a directory",
             "gate --reference {B} --candidate {B} --model {M} --golden {G} --json {D}",
             &["--json", "directory"],
+        ),
+        with(
+            "gate --json onto the candidate",
+            |d| {
+                std::fs::copy(BIN, d.join("cand")).unwrap();
+            },
+            "gate --reference {B} --candidate {D}/cand --model {M} --golden {G} --json {D}/cand",
+            &["--json", "same file as the --candidate build"],
+        ),
+        with(
+            "gate --json onto a golden",
+            |d| golden(d, |_| {}),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json --json {D}/g.json",
+            &["--json", "same file as the --golden"],
+        ),
+        with(
+            "bisect --json onto a golden",
+            |d| golden(d, |_| {}),
+            "bisect --model {M} --golden {D}/g.json --json {D}/g.json",
+            &["--json", "same file as the --golden"],
+        ),
+        with(
+            "price --out the model",
+            |d| model(d, |_| {}),
+            "price --baseline {B} --model {D}/m --out {D}/m",
+            &["--out", "the model directory"],
+        ),
+        with(
+            "price --out onto the candidate",
+            |d| {
+                std::fs::copy(BIN, d.join("cand")).unwrap();
+            },
+            "price --baseline {B} --candidate {D}/cand --model {M} --out {D}/cand",
+            &["--out", "same file as the --candidate build"],
         ),
         // bisect
         case(

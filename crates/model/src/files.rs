@@ -221,24 +221,43 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// Refuses an output `out` that lies inside the input directory `input` (`what` names it):
-/// writing there would change the input under its own MANIFEST.
-pub fn refuse_inside(out: &Path, input: &Path, what: &str) -> Result<()> {
+/// Refuses an output `out` that would write over or into the input `input` (`what` names it):
+/// the same file (through `..`, a symbolic link or a hard link), a path inside the input
+/// directory (which would change it under its own MANIFEST), or a directory holding the input.
+pub fn refuse_overlap(out: &Path, input: &Path, what: &str) -> Result<()> {
     let Ok(inp) = input.canonicalize() else {
         return Ok(());
     };
     let o = resolve(out)?;
-    if o.starts_with(&inp) {
-        return Err(Error::file(
-            out,
-            format!(
-                "is inside the {what} {}: writing there would change it (and break its MANIFEST); \
-                 choose an output outside it",
-                input.display()
-            ),
-        ));
+    let why = if o == inp || same_inode(&o, &inp) {
+        "is the same file as"
+    } else if o.starts_with(&inp) {
+        "is inside"
+    } else if inp.starts_with(&o) {
+        "holds"
+    } else {
+        return Ok(());
+    };
+    Err(Error::file(
+        out,
+        format!(
+            "{why} the {what} {}: writing there would destroy or change it; choose an output apart from every input",
+            input.display()
+        ),
+    ))
+}
+
+/// Whether `a` and `b` both exist and are one file (a hard link has its own path).
+fn same_inode(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(x), Ok(y)) = (a.metadata(), b.metadata()) {
+            return x.dev() == y.dev() && x.ino() == y.ino();
+        }
     }
-    Ok(())
+    let _ = (a, b);
+    false
 }
 
 /// Checks that `out` can be a new directory: its last component is a name (not `.`, `..` or a
@@ -445,14 +464,31 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let inp = d.path().join("in");
         std::fs::create_dir(&inp).unwrap();
-        let e = refuse_inside(&inp.join("a/b"), &inp, "model directory")
+        let e = refuse_overlap(&inp.join("a/b"), &inp, "model directory")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("inside the model directory"), "{e}");
-        refuse_inside(&d.path().join("out"), &inp, "model directory").unwrap();
+        assert!(e.contains("is inside the model directory"), "{e}");
+        refuse_overlap(&d.path().join("out"), &inp, "model directory").unwrap();
         // Through `..` and a link, the same place is recognised.
         std::os::unix::fs::symlink(&inp, d.path().join("link")).unwrap();
-        assert!(refuse_inside(&d.path().join("link/x"), &inp, "m").is_err());
-        assert!(refuse_inside(&inp.join("../in/x"), &inp, "m").is_err());
+        assert!(refuse_overlap(&d.path().join("link/x"), &inp, "m").is_err());
+        assert!(refuse_overlap(&inp.join("../in/x"), &inp, "m").is_err());
+        // The input itself, by any name (a hard link too), and a directory holding it.
+        let f = inp.join("t.csv");
+        std::fs::write(&f, "x").unwrap();
+        std::fs::hard_link(&f, d.path().join("hard")).unwrap();
+        for same in [
+            f.clone(),
+            d.path().join("link/t.csv"),
+            d.path().join("hard"),
+        ] {
+            let e = refuse_overlap(&same, &f, "trace").unwrap_err().to_string();
+            assert!(e.contains("is the same file as the trace"), "{same:?}: {e}");
+        }
+        let e = refuse_overlap(d.path(), &f, "trace")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("holds the trace"), "{e}");
+        refuse_overlap(&inp.join("u.csv"), &f, "trace").unwrap();
     }
 }

@@ -18,7 +18,7 @@ use crate::checkpoint::{
 };
 use crate::config::{DrafterConfig, LagunaConfig};
 use crate::error::{Error, Result};
-use crate::files::{read_bounded, read_text, refuse_inside, with_staging_dir, MAX_TEXT_BYTES};
+use crate::files::{read_bounded, read_text, refuse_overlap, with_staging_dir, MAX_TEXT_BYTES};
 use crate::inventory::{drafter_inventory, target_inventory, Layout, TensorSpec};
 use crate::nvfp4::quantize_row;
 use crate::synth::pretty_json;
@@ -182,7 +182,7 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
     // Checked before the long part: written into its input, the output would change the input
     // under its own MANIFEST.
     crate::files::check_new_dir(output, false)?;
-    refuse_inside(output, input, "input directory")?;
+    refuse_overlap(output, input, "input directory")?;
     let cfg = LagunaConfig::from_file(&cfg_path)?;
     if cfg.quantization.is_some() {
         return Err(Error::Checkpoint(format!(
