@@ -84,7 +84,7 @@ pub fn changes(repo: &Path, base: &str, surface: &[String]) -> Result<Changes> {
             entries.push((p, Content::Symlink(t.to_string_lossy().into_owned())));
         } else if m.is_file() {
             use std::os::unix::fs::PermissionsExt;
-            let data = std::fs::read(&full).with_context(|| full.display().to_string())?;
+            let data = crate::store::read_regular(&full)?;
             entries.push((p, Content::File(data, m.permissions().mode())));
         } else {
             bail!("{p}: not a regular file");
@@ -98,7 +98,7 @@ pub fn changes(repo: &Path, base: &str, surface: &[String]) -> Result<Changes> {
 
 /// Submits and follows; the final view (its status says whether it passed).
 pub fn submit(o: &SubmitOptions) -> Result<SubmissionView> {
-    let note = std::fs::read_to_string(&o.note_file)
+    let note = crate::store::read_regular_text(&o.note_file)
         .with_context(|| format!("--note-file {}", o.note_file.display()))?;
     if note.trim().is_empty() {
         bail!("--note-file {}: the note is empty", o.note_file.display());

@@ -44,10 +44,7 @@ const EXAMPLES: &[(&str, Option<&str>, &str)] = &[
 /// sized for a demo (shorter windows, a 3 % precision target, a shared machine's quiet rule).
 fn demo_track(checkout: &Path, hidden: &str) -> Result<Track> {
     let f = checkout.join("tracks").join(format!("{TRACK}.toml"));
-    let mut t = Track::parse(
-        &std::fs::read_to_string(&f).with_context(|| f.display().to_string())?,
-        &f,
-    )?;
+    let mut t = Track::parse(&crate::store::read_regular_text(&f)?, &f)?;
     t.goldens.hidden = hidden.to_string();
     t.window.prompt_tokens = 128;
     t.window.decode_tokens = 64;

@@ -184,12 +184,15 @@ impl Case {
 /// The files `patch` changes, as they are after it is applied to `base`: `git apply` in a
 /// scratch directory holding those files as `base` has them.
 fn patched(repo: &Path, base: &str, patch: &Path) -> Result<Vec<(String, Content)>> {
-    // git runs in the scratch directory, so a relative patch path is made absolute first.
-    let patch =
-        std::path::absolute(patch).with_context(|| format!("the patch {}", patch.display()))?;
-    let patch = patch
+    // git is given a copy read here, so a patch that is a FIFO or a device is refused by name
+    // rather than waited on by git; the copy's path is absolute (git runs in the scratch
+    // directory).
+    let mut copy = tempfile::NamedTempFile::new()?;
+    std::io::Write::write_all(&mut copy, &crate::store::read_regular(patch)?)?;
+    let patch = copy
+        .path()
         .to_str()
-        .with_context(|| format!("the patch path {} is not UTF-8", patch.display()))?;
+        .with_context(|| format!("the patch copy {} is not UTF-8", copy.path().display()))?;
     let tmp = tempfile::tempdir()?;
     let stat = git::output(tmp.path(), &["apply", "--numstat", patch])?;
     let paths: Vec<String> = String::from_utf8_lossy(&stat)
@@ -220,8 +223,7 @@ pub fn load(dir: &Path) -> Result<Vec<(String, Case)>> {
     for e in rd {
         let p = e?.path();
         if p.extension().is_some_and(|x| x == "toml") {
-            let text =
-                std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+            let text = crate::store::read_regular_text(&p)?;
             let name = p
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())

@@ -21,6 +21,47 @@ fn file_name(d: &str) -> Result<String> {
     Ok(d.replacen(':', "-", 1))
 }
 
+/// The bytes of a file a user named (a track, a case, a patch, a note). It is opened without
+/// waiting (a FIFO with no writer would block the open itself) and the opened handle must be a
+/// regular file: a FIFO, a device or a socket is refused by name, never read or waited on.
+pub fn read_regular(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .with_context(|| path.display().to_string())?;
+    let t = f
+        .metadata()
+        .with_context(|| path.display().to_string())?
+        .file_type();
+    if !t.is_file() {
+        let kind = if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else {
+            "not a plain file"
+        };
+        bail!("{}: {kind}, not a regular file", path.display());
+    }
+    let mut out = vec![];
+    f.read_to_end(&mut out)
+        .with_context(|| path.display().to_string())?;
+    Ok(out)
+}
+
+/// [`read_regular`] as UTF-8 text.
+pub fn read_regular_text(path: &Path) -> Result<String> {
+    String::from_utf8(read_regular(path)?)
+        .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))
+}
+
 /// Writes `bytes` to `path` through a unique temporary name beside it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().context("a file in a directory")?;
@@ -78,5 +119,86 @@ fn read_opt(p: &Path) -> Result<Option<Vec<u8>>> {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| p.display().to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// `f`'s value, or a failed test if it takes more than a few seconds (a wait on a FIFO).
+    fn promptly<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("it waits on the FIFO instead of refusing it")
+    }
+
+    fn fifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    }
+
+    #[test]
+    fn a_fifo_a_device_or_a_directory_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("note.md");
+        fifo(&f);
+        let e = promptly(move || read_regular(&f).unwrap_err());
+        assert!(
+            format!("{e:#}").contains("note.md: a FIFO, not a regular file"),
+            "{e:#}"
+        );
+        let e = read_regular(Path::new("/dev/zero")).unwrap_err();
+        assert!(format!("{e:#}").contains("/dev/zero: a device"), "{e:#}");
+        let e = read_regular(d.path()).unwrap_err();
+        assert!(format!("{e:#}").contains("a directory"), "{e:#}");
+        let ok = d.path().join("ok");
+        std::fs::write(&ok, "text").unwrap();
+        assert_eq!(read_regular_text(&ok).unwrap(), "text");
+    }
+
+    #[test]
+    fn a_fifo_among_the_tracks_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        fifo(&d.path().join("x.toml"));
+        let dir = d.path().to_path_buf();
+        let e = promptly(move || crate::track::load_dir(&dir).unwrap_err());
+        assert!(format!("{e:#}").contains("x.toml: a FIFO"), "{e:#}");
+    }
+
+    #[test]
+    fn a_fifo_among_the_red_team_cases_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        fifo(&d.path().join("case.toml"));
+        let dir = d.path().to_path_buf();
+        let e = promptly(move || crate::redteam::load(&dir).unwrap_err());
+        assert!(format!("{e:#}").contains("case.toml: a FIFO"), "{e:#}");
+    }
+
+    #[test]
+    fn a_fifo_as_the_note_file_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        let note = d.path().join("note.md");
+        fifo(&note);
+        let o = crate::client::SubmitOptions {
+            server: "http://127.0.0.1:9".into(),
+            token: "t".into(),
+            track: "serial-tiny".into(),
+            note_file: note,
+            model: None,
+            claimed_score: None,
+            repo: d.path().to_path_buf(),
+            idempotency_key: None,
+        };
+        let e = promptly(move || crate::client::submit(&o).unwrap_err());
+        assert!(
+            format!("{e:#}").contains("--note-file")
+                && format!("{e:#}").contains("note.md: a FIFO"),
+            "{e:#}"
+        );
     }
 }

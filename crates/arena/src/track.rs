@@ -419,7 +419,7 @@ pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Track>> {
         .collect();
     files.sort();
     for f in files {
-        let text = std::fs::read_to_string(&f).with_context(|| f.display().to_string())?;
+        let text = crate::store::read_regular_text(&f)?;
         let t = Track::parse(&text, &f)?;
         if let Some(old) = out.insert(t.name.clone(), t) {
             bail!("{}: a second track named {}", f.display(), old.name);
