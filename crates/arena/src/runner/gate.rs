@@ -144,7 +144,7 @@ impl Runner {
             .arg("--reference")
             .arg(base)
             .arg("--candidate")
-            .arg(self.sandboxed(cand, model, work.path())?)
+            .arg(self.sandboxed(cand, model, &work.path().join("candidate"))?)
             .arg("--golden")
             .arg(dir)
             .args(model)
@@ -238,15 +238,10 @@ impl Runner {
         })
     }
 
-    /// The candidate as `gate` and `price` start it: a wrapper that runs it in the sandbox,
+    /// A build as `gate` and `price` start it: a wrapper at `at` that runs it in the sandbox,
     /// seeing the model (the `--model` of `model`, read-only) and its build's compiled kernels
     /// (read-only, at `/kernels`), and nothing else of this machine.
-    pub(super) fn sandboxed(
-        &self,
-        candidate: &Path,
-        model: &[String],
-        work: &Path,
-    ) -> Result<PathBuf> {
+    pub(super) fn sandboxed(&self, build: &Path, model: &[String], at: &Path) -> Result<PathBuf> {
         let mut mounts: Vec<Mount> = model
             .iter()
             .position(|a| a == "--model")
@@ -254,14 +249,13 @@ impl Runner {
             .map(|d| Mount::same(Path::new(d)))
             .into_iter()
             .collect();
-        let kernels = self.kernels_of(candidate)?;
+        let kernels = self.kernels_of(build)?;
         let mut env = vec![];
         if let Some(k) = &kernels {
             mounts.push(Mount::ro(k, "/kernels"));
             env.push((super::kernels::PREBUILT_VAR, "/kernels".as_ref()));
         }
-        self.sandbox
-            .wrapper(candidate, &mounts, &env, &work.join("candidate"))
+        self.sandbox.wrapper(build, &mounts, &env, at)
     }
 }
 

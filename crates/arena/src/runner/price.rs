@@ -72,12 +72,16 @@ impl Runner {
         let log = work.path().join("price.log");
         let c = &t.clock;
         let w = &t.window;
+        // Both sides run in the same sandbox, so a no-op is priced under the same conditions on
+        // either side (the trusted baseline gains nothing from it but symmetry: on an H100 one
+        // no-op sandboxed against an unsandboxed baseline priced 1.0021 [1.0006, 1.0035], its
+        // interval clear of 1.0).
         let mut cmd = Command::new(&self.me);
         cmd.arg("price")
             .arg("--baseline")
-            .arg(&base)
+            .arg(self.sandboxed(&base, &model, &work.path().join("baseline"))?)
             .arg("--candidate")
-            .arg(self.sandboxed(&cand, &model, work.path())?)
+            .arg(self.sandboxed(&cand, &model, &work.path().join("candidate"))?)
             .args(&model)
             .args(["--track", &t.clock_track])
             .args(["--seed", &hidden.pool_seeds[index].to_string()])
@@ -105,7 +109,6 @@ impl Runner {
             ]);
         }
         cmd.args(&c.extra_args).arg("--out").arg(&out);
-        self.reference_env(&mut cmd, &base)?;
         let limits = Limits {
             deadline: Duration::from_secs_f64(c.time_budget + t.deadlines.price_grace),
             disk: None,
