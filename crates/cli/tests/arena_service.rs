@@ -302,3 +302,38 @@ fn a_cancel_stops_the_runner_pricing_the_job(db: Database) {
     let mut runner = runner;
     assert!(runner.0.try_wait().unwrap().is_none(), "the runner exited");
 }
+
+/// A runner whose token the service refuses says so, naming the server, and exits non-zero at
+/// once, instead of retrying every second forever. (The database is not what is tested.)
+#[test]
+fn a_runner_with_a_refused_token_says_so_and_exits() {
+    let a = Arena::on(Database::Sqlite, 30);
+    let log = a.path("refused.log");
+    let mut runner = Proc(
+        Command::new(BIN)
+            .args([
+                "arena",
+                "runner",
+                "--server",
+                &a.url(),
+                "--token",
+                "not-a-token",
+            ])
+            .args(["--kind", "cpu", "--poll-seconds", "0.2", "--cache"])
+            .arg(a.path("refused-cache"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let status = wait_for("the refused runner to exit", || {
+        runner.0.try_wait().unwrap()
+    });
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success(), "{status:?}: {said}");
+    assert!(
+        said.contains(&a.url()) && said.contains("token") && !said.contains("trying again"),
+        "{said}"
+    );
+}

@@ -354,6 +354,8 @@ pub fn run(opts: Options) -> Result<()> {
             &[],
         ) {
             Ok(j) => j,
+            // A refused token stays refused: say so and stop, not retry it every second.
+            Err(e) if crate::http::is_unauthorized(&e) => return Err(e),
             Err(e) => {
                 eprintln!("runner: {e:#}; trying again");
                 std::thread::sleep(r.opts.poll.max(Duration::from_secs(1)));
