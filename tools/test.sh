@@ -75,8 +75,11 @@ fi
 # each test names one of its own on this server.
 export FASTDECODE_TEST_POSTGRES="postgres://postgres@127.0.0.1:$port/arena"
 
-if [ $# -gt 0 ]; then
-    cargo test "$@"
-else
-    cargo test --workspace --features fastdecode-cli/fault-injection
-fi
+# Every test binary runs through tools/ci/timed-runner.sh (each test's time in the log), and
+# tools/ci/summary.py ends the run with where its time went and one line of counts (also kept
+# in target/test-timings.json).
+runner=CARGO_TARGET_$(rustc -vV | sed -n 's/^host: //p' | tr 'a-z-' 'A-Z_')_RUNNER
+export "$runner=$PWD/tools/ci/timed-runner.sh"
+[ $# -gt 0 ] || set -- --workspace --features fastdecode-cli/fault-injection
+mkdir -p target
+cargo test "$@" 2>&1 | python3 tools/ci/summary.py --json target/test-timings.json

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Where a `cargo test` run's time went, and its one summary line.
+
+Reads cargo test's output on stdin and passes it through unchanged as it comes; at the end
+prints how long the build took (start to the first test binary), each test binary's wall time,
+the tests that cost the most wall time, and one line:
+`tests: P passed, F failed, I ignored in S s (build B s)`. A test's cost is the wall time from
+the previous test's end in its binary (or the binary's start) to its own: what it added to the
+run, whether its binary's tests ran in turns (the arena's hold a lock) or side by side; libtest's
+own figure (`--report-time`, which tools/test.sh asks for) follows it, and counts time spent
+waiting for a turn. With `--json FILE` the same figures go into FILE as well. The exit status is
+0; the caller takes cargo's own (pipefail).
+
+    cargo test -- -Zunstable-options --report-time 2>&1 | tools/ci/summary.py
+"""
+
+import argparse
+import json
+import re
+import sys
+import time
+
+RUNNING = re.compile(r"^\s+(Running|Doc-tests) (?:unittests )?(\S+)(?: \((\S+)\))?")
+RESULT = re.compile(
+    r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored; .*finished in ([\d.]+)s"
+)
+TIMED = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)(?: <([\d.]+)s>)?")
+
+
+def binary_name(m: re.Match) -> str:
+    """`arena tests/arena.rs`, `fastdecode_clock src/lib.rs`, `doc-tests fastdecode_model`."""
+    kind, source, path = m.groups()
+    if kind == "Doc-tests":
+        return f"doc-tests {source}"
+    crate = path.rsplit("/", 1)[-1].rsplit("-", 1)[0] if path else ""
+    return f"{crate} {source}".strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--slowest", type=int, default=15, help="how many tests to list")
+    args = ap.parse_args()
+
+    t0 = time.monotonic()
+    build_s = None
+    binaries = []  # [name, wall seconds]
+    tests = []  # (binary, test, wall seconds added, libtest's seconds or None)
+    counts = {"passed": 0, "failed": 0, "ignored": 0}
+    failed = []
+    current, started, last = None, None, t0
+    for line in sys.stdin:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        now = time.monotonic()
+        if m := RUNNING.match(line):
+            if build_s is None:
+                build_s = now - t0
+            current, started = binary_name(m), now
+            last = now
+            binaries.append([current, 0.0])
+        elif m := RESULT.match(line):
+            for key, g in zip(("passed", "failed", "ignored"), m.groups()):
+                counts[key] += int(g)
+            if current is not None:
+                binaries[-1][1] = now - started
+        elif m := TIMED.match(line):
+            if m.group(2) == "FAILED":
+                failed.append(f"{current}: {m.group(1)}")
+            if m.group(2) != "ignored":
+                own = float(m.group(3)) if m.group(3) else None
+                tests.append((current, m.group(1), now - last, own))
+                last = now
+    total = time.monotonic() - t0
+
+    out = sys.stdout
+    print("\n== where the time went ==", file=out)
+    print(f"{build_s or total:8.1f} s  build (start to the first test binary)", file=out)
+    for name, s in sorted(binaries, key=lambda b: -b[1]):
+        print(f"{s:8.1f} s  {name}", file=out)
+    if tests:
+        print(f"-- the {args.slowest} costliest tests (wall time added; libtest's own) --", file=out)
+        for binary, name, s, own in sorted(tests, key=lambda t: -t[2])[: args.slowest]:
+            short = binary.split(" ")[0]
+            mine = f"{own:8.1f} s" if own is not None else " " * 10
+            print(f"{s:8.1f} s {mine}  {short} {name}", file=out)
+    for f in failed:
+        print(f"FAILED {f}", file=out)
+    print(
+        f"tests: {counts['passed']} passed, {counts['failed']} failed, "
+        f"{counts['ignored']} ignored in {total:.0f} s (build {build_s or total:.0f} s)",
+        file=out,
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "total_s": round(total, 1),
+                    "build_s": round(build_s or total, 1),
+                    "counts": counts,
+                    "binaries": [{"name": n, "s": round(s, 1)} for n, s in binaries],
+                    "tests": [
+                        {"binary": b, "test": t, "wall_s": round(s, 2), "libtest_s": own}
+                        for b, t, s, own in tests
+                    ],
+                    "failed": failed,
+                },
+                f,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()
