@@ -32,7 +32,7 @@ async fn arena(dir: &std::path::Path, on: On, cap: u32) -> (AppState, String) {
         base(&s.db, t).await;
     }
     s.tracks.get_mut(TRACK).unwrap().caps.failures_per_day = cap;
-    let token = crate::cli::add_token(&s.db, "solvers", "alice", "")
+    let token = crate::cli::add_token(&s.db, "solvers", "alice", "", |_| Ok(()))
         .await
         .unwrap();
     (Arc::new(s), token)
@@ -218,7 +218,7 @@ async fn unfinished_submissions_count_against_the_cap(on: On) {
     );
     // A key already used still answers with its submission; another solver is not capped.
     assert_eq!(post(&s, &alice, "k0").await.0, StatusCode::OK);
-    let bob = crate::cli::add_token(&s.db, "solvers", "bob", "")
+    let bob = crate::cli::add_token(&s.db, "solvers", "bob", "", |_| Ok(()))
         .await
         .unwrap();
     id_of(&post(&s, &bob, "b0").await);

@@ -356,7 +356,7 @@ fn redteam(a: RedteamArgs) -> Result<()> {
     })?;
     eprint!("\n{}", crate::redteam::table(&rows));
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?)?;
     }
     if rows.iter().any(|r| !r.ok) {
         std::process::exit(1);
@@ -406,8 +406,16 @@ async fn serve(a: ServeArgs) -> Result<()> {
     .await
 }
 
-/// Adds a solver or runner and returns its token.
-pub async fn add_token(db: &Db, table: &str, name: &str, kind: &str) -> Result<String> {
+/// Adds a solver or runner and returns its token. The token is handed to `deliver` before the
+/// row is committed: a token that could not be delivered (stdout full or closed) leaves no
+/// account behind that nobody can use, and the same name can be added again.
+pub async fn add_token(
+    db: &Db,
+    table: &str,
+    name: &str,
+    kind: &str,
+    deliver: impl FnOnce(&str) -> Result<()>,
+) -> Result<String> {
     check_name(name, "NAME")?;
     let (token, hash) = tokens::issue(name);
     let q = match table {
@@ -425,9 +433,12 @@ pub async fn add_token(db: &Db, table: &str, name: &str, kind: &str) -> Result<S
         .bind(kind)
         .bind(now_ms()),
     };
-    q.execute(&db.pool)
+    let mut tx = db.write().await?;
+    q.execute(&mut *tx)
         .await
         .with_context(|| format!("{name}: already exists (or the database refused it)"))?;
+    deliver(&token)?;
+    tx.commit().await?;
     Ok(token)
 }
 
@@ -445,16 +456,12 @@ async fn admin(c: AdminCmd) -> Result<()> {
     use sqlx::Row;
     match c {
         AdminCmd::Solver(TokenCmd::Add(a)) => {
-            println!(
-                "{}",
-                add_token(&a.state.db().await?, "solvers", &a.name, "").await?
-            )
+            let db = a.state.db().await?;
+            add_token(&db, "solvers", &a.name, "", |t| outln!("{t}")).await?;
         }
         AdminCmd::Runner(TokenCmd::Add(a)) => {
-            println!(
-                "{}",
-                add_token(&a.state.db().await?, "runners", &a.name, &a.kind).await?
-            )
+            let db = a.state.db().await?;
+            add_token(&db, "runners", &a.name, &a.kind, |t| outln!("{t}")).await?;
         }
         AdminCmd::Solver(TokenCmd::List(a)) => {
             let db = a.state.db().await?;
@@ -462,7 +469,7 @@ async fn admin(c: AdminCmd) -> Result<()> {
                 .fetch_all(&db.pool)
                 .await?
             {
-                println!("{}", r.try_get::<String, _>("id")?);
+                outln!("{}", r.try_get::<String, _>("id")?)?;
             }
         }
         AdminCmd::Runner(TokenCmd::List(a)) => {
@@ -472,13 +479,13 @@ async fn admin(c: AdminCmd) -> Result<()> {
                 .await?
             {
                 let seen: Option<i64> = r.try_get("last_seen_ms")?;
-                println!(
+                outln!(
                     "{} {} {}",
                     r.try_get::<String, _>("id")?,
                     r.try_get::<String, _>("kind")?,
                     seen.map(|s| format!("last seen {} s ago", (now_ms() - s) / 1000))
                         .unwrap_or("never seen".into())
-                );
+                )?;
             }
         }
         AdminCmd::Tracks(a) => {
@@ -492,7 +499,7 @@ async fn admin(c: AdminCmd) -> Result<()> {
                 } else {
                     "MISSING"
                 };
-                println!(
+                outln!(
                     "{:<14} {:<5} {:<7} base {} best {} hidden {hidden}: {}",
                     t.name,
                     t.runner_kind,
@@ -503,11 +510,11 @@ async fn admin(c: AdminCmd) -> Result<()> {
                     base.map(|b| format!("{:.4}", b.1))
                         .unwrap_or("1.0000".into()),
                     t.description
-                );
+                )?;
             }
         }
         AdminCmd::Hidden(HiddenCmd::New(a)) => {
-            println!("{}", new_hidden(&a.state.data(), a.pool as usize)?)
+            outln!("{}", new_hidden(&a.state.data(), a.pool as usize)?)?
         }
         AdminCmd::Cheat(a) => {
             let reason = a.reason.as_deref().map(str::trim);
@@ -519,16 +526,16 @@ async fn admin(c: AdminCmd) -> Result<()> {
                 bail!("{}: no such submission", a.id);
             }
             match reason {
-                Some(r) => println!("{}: marked as a cheat ({r}); out of the ranking", a.id),
-                None => println!("{}: the cheat mark is removed", a.id),
+                Some(r) => outln!("{}: marked as a cheat ({r}); out of the ranking", a.id)?,
+                None => outln!("{}: the cheat mark is removed", a.id)?,
             }
         }
         AdminCmd::Cancel(a) => {
             let stage = crate::cancel::cancel(&a.state.db().await?, &a.id).await?;
-            println!(
+            outln!(
                 "{}: cancelled at {stage}; a runner holding it stops at its next heartbeat",
                 a.id
-            );
+            )?;
         }
     }
     Ok(())
@@ -547,9 +554,9 @@ pub fn submit(a: SubmitArgs) -> Result<()> {
         idempotency_key: a.idempotency_key,
     })?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        print!("{}", client::table(&v));
+        out!("{}", client::table(&v))?;
     }
     if !client::passed(&v) {
         std::process::exit(1);

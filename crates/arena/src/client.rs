@@ -304,14 +304,14 @@ pub fn status(server: &str, id: &str, json: bool) -> Result<bool> {
     let api = Api::new(server, None)?;
     let v: SubmissionView = api.get_json(&format!("/api/submissions/{id}"))?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         for s in &v.stages {
             let secs = s
                 .ended_ms
                 .map(|e| format!("{:.1} s", (e - s.started_ms) as f64 / 1000.0))
                 .unwrap_or("running".into());
-            println!(
+            outln!(
                 "{:<8} {:<22} {:<10} {:>9}  {}",
                 s.stage,
                 s.runner.as_deref().unwrap_or("service"),
@@ -323,12 +323,12 @@ pub fn status(server: &str, id: &str, json: bool) -> Result<bool> {
                     .lines()
                     .next()
                     .unwrap_or("")
-            );
+            )?;
         }
         if let Some(p) = v.queue_position {
-            println!("queued: {p} ahead");
+            outln!("queued: {p} ahead")?;
         }
-        print!("{}", table(&v));
+        out!("{}", table(&v))?;
     }
     Ok(passed(&v))
 }

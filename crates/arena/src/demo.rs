@@ -127,8 +127,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .build()?;
     let (solver_token, runner_token, svc) = rt.block_on(async {
         let svc = service(&state, &repo, &tracks, 30).await?;
-        let s = add_token(&svc.db, "solvers", "demo-solver", "").await?;
-        let r = add_token(&svc.db, "runners", "demo-runner", "cpu").await?;
+        let s = add_token(&svc.db, "solvers", "demo-solver", "", |_| Ok(())).await?;
+        let r = add_token(&svc.db, "runners", "demo-runner", "cpu", |_| Ok(())).await?;
         anyhow::Ok((s, r, svc))
     })?;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -178,14 +178,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
         let _ = runner.wait();
     }
     let board = result?;
-    println!("{board}");
-    println!(
+    outln!("{board}")?;
+    outln!(
         "the arena listens on {url} (leaderboard page: {url}/tracks/{TRACK}; JSON: \
          {url}/api/tracks/{TRACK}); its files are in {}",
         dir.display()
-    );
+    )?;
     if a.serve {
-        println!("serving until ctrl-c");
+        outln!("serving until ctrl-c")?;
         let _ = server.join();
         let _ = runner.kill();
         let _ = runner.wait();

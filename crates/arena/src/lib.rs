@@ -9,6 +9,11 @@
 //! arguments. The public record is `record` (its queries), `pages` (HTML) and `plots` (SVG);
 //! `redteam` runs the corpus of cheats that the pipeline must stop (`redteam/`).
 
+#![deny(clippy::print_stdout)] // stdout goes through out!/outln! (out.rs)
+
+#[macro_use]
+mod out;
+
 #[cfg(test)]
 mod abuse_tests;
 pub mod api;

@@ -550,7 +550,10 @@ mod tests {
         let p: Probe = serde_json::from_slice(&text).unwrap();
         for a in &p.actions {
             let worked = forbidden(a, &p);
-            println!("{a} {}", if worked { "worked" } else { "refused" });
+            #[allow(clippy::print_stdout)] // the probe's parent reads its findings from stdout
+            {
+                println!("{a} {}", if worked { "worked" } else { "refused" });
+            }
         }
     }
 

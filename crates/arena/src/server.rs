@@ -593,7 +593,7 @@ pub async fn prepare(
         if store.hidden(&t.goldens.hidden)?.is_none() {
             anyhow::bail!(
                 "track {}: its hidden material {} is not in the hidden store {} \
-                 (make it with `fastdecode arena hidden new` and name it in the track file)",
+                 (make it with `fastdecode arena admin hidden new` and name it in the track file)",
                 t.name,
                 t.goldens.hidden,
                 store.root.join("hidden").display()

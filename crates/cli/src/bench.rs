@@ -355,26 +355,36 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "dflash": dflash_rows,
     });
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "model {} ({} prompts, {} new tokens, median of {} repeats, cpu)",
         dir.display(),
         ps.len(),
         a.decode_tokens,
         a.repeats
-    );
-    println!(
+    )?;
+    outln!(
         "{:<22} {:>12} {:>10} {:>12} {:>10} {:>9}",
-        "run", "tokens/s", "speed-up", "tok/round", "accept", "rounds"
-    );
-    println!(
+        "run",
+        "tokens/s",
+        "speed-up",
+        "tok/round",
+        "accept",
+        "rounds"
+    )?;
+    outln!(
         "{:<22} {:>12.1} {:>10} {:>12} {:>10} {:>9}",
-        "serial", serial_med, "1.00x", "1.00", "-", "-"
-    );
+        "serial",
+        serial_med,
+        "1.00x",
+        "1.00",
+        "-",
+        "-"
+    )?;
     for r in &dflash_rows {
-        println!(
+        outln!(
             "{:<22} {:>12.1} {:>9.2}x {:>12.2} {:>9.1}% {:>9}",
             format!("dflash K={} {}", r["block_size"], a.draft),
             r["decode_tokens_per_s"]["median"].as_f64().unwrap_or(0.0),
@@ -382,7 +392,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             r["tokens_per_round"].as_f64().unwrap_or(0.0),
             100.0 * r["acceptance_rate"].as_f64().unwrap_or(0.0),
             r["rounds"],
-        );
+        )?;
     }
     Ok(())
 }

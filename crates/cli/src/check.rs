@@ -154,29 +154,30 @@ pub fn run(a: CheckArgs) -> Result<()> {
         }
         eprintln!("sequence {}/{n_seq}: {} positions", s + 1, seq.len());
     }
-    println!(
+    outln!(
         "check: cuda ({}, {}) against the CPU reference on {}",
         gpu.name,
         gpu.arch(),
         dir.display()
-    );
-    println!("{:<44} {:>12}", "teacher-forced positions", total);
-    println!("{:<44} {:>12}", "argmax agreements", agree);
-    println!(
+    )?;
+    outln!("{:<44} {:>12}", "teacher-forced positions", total)?;
+    outln!("{:<44} {:>12}", "argmax agreements", agree)?;
+    outln!(
         "{:<44} {:>12}",
         format!("disagreements at CPU near-ties (gap < {})", a.near_tie),
         near
-    );
-    println!("{:<44} {:>12}", "disagreements elsewhere (failures)", hard);
-    println!("{:<44} {:>12}", "non-finite GPU logits", non_finite);
-    println!("{:<44} {:>12.3e}", "max |Δ logit|", max_abs);
-    println!(
+    )?;
+    outln!("{:<44} {:>12}", "disagreements elsewhere (failures)", hard)?;
+    outln!("{:<44} {:>12}", "non-finite GPU logits", non_finite)?;
+    outln!("{:<44} {:>12.3e}", "max |Δ logit|", max_abs)?;
+    outln!(
         "{:<44} {:>12.3e}",
-        "largest CPU top-2 gap at a disagreement", max_gap_at_disagreement
-    );
+        "largest CPU top-2 gap at a disagreement",
+        max_gap_at_disagreement
+    )?;
     if hard > 0 || non_finite > 0 || total < a.positions {
         bail!("cuda disagrees with the CPU reference at {hard} positions that are not near-ties");
     }
-    println!("ok");
+    outln!("ok")?;
     Ok(())
 }

@@ -422,40 +422,41 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         "verify_breakdown_ms_per_forward": verify_breakdowns.iter().map(|(k, b)| json!({"rows": k, "ops": b.iter().map(|(op, ms, n)| json!({"op": op, "ms": ms, "launches": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
     });
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
     } else {
-        println!("cuda on {} ({}), {label}", gpu.name, gpu.arch());
-        println!(
+        outln!("cuda on {} ({}), {label}", gpu.name, gpu.arch())?;
+        outln!(
             "prefill {} tokens: {pm:.2} ms (median of {})",
-            a.prompt_tokens, a.repeats
-        );
-        println!(
+            a.prompt_tokens,
+            a.repeats
+        )?;
+        outln!(
             "decode: {dm:.3} ms/token (median; {:.3}–{:.3}), {:.1} tokens/s",
             decode_ms[0],
             decode_ms[decode_ms.len() - 1],
             1e3 / dm
-        );
-        println!("bytes/token {bpt}, copy bandwidth {:.2} TB/s, roofline {floor_ms:.3} ms/token, achieved {:.1} %", bw / 1e12, 100.0 * floor_ms / dm);
+        )?;
+        outln!("bytes/token {bpt}, copy bandwidth {:.2} TB/s, roofline {floor_ms:.3} ms/token, achieved {:.1} %", bw / 1e12, 100.0 * floor_ms / dm)?;
         for (k, ms, n) in &breakdown {
-            println!("  {k:<40} {ms:>8.3} ms/token  {n:>5.0} launches");
+            outln!("  {k:<40} {ms:>8.3} ms/token  {n:>5.0} launches")?;
         }
         for (k, ms, n) in &prefill_breakdown {
-            println!("  {k:<40} {ms:>8.3} ms/prefill {n:>5.0} launches");
+            outln!("  {k:<40} {ms:>8.3} ms/prefill {n:>5.0} launches")?;
         }
         for r in &dflash {
-            println!(
+            outln!(
                 "dflash K={:<2} {}: {:.3} ms/token, {:.2} tokens/round, verify {:.3} ms ({:.2} steps), draft {:.3} ms, {:.1} experts/layer, {:.2}x serial, identical {}",
                 r["block_size"], r["draft"].as_str().unwrap_or(""), r["decode_ms_per_token"]["median"].as_f64().unwrap_or(0.0),
                 r["tokens_per_round"].as_f64().unwrap_or(0.0), r["verify_ms_per_round"].as_f64().unwrap_or(0.0),
                 r["verify_over_serial_step"].as_f64().unwrap_or(0.0), r["draft_ms_per_round"].as_f64().unwrap_or(0.0),
                 r["distinct_routed_experts_per_sparse_layer"].as_f64().unwrap_or(0.0), r["speedup_over_serial"].as_f64().unwrap_or(0.0),
                 r["identical_to_serial"]
-            );
+            )?;
         }
         for (k, b) in &verify_breakdowns {
-            println!("verify of {k} rows:");
+            outln!("verify of {k} rows:")?;
             for (op, ms, n) in b {
-                println!("  {op:<40} {ms:>8.3} ms/forward {n:>5.0} launches");
+                outln!("  {op:<40} {ms:>8.3} ms/forward {n:>5.0} launches")?;
             }
         }
     }

@@ -193,10 +193,10 @@ pub fn golden(cmd: GoldenCmd) -> Result<()> {
         );
     }
     staged.commit()?;
-    println!(
+    outln!(
         "made {made} golden(s) in {}, {rejected} prompt(s) rejected by the screen",
         a.out.display()
-    );
+    )?;
     Ok(())
 }
 
@@ -278,20 +278,27 @@ pub fn gate(a: GateArgs) -> Result<()> {
     if let Some(p) = &a.json {
         write_file(p, &(serde_json::to_string_pretty(&rep)? + "\n"))?;
     }
-    println!(
+    outln!(
         "{:<12} {:>8} {:>9} {:>6}",
-        "check", "exact", "near-tie", "fail"
-    );
+        "check",
+        "exact",
+        "near-tie",
+        "fail"
+    )?;
     for (name, c) in [("replay", rep.replay), ("fidelity", rep.fidelity)] {
-        println!("{name:<12} {:>8} {:>9} {:>6}", c.exact, c.near_tie, c.fail);
+        outln!("{name:<12} {:>8} {:>9} {:>6}", c.exact, c.near_tie, c.fail)?;
     }
-    println!(
+    outln!(
         "near-ties {} of {} allowed ({} per 1000 over {} tokens, envelope {})",
-        rep.near_ties, rep.near_ties_allowed, rep.budget_per_1000, rep.checked_tokens, rep.envelope
-    );
+        rep.near_ties,
+        rep.near_ties_allowed,
+        rep.budget_per_1000,
+        rep.checked_tokens,
+        rep.envelope
+    )?;
     match &rep.failure {
         None => {
-            println!("gate: passed ({} goldens)", rep.goldens.len());
+            outln!("gate: passed ({} goldens)", rep.goldens.len())?;
             Ok(())
         }
         Some(f) => {
@@ -369,28 +376,35 @@ pub fn bisect(a: BisectArgs) -> Result<()> {
     if let Some(p) = &a.json {
         write_file(p, &(serde_json::to_string_pretty(&rep)? + "\n"))?;
     }
-    println!(
+    outln!(
         "{:<28} {:>7} {:>10} {:>14} {:>9}",
-        "flags", "steps", "mismatch", "max |dlogit|", "diverges"
-    );
+        "flags",
+        "steps",
+        "mismatch",
+        "max |dlogit|",
+        "diverges"
+    )?;
     for t in &rep.trials {
         let f = if t.flags.is_empty() {
             "(none)".to_string()
         } else {
             t.flags.join(",")
         };
-        println!(
+        outln!(
             "{f:<28} {:>7} {:>10} {:>14.3e} {:>9}",
-            t.steps, t.token_mismatches, t.max_abs_logit_delta, t.diverges
-        );
+            t.steps,
+            t.token_mismatches,
+            t.max_abs_logit_delta,
+            t.diverges
+        )?;
     }
     if rep.culprit.is_empty() {
-        println!(
+        outln!(
             "no divergence with every searched flag on ({})",
             rep.searched.join(",")
-        );
+        )?;
     } else {
-        println!("culprit: {}", rep.culprit.join(","));
+        outln!("culprit: {}", rep.culprit.join(","))?;
     }
     Ok(())
 }

@@ -312,19 +312,19 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         if let Some(s) = &serial_run {
             out["serial"] = gen_json(s);
         }
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
     match &text {
-        Some(t) => println!("{t}"),
-        None => println!(
+        Some(t) => outln!("{t}")?,
+        None => outln!(
             "{}",
             main.tokens
                 .iter()
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
                 .join(",")
-        ),
+        )?,
     }
     if let Some(s) = &serial_run {
         eprintln!("{}", stats("serial", s));

@@ -59,19 +59,22 @@ pub fn run(a: KernelsArgs) -> Result<()> {
     let seconds = t0.elapsed().as_secs_f64();
     if a.json {
         let v = serde_json::json!({"arch": arch, "seconds": seconds, "modules": done});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }
     for c in &done {
-        println!(
+        outln!(
             "{:<10} {:>9} bytes {:>7.1} s  {}",
-            c.module, c.bytes, c.seconds, c.file
-        );
+            c.module,
+            c.bytes,
+            c.seconds,
+            c.file
+        )?;
     }
-    println!(
+    outln!(
         "{} modules for {arch} in {seconds:.1} s, in {}",
         done.len(),
         a.out.display()
-    );
+    )?;
     Ok(())
 }

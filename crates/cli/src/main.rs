@@ -1,5 +1,10 @@
 //! `fastdecode`: the one command-line entry point.
 
+#![deny(clippy::print_stdout)] // stdout goes through out!/outln! (out.rs)
+
+#[macro_use]
+mod out;
+
 mod bench;
 mod check;
 mod common;

@@ -62,12 +62,12 @@ pub fn synth(a: SynthArgs) -> Result<()> {
     let pb = bytes_bar("synth");
     let digest = write_synthetic(&a.out, &p, a.seed, layout, &pb)?;
     pb.finish_and_clear();
-    println!(
+    outln!(
         "wrote {} ({} preset, seed {}), digest sha256:{digest}",
         a.out.display(),
         p.name,
         a.seed
-    );
+    )?;
     Ok(())
 }
 
@@ -83,7 +83,7 @@ pub fn transform(a: TransformArgs) -> Result<()> {
     let pb = bytes_bar("transform");
     let digest = tf::transform(&a.input, &a.output, &pb)?;
     pb.finish_and_clear();
-    println!("wrote {}, digest sha256:{digest}", a.output.display());
+    outln!("wrote {}, digest sha256:{digest}", a.output.display())?;
     Ok(())
 }
 
@@ -102,7 +102,12 @@ pub struct InspectArgs {
     drafter: bool,
 }
 
-fn summary(cfg: &LagunaConfig, d: Option<&DrafterConfig>, t: &[TensorSpec], layout: Layout) {
+fn summary(
+    cfg: &LagunaConfig,
+    d: Option<&DrafterConfig>,
+    t: &[TensorSpec],
+    layout: Layout,
+) -> Result<()> {
     // Parameters are counted in the HF layout, where every weight is one element.
     let params: usize = target_inventory(cfg, Layout::Hf)
         .iter()
@@ -114,46 +119,51 @@ fn summary(cfg: &LagunaConfig, d: Option<&DrafterConfig>, t: &[TensorSpec], layo
         Layout::Hf => "HF (stacked experts, as docs/spec/laguna.md names them)",
         Layout::HfSaved => "HF as transformers saves it (one tensor per expert)",
     };
-    println!("layout        {name}");
-    println!("tensors       {} ({bytes} bytes of tensor data)", t.len());
-    println!("parameters    {params}");
-    println!("inventory     sha256:{}", inventory_sha256(t));
-    println!(
+    outln!("layout        {name}")?;
+    outln!("tensors       {} ({bytes} bytes of tensor data)", t.len())?;
+    outln!("parameters    {params}")?;
+    outln!("inventory     sha256:{}", inventory_sha256(t))?;
+    outln!(
         "shape         hidden {}, layers {}, vocab {}, head_dim {}, kv heads {}",
         cfg.hidden_size,
         cfg.num_hidden_layers,
         cfg.vocab_size,
         cfg.head_dim,
         cfg.num_key_value_heads
-    );
+    )?;
     let full = cfg
         .layer_types
         .iter()
         .filter(|l| **l == fastdecode_model::LayerType::Full)
         .count();
-    println!(
+    outln!(
         "attention     {full} full + {} sliding (window {}); query heads per layer {:?}",
         cfg.num_hidden_layers - full,
         cfg.sliding_window,
         cfg.num_attention_heads_per_layer
-    );
-    println!(
+    )?;
+    outln!(
         "moe           {} experts, top-{}, width {}, shared width {}, routed scale {}",
         cfg.num_experts,
         cfg.num_experts_per_tok,
         cfg.moe_intermediate_size,
         cfg.shared_expert_intermediate_size,
         cfg.moe_routed_scaling_factor
-    );
+    )?;
     if let Some(d) = d {
         let dp: usize = drafter_inventory(d).iter().map(TensorSpec::numel).sum();
-        println!(
+        outln!(
             "drafter       {} layers, {} parameters, block {}, taps {:?}, mask token {}",
-            d.num_hidden_layers, dp, d.block_size, d.target_layer_ids, d.mask_token_id
-        );
+            d.num_hidden_layers,
+            dp,
+            d.block_size,
+            d.target_layer_ids,
+            d.mask_token_id
+        )?;
     } else {
-        println!("drafter       none");
+        outln!("drafter       none")?;
     }
+    Ok(())
 }
 
 pub fn inspect(a: InspectArgs) -> Result<()> {
@@ -192,7 +202,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         } else {
             target_inventory(&cfg, layout)
         };
-        print!("{}", inventory_text(&specs));
+        out!("{}", inventory_text(&specs))?;
         return Ok(());
     }
     summary(
@@ -200,15 +210,15 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         drafter.as_ref(),
         &target_inventory(&cfg, layout),
         layout,
-    );
+    )?;
     if let Some(dir) = &a.dir {
         let m = dir.join(manifest::MANIFEST);
         if m.symlink_metadata().is_ok() {
             let text = fastdecode_model::files::read_text(&m)?;
-            println!(
+            outln!(
                 "MANIFEST      sha256:{} (run `fastdecode verify` to check the files)",
                 manifest::digest_of(&text)
-            );
+            )?;
         }
     }
     Ok(())
@@ -230,20 +240,20 @@ pub fn verify(a: VerifyArgs) -> Result<()> {
         pb.finish_and_clear();
         // Success is reported only once the MANIFEST is in place.
         let digest = digest?;
-        println!("wrote {}", a.dir.join(manifest::MANIFEST).display());
-        println!("digest sha256:{digest}");
+        outln!("wrote {}", a.dir.join(manifest::MANIFEST).display())?;
+        outln!("digest sha256:{digest}")?;
         return Ok(());
     }
     let pb = bytes_bar("verify");
     let v = manifest::verify(&a.dir, &pb);
     pb.finish_and_clear();
     let v = v?;
-    println!(
+    outln!(
         "ok: {} files, {} bytes match {}",
         v.files,
         v.bytes,
         a.dir.join(manifest::MANIFEST).display()
-    );
-    println!("digest sha256:{}", v.digest);
+    )?;
+    outln!("digest sha256:{}", v.digest)?;
     Ok(())
 }

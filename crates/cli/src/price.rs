@@ -449,10 +449,10 @@ pub fn run(a: PriceArgs) -> Result<()> {
     write_file(&a.out.join("pairs.svg"), &fastdecode_clock::plot::svg(&res))
         .context("writing the plot")?;
     if a.json {
-        print!("{json}");
+        out!("{json}")?;
     } else {
-        print!("{}", price::summary(&res));
-        println!("{:<22} {}", "written", a.out.display());
+        out!("{}", price::summary(&res))?;
+        outln!("{:<22} {}", "written", a.out.display())?;
     }
     if !res.passed {
         bail!("price: {}", res.verdict);

@@ -325,14 +325,14 @@ pub fn run(a: SelftestArgs) -> Result<()> {
     let json = serde_json::to_string_pretty(&rep)? + "\n";
     write_file(&a.out.join("selftest.json"), &json)?;
     if a.json {
-        print!("{json}");
+        out!("{json}")?;
         return Ok(());
     }
     let pct = |x: f64| format!("{:.1} %", 100.0 * x);
     let pct_or = |x: Option<f64>| x.map_or("-".into(), pct);
     let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("-".into(), f);
     for (name, s) in [("no-op", &rep.noop), ("slowed", &rep.slow)] {
-        println!(
+        outln!(
             "{name:<7} {} runs: {} passed, {} below floor, {} inconclusive, {} other; CI below 1.0 in {}, above in {}; median half-width {}, median {} pairs, median {} per pricing",
             s.runs,
             s.passed,
@@ -344,16 +344,16 @@ pub fn run(a: SelftestArgs) -> Result<()> {
             opt(s.median_half_width, &|v| pct(v)),
             opt(s.median_pairs, &|v| format!("{v:.0}")),
             opt(s.median_seconds, &|v| format!("{v:.1} s")),
-        );
+        )?;
     }
     let r = &rep.rates;
-    println!(
+    outln!(
         "rates   no-op false rejections {}, no-op CI excluding 1.0 {}, {} slowdown detected {}",
         pct_or(r.noop_false_rejection_rate),
         pct_or(r.noop_ci_excludes_one_rate),
         pct(a.slowdown / 100.0),
         pct_or(r.slow_detection_rate)
-    );
-    println!("written {}", a.out.join("selftest.json").display());
+    )?;
+    outln!("written {}", a.out.join("selftest.json").display())?;
     Ok(())
 }

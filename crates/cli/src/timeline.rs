@@ -44,7 +44,7 @@ pub fn run(a: TimelineArgs) -> Result<()> {
         bail!("{}: {len} bytes, larger than any trace", a.trace.display());
     }
     let recs = timeline::read_csv(&a.trace)?;
-    print!("{}", timeline::table(&timeline::costs(&recs)));
+    out!("{}", timeline::table(&timeline::costs(&recs)))?;
     if let Some(svg) = &a.svg {
         let text = timeline::waterfall_svg(&timeline::launches(&recs), a.window);
         crate::common::write_file(svg, &text)?;

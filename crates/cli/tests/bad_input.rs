@@ -1537,3 +1537,146 @@ fn a_bad_cuda_knob_is_refused_by_name() {
         assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
     }
 }
+
+/// Runs `args` with `stdout` as its standard output (stdin empty); how it ended.
+fn run_to(args: &[&std::ffi::OsStr], stdout: std::process::Stdio) -> Out {
+    use std::process::Stdio;
+    let t0 = std::time::Instant::now();
+    let mut child = fd()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A closed stdout: the read end of the pipe is dropped before the child writes.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    Out {
+        code: o.status.code(),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        max_rss_kib: 0,
+        seconds: t0.elapsed().as_secs_f64(),
+    }
+}
+
+fn dev_full() -> std::process::Stdio {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap()
+        .into()
+}
+
+/// The commands that print on stdout, with a full stdout (`> /dev/full`) and with a closed one
+/// (the reader gone before the first write): a clean failure that says stdout is the trouble,
+/// never a panic. Where SIGPIPE has its default action (the engine's commands, like other Unix
+/// tools in a pipe to `head`), a closed stdout ends the process by that signal instead, silently.
+#[test]
+fn a_full_or_closed_stdout_is_a_clean_error() {
+    let f = fixture();
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    // Something for the lists to print.
+    ok(fd()
+        .args(["arena", "admin", "solver", "add", "alice", "--data"])
+        .arg(&data));
+    ok(fd()
+        .args([
+            "arena", "admin", "runner", "add", "r1", "--kind", "cpu", "--data",
+        ])
+        .arg(&data));
+    let m = f.model.as_os_str();
+    let data = data.as_os_str();
+    let s = |t: &'static str| std::ffi::OsStr::new(t);
+    let commands: Vec<Vec<&std::ffi::OsStr>> = vec![
+        vec![s("inspect"), m],
+        vec![s("inspect"), m, s("--inventory")],
+        vec![s("inspect"), s("--preset"), s("tiny")],
+        vec![s("verify"), m],
+        vec![
+            s("generate"),
+            s("--model"),
+            m,
+            s("--prompt-ids"),
+            s("1,2,3"),
+            s("--max-new-tokens"),
+            s("2"),
+        ],
+        vec![
+            s("arena"),
+            s("admin"),
+            s("hidden"),
+            s("new"),
+            s("--data"),
+            data,
+        ],
+        vec![
+            s("arena"),
+            s("admin"),
+            s("solver"),
+            s("list"),
+            s("--data"),
+            data,
+        ],
+        vec![
+            s("arena"),
+            s("admin"),
+            s("runner"),
+            s("list"),
+            s("--data"),
+            data,
+        ],
+    ];
+    for args in &commands {
+        let what = format!("{args:?} > /dev/full");
+        let o = run_to(args, dev_full());
+        assert_clean_failure(&what, &o);
+        assert!(
+            o.stderr.contains("writing to stdout"),
+            "{what}: {}",
+            o.stderr
+        );
+
+        let what = format!("{args:?} | (closed)");
+        let o = run_to(args, std::process::Stdio::piped());
+        assert_ne!(o.code, Some(0), "{what}: succeeded");
+        assert!(!o.stderr.contains("panicked"), "{what}: {}", o.stderr);
+        if args[0] == "arena" {
+            assert_clean_failure(&what, &o);
+            assert!(
+                o.stderr.contains("writing to stdout"),
+                "{what}: {}",
+                o.stderr
+            );
+        }
+    }
+}
+
+/// A solver's token that could not be written is not committed: the account does not exist
+/// and the same name can be added again, this time with its token delivered.
+#[test]
+fn a_token_that_was_not_delivered_leaves_no_account() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let s = std::ffi::OsStr::new;
+    let add = [
+        s("arena"),
+        s("admin"),
+        s("solver"),
+        s("add"),
+        s("bob"),
+        s("--data"),
+        data.as_os_str(),
+    ];
+    let o = run_to(&add, dev_full());
+    assert_clean_failure("solver add > /dev/full", &o);
+    assert!(o.stderr.contains("writing to stdout"), "{}", o.stderr);
+    let listed = ok(fd()
+        .args(["arena", "admin", "solver", "list", "--data"])
+        .arg(&data));
+    assert!(!listed.contains("bob"), "{listed}");
+    let token = ok(fd().args(add));
+    assert!(token.starts_with("bob."), "{token}");
+}
