@@ -4,13 +4,14 @@
 # each stage's time went (arena-e2e.json, as tools/gpu/arena_report.py prints it) and the
 # service's and runner's logs.
 #
-#   tools/gpu/arena-e2e.sh [SECONDS [TRACK ...]]   stop following after SECONDS (default 540);
-#                                                  only the staged submissions of TRACKs
+#   tools/gpu/arena-e2e.sh [SECONDS [WHICH ...]]   stop following after SECONDS (default 540);
+#                                                  only the staged submissions WHICH names, each
+#                                                  a track, a NAME or TRACK:NAME
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 budget=${1:-540}
 shift || true
-tracks=("$@")
+which=("$@")
 staged=.gpu/arena
 OUT=${OUT:-/tmp/arena-e2e}
 mkdir -p "$OUT"
@@ -42,7 +43,7 @@ until grep -q "listening on" "$OUT/service.log" 2>/dev/null; do sleep 0.2; done
     --poll-seconds 0.2 2>"$OUT/runner.log" &
 ids=()
 while IFS=: read -r id track name; do
-    if [ ${#tracks[@]} -eq 0 ] || [[ " ${tracks[*]} " == *" $track "* ]]; then
+    if [ ${#which[@]} -eq 0 ] || [[ " ${which[*]} " =~ \ ($track|$name|$track:$name)\  ]]; then
         ids+=("$id:$track:$name")
     else
         # Not this run's: out of the queue, so the runner takes only the ones asked for.

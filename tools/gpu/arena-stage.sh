@@ -12,15 +12,23 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 subs=("$@")
+# Enough for issue 43's figures: no-ops for the false-rejection count (the same tree, built
+# once each as a solver's would be), a wrong token on the CUDA path, and a slower build.
 [ ${#subs[@]} -gt 0 ] || subs=(
-    "serial-xs2.1:no-op"
+    "serial-xs2.1:no-op-1"
     "serial-xs2.1:wrong-token:tracks/examples/wrong-token-cuda.patch"
-    "dflash-xs2.1:no-op"
+    "serial-xs2.1:slower:tracks/examples/slower.patch"
+    "serial-xs2.1:no-op-2"
+    "dflash-xs2.1:no-op-1"
+    "serial-xs2.1:no-op-3"
+    "dflash-xs2.1:no-op-2"
 )
 out=.gpu/arena
 cargo build --release -p fastdecode-cli
-bin=$root/target/release/fastdecode
 work=$(mktemp -d /tmp/fastdecode-arena-stage.XXXXXX)
+# A copy, so a build in this checkout while the stage runs does not change what is staged.
+bin=$work/fastdecode
+cp target/release/fastdecode "$bin"
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -114,10 +114,10 @@ fn raw_score(r: &PriceResult, i: usize) -> Option<f64> {
     use crate::price::{Role, Track};
     let p = &r.pairs[i];
     let get = |role: Role| p.phases.iter().find(|x| x.role == role);
-    let (b, c) = (get(Role::Baseline)?, get(Role::Candidate)?);
     let reference = match r.track {
-        Track::Serial => b,
+        Track::Serial => get(Role::Baseline)?,
         Track::Dflash => get(Role::Noop)?,
     };
+    let c = get(Role::Candidate)?;
     Some(reference.min_window_seconds / c.min_window_seconds)
 }
