@@ -77,6 +77,24 @@ enum Cmd {
     Submit(fastdecode_arena::cli::SubmitArgs),
 }
 
+/// A run stopped by SIGINT, SIGTERM or SIGHUP first removes the output it was staging (a
+/// directory of goldens, a file before its rename: `files::remove_partial_outputs`), then ends
+/// as the signal's default action would. Started after the environment is set: it is a thread.
+fn remove_partial_outputs_on_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+        // Without the handler a signal still ends the run, as it did before.
+        return;
+    };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            fastdecode_model::files::remove_partial_outputs();
+            let _ = signal_hook::low_level::emulate_default_handler(signal);
+            std::process::exit(128 + signal);
+        }
+    });
+}
+
 fn main() {
     // Die quietly on a closed pipe (`fastdecode inspect ... | head`) like other Unix tools,
     // instead of panicking on the failed write.
@@ -92,6 +110,7 @@ fn main() {
     if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
         std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
     }
+    remove_partial_outputs_on_signals();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Synth(a) => model_cmds::synth(a),

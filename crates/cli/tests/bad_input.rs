@@ -1680,3 +1680,53 @@ fn a_token_that_was_not_delivered_leaves_no_account() {
     let token = ok(fd().args(add));
     assert!(token.starts_with("bob."), "{token}");
 }
+
+/// A run stopped by a signal removes what it was staging: `golden make` stopped by SIGINT,
+/// SIGTERM or SIGHUP once its staging directory holds a golden leaves neither that directory nor
+/// --out, and ends by the signal it was sent.
+#[test]
+fn a_signal_during_golden_make_leaves_nothing_staged() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let f = fixture();
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let d = tempfile::tempdir().unwrap();
+        let mut child = fd()
+            .args([
+                "golden", "make", "--count", "100000", "--tokens", "8", "--model",
+            ])
+            .arg(&f.model)
+            .arg("--out")
+            .arg(d.path().join("goldens"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // The staging directory beside --out, once a golden is in it.
+        let staged_golden = || {
+            std::fs::read_dir(d.path()).unwrap().any(|e| {
+                let p = e.unwrap().path();
+                p.is_dir() && p.join("golden-000.json").exists()
+            })
+        };
+        let t0 = std::time::Instant::now();
+        while !staged_golden() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "golden make ended early"
+            );
+            assert!(t0.elapsed() < Duration::from_secs(120), "no golden staged");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: a signal to the child this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(signal), "{status:?}");
+        let left: Vec<PathBuf> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert!(left.is_empty(), "signal {signal} left {left:?}");
+    }
+}

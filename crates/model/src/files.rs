@@ -8,12 +8,14 @@
 //! destination's own directory, so the final rename never crosses file systems) and is renamed
 //! into place when complete. Two runs writing the same destination never share a temporary, a
 //! failed run removes only the temporary it created, and a destination directory that exists is
-//! never replaced.
+//! never replaced. While it exists a temporary is listed (`Partial`), so a run stopped by a
+//! signal removes what it was writing (`remove_partial_outputs`) rather than leaving it.
 
 use std::ffi::OsString;
 use std::fs::{File, Metadata, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 
@@ -166,11 +168,52 @@ fn temp_dir(path: &Path, dir: &Path) -> Result<tempfile::TempDir> {
         .map_err(|e| Error::io(dir, e))
 }
 
+/// The temporaries this process is writing now: a signal ends a process without running the
+/// destructors that would remove them.
+static PARTIAL: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn partial_outputs() -> MutexGuard<'static, Vec<PathBuf>> {
+    PARTIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A temporary's place in `PARTIAL` for as long as this guard lives.
+struct Partial(PathBuf);
+
+impl Partial {
+    fn new(path: &Path) -> Partial {
+        partial_outputs().push(path.to_path_buf());
+        Partial(path.to_path_buf())
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        let mut all = partial_outputs();
+        if let Some(i) = all.iter().position(|p| *p == self.0) {
+            all.swap_remove(i);
+        }
+    }
+}
+
+/// Removes every temporary this process is writing and returns how many there were: what a
+/// signal handler does before the process ends. The list stays locked after it, so no new
+/// temporary is listed (or left) behind it.
+pub fn remove_partial_outputs() -> usize {
+    let all = partial_outputs();
+    for p in all.iter() {
+        let _ = std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p));
+    }
+    let n = all.len();
+    std::mem::forget(all);
+    n
+}
+
 /// Writes `path` through a temporary file of its own directory: `fill` writes the temporary (by
 /// path), which is renamed over `path` once `fill` succeeds and removed if it fails.
 pub fn write_through(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let dir = parent_of(path);
     let tmp = temp_file(path, dir)?;
+    let _listed = Partial::new(tmp.path());
     fill(tmp.path())?;
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
     Ok(())
@@ -301,6 +344,7 @@ pub fn check_new_dir(out: &Path, allow_empty: bool) -> Result<()> {
 pub struct StagedDir {
     tmp: tempfile::TempDir,
     out: PathBuf,
+    _listed: Partial,
 }
 
 impl StagedDir {
@@ -310,9 +354,11 @@ impl StagedDir {
         let dir = parent_of(out);
         create_dirs(dir)?;
         let tmp = temp_dir(out, dir)?;
+        let _listed = Partial::new(tmp.path());
         Ok(StagedDir {
             tmp,
             out: out.to_path_buf(),
+            _listed,
         })
     }
 
