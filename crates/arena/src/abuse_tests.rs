@@ -707,3 +707,117 @@ async fn a_report_waits_for_a_cancel_in_progress_on_postgresql() {
         .unwrap();
     assert_eq!(next, None);
 }
+
+/// Every error under /api/ is `{"error": …}` (`docs/api.md`), axum's own rejections included, and
+/// a runner route checks the token before it reads the body: a caller without a token gets 401
+/// whatever it sends, one with a token a 422 or 413 that names the body.
+#[tokio::test]
+async fn every_api_error_is_json_and_the_token_comes_first() {
+    use axum::http::{Method, Request};
+    use tower::ServiceExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = arena(dir.path(), On::Sqlite, 10).await;
+    let runner = crate::cli::add_token(&s.db, "runners", "r1", "cpu", |_| Ok(()))
+        .await
+        .unwrap();
+    let app = crate::server::router(s.clone());
+    let big = vec![b'x'; (2 << 20) + 1];
+    let cases: Vec<(Method, &str, Option<&str>, Vec<u8>, StatusCode, &str)> = vec![
+        // No token: 401 before the body's type, shape or size is looked at.
+        (
+            Method::POST,
+            "/api/runner/lease",
+            None,
+            b"not json".to_vec(),
+            StatusCode::UNAUTHORIZED,
+            "",
+        ),
+        (
+            Method::POST,
+            "/api/runner/report",
+            None,
+            big.clone(),
+            StatusCode::UNAUTHORIZED,
+            "",
+        ),
+        (
+            Method::POST,
+            "/api/runner/heartbeat",
+            Some("r-nobody.secret"),
+            vec![],
+            StatusCode::UNAUTHORIZED,
+            "",
+        ),
+        // A runner's token: the body, named.
+        (
+            Method::POST,
+            "/api/runner/lease",
+            Some(&runner),
+            b"{".to_vec(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the request body",
+        ),
+        (
+            Method::POST,
+            "/api/runner/report",
+            Some(&runner),
+            big,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the request body",
+        ),
+        (
+            Method::GET,
+            "/api/builds/nothing-here",
+            Some(&runner),
+            vec![],
+            StatusCode::NOT_FOUND,
+            "nothing-here",
+        ),
+        // axum's own rejections.
+        (
+            Method::DELETE,
+            "/api/tracks",
+            None,
+            vec![],
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed",
+        ),
+        (
+            Method::GET,
+            "/api/tracks/%FF",
+            None,
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "UTF-8",
+        ),
+        (
+            Method::GET,
+            "/api/no/such/route",
+            None,
+            vec![],
+            StatusCode::NOT_FOUND,
+            "no route",
+        ),
+    ];
+    for (method, uri, token, payload, want, says) in cases {
+        let mut req = Request::builder().method(method.clone()).uri(uri);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let r = app
+            .clone()
+            .oneshot(req.body(axum::body::Body::from(payload)).unwrap())
+            .await
+            .unwrap();
+        let (st, headers, text) = body(r).await;
+        let case = format!("{method} {uri}: {st} {text}");
+        assert_eq!(st, want, "{case}");
+        assert_eq!(headers["content-type"], "application/json", "{case}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let error = v["error"].as_str().unwrap_or_else(|| panic!("{case}"));
+        assert!(!error.is_empty() && error.contains(says), "{case}");
+        if want == StatusCode::METHOD_NOT_ALLOWED {
+            assert!(headers.contains_key("allow"), "{case}");
+        }
+    }
+}

@@ -14,9 +14,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -157,6 +158,63 @@ pub fn router(state: AppState) -> Router {
         .route("/api/hidden/{digest}", get(get_hidden))
         .fallback(nowhere)
         .with_state(state)
+        .layer(middleware::from_fn(json_errors))
+}
+
+/// Every error under /api/ in the one shape `docs/api.md` promises, `{"error": …}`, with the
+/// text it had: axum's own rejections (405 with no body; 400, 413, 415 in plain text) never
+/// reach a handler's `ApiError`.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let api = req.uri().path().starts_with("/api/");
+    let r = next.run(req).await;
+    let is_json = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let status = r.status();
+    if !api || is_json || !(status.is_client_error() || status.is_server_error()) {
+        return r;
+    }
+    let (parts, body) = r.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let msg = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_lowercase()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, msg).into_response();
+    // What the rejection says beside its body stays (405's Allow, 429's Retry-After).
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name, value.clone());
+        }
+    }
+    out
+}
+
+/// The most a runner's lease, heartbeat or report request may hold (axum's default limit).
+const RUNNER_BODY_BYTES: usize = 2 << 20;
+
+/// A runner's request body, read only after its token was accepted (a caller without one learns
+/// nothing of the schema, and sends no megabytes to be read) and bounded.
+async fn runner_body<T: serde::de::DeserializeOwned>(body: Body) -> ApiResult<T> {
+    let bytes = axum::body::to_bytes(body, RUNNER_BODY_BYTES)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body: not read within {RUNNER_BODY_BYTES} bytes ({e})"),
+            )
+        })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("the request body: {e}"),
+        )
+    })
 }
 
 /// A path that names nothing: a JSON error under /api/, else a page.
@@ -439,9 +497,10 @@ async fn job(s: &Service, submission: &str, lease_id: &str, stage: &str) -> ApiR
 async fn take_lease(
     State(s): State<AppState>,
     headers: HeaderMap,
-    Json(req): Json<LeaseRequest>,
+    body: Body,
 ) -> ApiResult<Response> {
     let (runner, kind) = runner(&s, &headers).await?;
+    let req: LeaseRequest = runner_body(body).await?;
     match lease::take(&s.db, &runner, &kind, req.builder, s.lease_ms).await? {
         Some(l) => Ok(Json(job(&s, &l.submission, &l.lease_id, &l.stage).await?).into_response()),
         None => Ok(StatusCode::NO_CONTENT.into_response()),
@@ -451,9 +510,10 @@ async fn take_lease(
 async fn heartbeat(
     State(s): State<AppState>,
     headers: HeaderMap,
-    Json(h): Json<Heartbeat>,
+    body: Body,
 ) -> ApiResult<StatusCode> {
     runner(&s, &headers).await?;
+    let h: Heartbeat = runner_body(body).await?;
     if lease::heartbeat(&s.db, &h.submission, &h.lease_id, s.lease_ms).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -464,9 +524,10 @@ async fn heartbeat(
 async fn report(
     State(s): State<AppState>,
     headers: HeaderMap,
-    Json(rep): Json<Report>,
+    body: Body,
 ) -> ApiResult<Json<ReportReply>> {
     let (runner, kind) = runner(&s, &headers).await?;
+    let rep: Report = runner_body(body).await?;
     let next = verdict::on_report(&s, &runner, &kind, &rep).await?;
     let next = match next {
         Some((lease_id, stage)) => Some(job(&s, &rep.submission, &lease_id, &stage).await?),
@@ -552,7 +613,10 @@ async fn get_build(
             artifact: r.try_get("artifact")?,
         })
         .into_response()),
-        None => Ok(StatusCode::NOT_FOUND.into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no build under the key {key}"),
+        )),
     }
 }
 
