@@ -722,7 +722,16 @@ async fn every_api_error_is_json_and_the_token_comes_first() {
         .unwrap();
     let app = crate::server::router(s.clone());
     let big = vec![b'x'; (2 << 20) + 1];
-    let cases: Vec<(Method, &str, Option<&str>, Vec<u8>, StatusCode, &str)> = vec![
+    // Method, path, token, body, the status and what its error says.
+    type Case<'a> = (
+        Method,
+        &'a str,
+        Option<&'a str>,
+        Vec<u8>,
+        StatusCode,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
         // No token: 401 before the body's type, shape or size is looked at.
         (
             Method::POST,
