@@ -270,6 +270,14 @@ impl Track {
         }
         for g in &self.surface {
             glob::Pattern::new(g).with_context(|| format!("surface: glob {g:?}"))?;
+            // A wildcard in the first component reaches the whole tree (Cargo.toml, the
+            // tracks, build scripts): a surface starts at a named directory or file.
+            let first = g.split('/').next().unwrap_or_default();
+            if first.is_empty() || first.contains(['*', '?', '[']) {
+                bail!(
+                    "surface: glob {g:?} must start with a directory or file name, not a wildcard"
+                );
+            }
             if g.starts_with('/') || g.split('/').any(|c| c == "..") {
                 bail!("surface: glob {g:?} must be relative, without '..'");
             }
@@ -322,6 +330,20 @@ impl Track {
                 bail!("{f}: must be at least 1");
             }
         }
+        for (prompt, made, f) in [
+            (self.goldens.prompt_tokens, self.goldens.tokens, "goldens"),
+            (
+                self.window.prompt_tokens,
+                self.window.decode_tokens,
+                "window",
+            ),
+        ] {
+            if prompt.saturating_add(made) > MAX_TOKENS {
+                bail!(
+                    "{f}.prompt_tokens {prompt} + its tokens {made}: at most {MAX_TOKENS} in all"
+                );
+            }
+        }
         if !(1..=16).contains(&self.goldens.block_size) {
             bail!("goldens.block_size {}: 1 to 16", self.goldens.block_size);
         }
@@ -366,6 +388,33 @@ impl Track {
         if self.build.cargo_args.is_empty() || self.build.binary.is_empty() {
             bail!("build: cargo_args and binary are required");
         }
+        // The build's outputs stay in the build's own target directory, where the builder
+        // looks for the binary and cleans up: no argument may send them anywhere else.
+        if !Path::new(&self.build.binary)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+        {
+            bail!(
+                "build.binary {:?}: a path inside the build's target directory",
+                self.build.binary
+            );
+        }
+        let args = &self.build.cargo_args;
+        for (i, a) in args.iter().enumerate() {
+            let option = a.split('=').next().unwrap_or_default();
+            let places = [
+                "--target-dir",
+                "--out-dir",
+                "--artifact-dir",
+                "--manifest-path",
+            ];
+            let config_moves = option == "--config"
+                && args.get(i + 1).is_some_and(|v| v.contains("target-dir"))
+                || a.starts_with("--config=") && a.contains("target-dir");
+            if places.contains(&option) || config_moves {
+                bail!("build.cargo_args {a:?}: the build's outputs are placed by the builder");
+            }
+        }
         if self.caps.artifact_bytes == 0 || self.caps.build_disk_bytes < self.caps.artifact_bytes {
             bail!("caps: artifact_bytes must be positive and at most build_disk_bytes");
         }
@@ -408,6 +457,10 @@ impl Track {
         in_model || name == "MANIFEST" || name.ends_with(".safetensors")
     }
 }
+
+/// The most tokens a golden or a window may span (prompt and generated): far above any model's
+/// context, it keeps a typo from sizing buffers by it.
+pub const MAX_TOKENS: usize = 1 << 20;
 
 /// Every `*.toml` in `dir`, by name; a malformed file is an error naming it.
 pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Track>> {
@@ -484,6 +537,49 @@ mod tests {
         let bad = text.replace("failures_per_day = 10", "failures_per_day = 0");
         let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();
         assert!(format!("{e:#}").contains("caps.failures_per_day"), "{e:#}");
+        let binary = "binary = \"release/fastdecode\"";
+        let args = "\"--no-default-features\"]";
+        for (from, to, names) in [
+            (
+                "prompt_tokens = 512",
+                "prompt_tokens = 9223372036854775807",
+                "window.prompt_tokens",
+            ),
+            (
+                "prompt_tokens = 32",
+                "prompt_tokens = 1048576",
+                "goldens.prompt_tokens",
+            ),
+            (binary, "binary = \"../../elsewhere\"", "build.binary"),
+            (binary, "binary = \"/usr/bin/true\"", "build.binary"),
+            (args, "\"--target-dir\", \"/tmp/x\"]", "build.cargo_args"),
+            (args, "\"--artifact-dir=/tmp/x\"]", "build.cargo_args"),
+            (
+                args,
+                "\"--config\", \"build.target-dir='/tmp/x'\"]",
+                "build.cargo_args",
+            ),
+        ] {
+            assert!(text.contains(from), "{from}");
+            let e = Track::parse(&text.replacen(from, to, 1), Path::new("t.toml")).unwrap_err();
+            assert!(format!("{e:#}").contains(names), "{to}: {e:#}");
+        }
+        for glob in ["**", "*/src/**", "[c]rates/**", "/crates/**"] {
+            let bad = text.replace(
+                "surface = [\"crates/cpu/src/**\", \"crates/engine/src/**\"]",
+                &format!("surface = [{glob:?}]"),
+            );
+            assert_ne!(bad, text);
+            let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();
+            assert!(format!("{e:#}").contains("surface"), "{glob}: {e:#}");
+        }
+        // What the arena's own tests add to a build stays accepted.
+        let quick = text.replace(
+            "\"build\", \"--release\"",
+            "\"build\", \"--config\", \"profile.release.incremental=true\", \"--release\"",
+        );
+        assert_ne!(quick, text);
+        Track::parse(&quick, Path::new("t.toml")).unwrap();
     }
 
     #[test]
