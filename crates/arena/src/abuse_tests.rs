@@ -720,6 +720,9 @@ async fn every_api_error_is_json_and_the_token_comes_first() {
     let runner = crate::cli::add_token(&s.db, "runners", "r1", "cpu", |_| Ok(()))
         .await
         .unwrap();
+    let gpu = crate::cli::add_token(&s.db, "runners", "g1", "cuda", |_| Ok(()))
+        .await
+        .unwrap();
     let app = crate::server::router(s.clone());
     let big = vec![b'x'; (2 << 20) + 1];
     // Method, path, token, body, the status and what its error says.
@@ -781,6 +784,15 @@ async fn every_api_error_is_json_and_the_token_comes_first() {
             vec![],
             StatusCode::NOT_FOUND,
             "nothing-here",
+        ),
+        // A cuda runner is not handed build jobs for saying it builds.
+        (
+            Method::POST,
+            "/api/runner/lease",
+            Some(&gpu),
+            br#"{"builder": true}"#.to_vec(),
+            StatusCode::FORBIDDEN,
+            "only a cpu runner",
         ),
         // axum's own rejections.
         (

@@ -195,6 +195,18 @@ async fn json_errors(req: Request, next: Next) -> Response {
     out
 }
 
+/// Only a CPU runner builds (policy, review, build): a runner of another kind that asks for
+/// build jobs is refused, whatever it says of itself.
+fn may_build(runner: &str, kind: &str, asks: bool) -> ApiResult<()> {
+    if asks && kind != "cpu" {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("runner {runner} is a {kind} runner: only a cpu runner takes build jobs"),
+        ));
+    }
+    Ok(())
+}
+
 /// The most a runner's lease, heartbeat or report request may hold (axum's default limit).
 const RUNNER_BODY_BYTES: usize = 2 << 20;
 
@@ -501,6 +513,7 @@ async fn take_lease(
 ) -> ApiResult<Response> {
     let (runner, kind) = runner(&s, &headers).await?;
     let req: LeaseRequest = runner_body(body).await?;
+    may_build(&runner, &kind, req.builder)?;
     match lease::take(&s.db, &runner, &kind, req.builder, s.lease_ms).await? {
         Some(l) => Ok(Json(job(&s, &l.submission, &l.lease_id, &l.stage).await?).into_response()),
         None => Ok(StatusCode::NO_CONTENT.into_response()),
@@ -528,6 +541,7 @@ async fn report(
 ) -> ApiResult<Json<ReportReply>> {
     let (runner, kind) = runner(&s, &headers).await?;
     let rep: Report = runner_body(body).await?;
+    may_build(&runner, &kind, rep.builder)?;
     let next = verdict::on_report(&s, &runner, &kind, &rep).await?;
     let next = match next {
         Some((lease_id, stage)) => Some(job(&s, &rep.submission, &lease_id, &stage).await?),
