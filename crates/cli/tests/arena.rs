@@ -82,6 +82,13 @@ fn a_no_op_holds_a_speed_up_is_promoted_a_held_one_is_repriced_a_wrong_token_fai
     let (ok, noop) = a.submit(&tree, "noop");
     assert!(ok, "{noop:?}");
     assert_eq!(outcomes(&noop), pairs(PASSED), "{noop:?}");
+    // Its policy line says it changed nothing (no count of zero files, no dangling colon).
+    let policy = noop.stages.iter().find(|r| r.stage == "policy").unwrap();
+    assert_eq!(
+        policy.detail.as_deref(),
+        Some("no file changed"),
+        "{policy:?}"
+    );
     let v = noop.verdict.clone().unwrap();
     let score = v["score"].as_f64().unwrap();
     assert!((0.6..=1.6).contains(&score), "{v}");

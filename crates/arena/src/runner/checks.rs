@@ -30,14 +30,17 @@ impl Runner {
             Ok(files) => {
                 let bytes: usize = files.iter().map(|f| f.data.len()).sum();
                 let names: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
-                ok(
+                // A no-op changes nothing: its line names no files (and ends in no colon).
+                let line = if names.is_empty() {
+                    "no file changed".to_string()
+                } else {
                     format!(
                         "{} file(s), {bytes} bytes: {}",
                         files.len(),
                         names.join(", ")
-                    ),
-                    json!({"files": names}),
-                )
+                    )
+                };
+                ok(line, json!({"files": names}))
             }
             Err(f) => failed(f.category, f.detail),
         })
