@@ -7,21 +7,25 @@
 # a synthetic-weights track never reads a tree, and a promotion writes only the changed files),
 # the arena binary, and bubblewrap's Debian package. Then, there: tools/gpu/arena-e2e.sh.
 #
-#   tools/gpu/arena-stage.sh [SUBMISSION ...]   each TRACK:NAME[:PATCH], default below
+#   tools/gpu/arena-stage.sh [SUBMISSION ...]   each TRACK[@CI]:NAME[:PATCH], default below;
+#                                                 TRACK@CI: a copy of TRACK named TRACK-ciCI whose
+#                                                 clock aims at the half-width CI (e.g. 0.005)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 subs=("$@")
 # Enough for issue 43's figures: no-ops for the false-rejection count (the same tree, built
-# once each as a solver's would be), a wrong token on the CUDA path, and a slower build.
+# once each as a solver's would be), on both tracks at their default precision and at ±0.5 %, a
+# wrong token on the CUDA path, and a slower build.
 [ ${#subs[@]} -gt 0 ] || subs=(
     "serial-xs2.1:no-op-1"
     "serial-xs2.1:wrong-token:tracks/examples/wrong-token-cuda.patch"
     "serial-xs2.1:slower:tracks/examples/slower.patch"
     "serial-xs2.1:no-op-2"
     "dflash-xs2.1:no-op-1"
-    "serial-xs2.1:no-op-3"
     "dflash-xs2.1:no-op-2"
+    "serial-xs2.1@0.005:no-op-3"
+    "dflash-xs2.1@0.005:no-op-3"
 )
 out=.gpu/arena
 cargo build --release -p fastdecode-cli
@@ -43,6 +47,14 @@ mkdir -p "$work/tracks"
 for t in serial-xs2.1 dflash-xs2.1; do
     sed "s|^hidden = .*|hidden = \"$hidden\"|" "tracks/$t.toml" >"$work/tracks/$t.toml"
 done
+# The tracks at another precision that the submissions name (TRACK@CI).
+for s in "${subs[@]}"; do
+    t=${s%%:*}
+    [[ $t == *@* ]] || continue
+    base=${t%@*} ci=${t#*@}
+    sed -e "s|^name = .*|name = \"$base-ci$ci\"|" -e "s|^target_ci = .*|target_ci = $ci|" \
+        "$work/tracks/$base.toml" >"$work/tracks/$base-ci$ci.toml"
+done
 solver=$("$bin" arena admin solver add gpu-e2e --data "$data")
 builder=$("$bin" arena admin runner add stage-builder --kind cpu --data "$data")
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -57,9 +69,10 @@ until grep -q "listening on" "$work/service.log"; do sleep 0.2; done
 ids=()
 for s in "${subs[@]}"; do
     IFS=: read -r track name patch <<<"$s"
+    [[ $track == *@* ]] && track=${track%@*}-ci${track#*@}
     tree=$work/solver-$track-$name
     git clone -q "$root" "$tree"
-    git -C "$tree" checkout -q "$(sed -n 's/^baseline = "\(.*\)"/\1/p' "tracks/$track.toml")"
+    git -C "$tree" checkout -q "$(sed -n 's/^baseline = "\(.*\)"/\1/p' "$work/tracks/$track.toml")"
     [ -z "${patch:-}" ] || git -C "$tree" apply "$root/$patch"
     echo "$name on $track, staged for the GPU run by tools/gpu/arena-stage.sh" >"$tree/NOTE.md"
     FASTDECODE_ARENA_TOKEN=$solver "$bin" submit --server "$url" --track "$track" \
