@@ -4,8 +4,8 @@ A weight W [..., in] is split into groups of 16 consecutive inputs along its las
 HF expert tensor: `mlp.experts.gate_up_proj` [E, 2I, hidden], `mlp.experts.down_proj` [E, hidden, I] and the
 shared expert's nn.Linear weights [out, in]).
 
-Per group:  scale = E4M3 round-to-nearest-even of max|w| / 6   (bias 7, subnormals, 0x7F = 480, saturate at
-            480, no NaN);
+Per group:  scale = E4M3 round-to-nearest-even of max|w| / 6   (bias 7, subnormals, saturate at 448;
+            0x7F and 0xFF are NaN, as torch's float8_e4m3fn and the GPU read them);
             code  = nearest E2M1 magnitude {0, 0.5, 1, 1.5, 2, 3, 4, 6} of |w| / scale, ties to the even code
             index, clamped at 6; the sign goes to bit 3 (only for a non-zero magnitude, so -0 never appears);
             W' = scale * e2m1(code).
@@ -25,12 +25,12 @@ import torch
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # midpoint between magnitude index i and i + 1; a tie goes to the even index
 _MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-E4M3_MAX = 480.0
+E4M3_MAX = 448.0
 GROUP = 16
 
 
 def round_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """Round non-negative float64 values to the nearest E4M3 value (ties to even mantissa), saturating at 480."""
+    """Round non-negative float64 values to the nearest E4M3 value (ties to even mantissa), saturating at 448."""
     assert x.dtype == torch.float64
     assert bool((x >= 0).all())
     x = torch.clamp(x, max=E4M3_MAX)
@@ -41,14 +41,15 @@ def round_e4m3(x: torch.Tensor) -> torch.Tensor:
 
 
 def decode_e4m3(b: torch.Tensor) -> torch.Tensor:
-    """Byte (0..255) -> float64 value; 0x7F / 0xFF read as +-480, no NaN."""
+    """Byte (0..255) -> float64 value; 0x7F / 0xFF are NaN."""
     b = b.to(torch.int64)
     s = torch.where(b >= 128, -1.0, 1.0).to(torch.float64)
     e = (b >> 3) & 15
     m = (b & 7).to(torch.float64)
     sub = torch.ldexp(m / 8, torch.full_like(e, -6))
     nor = torch.ldexp(1 + m / 8, e - 7)
-    return s * torch.where(e == 0, sub, nor)
+    v = s * torch.where(e == 0, sub, nor)
+    return torch.where((b & 0x7F) == 0x7F, torch.nan, v)
 
 
 def encode_e4m3(v: torch.Tensor) -> torch.Tensor:

@@ -727,6 +727,67 @@ fn cases() -> Vec<Case> {
             &["model.embed_tokens.weight", "inf"],
         ),
         with(
+            "generate NaN scale",
+            |d| {
+                model(d, |m| {
+                    patch_u8(
+                        &m.join("model.safetensors"),
+                        "model.layers.1.mlp.switch_mlp.down_proj.scales",
+                        3,
+                        0xFF,
+                    )
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1",
+            &[
+                "model.layers.1.mlp.switch_mlp.down_proj.scales",
+                "byte 3",
+                "NaN",
+            ],
+        ),
+        with(
+            "generate positive NaN scale",
+            |d| {
+                model(d, |m| {
+                    patch_u8(
+                        &m.join("model.safetensors"),
+                        "model.layers.1.mlp.shared_expert.gate_proj.scales",
+                        0,
+                        0x7F,
+                    )
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1",
+            &["model.layers.1.mlp.shared_expert.gate_proj.scales", "NaN"],
+        ),
+        with(
+            "generate tensor named twice",
+            |d| {
+                model(d, |m| {
+                    repeat_header_entry(&m.join("model.safetensors"), "model.norm.weight")
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1",
+            &["model.norm.weight", "named twice", "model.safetensors"],
+        ),
+        with(
+            "gate golden vocab 2^64-1",
+            |d| golden(d, |g| g["vocab_size"] = serde_json::json!(u64::MAX)),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "vocab_size", "18446744073709551615"],
+        ),
+        with(
+            "bisect golden vocab off by one",
+            |d| {
+                golden(d, |g| {
+                    let v = g["vocab_size"].as_u64().unwrap();
+                    g["vocab_size"] = serde_json::json!(v + 1)
+                })
+            },
+            "bisect --model {M} --golden {D}/g.json",
+            &["g.json", "vocab_size"],
+        ),
+        with(
             "generate NaN attention",
             |d| {
                 model(d, |m| {

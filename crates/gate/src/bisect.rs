@@ -90,6 +90,9 @@ pub fn run(
     c: Criterion,
     progress: &indicatif::ProgressBar,
 ) -> Result<BisectReport> {
+    for (path, g) in goldens {
+        g.fits(path, model)?;
+    }
     let searched = match flags {
         Some(f) => f,
         None => {

@@ -228,15 +228,7 @@ pub fn run(
     p.validate()?;
     for (path, g) in goldens {
         // A golden the model cannot run is the gate's input at fault, not a build.
-        if g.prompt.len().saturating_add(g.tokens.len()) > model.max_positions {
-            bail!(
-                "{}: a prompt of {} and {} tokens, more than the model's max_position_embeddings {}",
-                path.display(),
-                g.prompt.len(),
-                g.tokens.len(),
-                model.max_positions
-            );
-        }
+        g.fits(path, model)?;
     }
     for (path, g) in goldens {
         if g.model_digest != model.digest {

@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use fastdecode_worker::{Build, Scored};
+use fastdecode_worker::{Build, ModelId, Scored};
 
 pub const FORMAT: &str = "fastdecode-golden";
 pub const VERSION: u32 = 1;
@@ -210,6 +210,30 @@ impl Golden {
             if a.id != t {
                 bail!("field `steps[{i}].top[0].id` differs from `tokens[{i}]`: a greedy trace's best token is its token");
             }
+        }
+        Ok(())
+    }
+
+    /// Whether `model` can replay this golden (read from `path`): the vocabulary it was made with
+    /// and a sequence no longer than the model's positions. A golden that does not fit is the
+    /// caller's input at fault, never a build's.
+    pub fn fits(&self, path: &Path, model: &ModelId) -> Result<()> {
+        if self.vocab_size != model.vocab {
+            bail!(
+                "{}: field `vocab_size` is {} but the model's vocabulary has {} tokens",
+                path.display(),
+                self.vocab_size,
+                model.vocab
+            );
+        }
+        if self.prompt.len().saturating_add(self.tokens.len()) > model.max_positions {
+            bail!(
+                "{}: a prompt of {} and {} tokens, more than the model's max_position_embeddings {}",
+                path.display(),
+                self.prompt.len(),
+                self.tokens.len(),
+                model.max_positions
+            );
         }
         Ok(())
     }

@@ -83,6 +83,12 @@ impl TensorStore {
         let (header_len, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| {
             Error::Checkpoint(format!("{}: bad safetensors header: {e}", path.display()))
         })?;
+        if let Some(name) = repeated_name(&mmap[8..8 + header_len]) {
+            return Err(Error::tensor(
+                &name,
+                format!("named twice in the header of {}", path.display()),
+            ));
+        }
         let fi = self.files.len();
         for (name, info) in meta.tensors() {
             if let Some((other, _)) = self.index.get(&name) {
@@ -154,6 +160,9 @@ impl TensorStore {
                     ),
                 ));
             }
+            if spec.name.ends_with(".scales") {
+                t.expect_finite_scales()?;
+            }
         }
         let known: std::collections::HashSet<&str> =
             expected.iter().map(|s| s.name.as_str()).collect();
@@ -172,6 +181,39 @@ impl TensorStore {
     }
 }
 
+/// The first name a safetensors header (a JSON object) holds twice. `safetensors` reads the
+/// header into a map, where a second entry silently replaces the first: which tensor the engine
+/// would load is then the file's word against a reader's that keeps the first.
+fn repeated_name(header: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct FirstRepeat;
+    impl<'de> Visitor<'de> for FirstRepeat {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut first = None;
+            while let Some(k) = m.next_key::<String>()? {
+                m.next_value::<IgnoredAny>()?;
+                if !seen.insert(k.clone()) && first.is_none() {
+                    first = Some(k);
+                }
+            }
+            Ok(first)
+        }
+    }
+    // The header already parsed as a map (`read_metadata`): an error here cannot happen.
+    serde_json::Deserializer::from_slice(header)
+        .deserialize_map(FirstRepeat)
+        .ok()
+        .flatten()
+}
+
 impl TensorRef<'_> {
     pub fn expect_shape(&self, shape: &[usize]) -> Result<()> {
         if self.shape != shape {
@@ -184,6 +226,28 @@ impl TensorRef<'_> {
                     shape
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// An NVFP4 scale tensor holds no E4M3 NaN (0x7F or 0xFF, `nvfp4::e4m3_decode`): the GPU
+    /// reads one as NaN, and every logit its weight reaches would be garbage.
+    pub fn expect_finite_scales(&self) -> Result<()> {
+        // In blocks, so the scan vectorises: an XS 2.1 load reads gigabytes of scales.
+        const BLOCK: usize = 1 << 16;
+        let nan = |b: &u8| b & 0x7F == 0x7F;
+        for (k, block) in self.data.chunks(BLOCK).enumerate() {
+            if block.iter().fold(false, |any, b| any | nan(b)) {
+                let i = k * BLOCK + block.iter().position(nan).expect("the block has one");
+                return Err(Error::tensor(
+                    self.name,
+                    format!(
+                        "scale byte {i} is {:#04x} in {}: NaN in E4M3; scales must be finite",
+                        self.data[i],
+                        self.file.display()
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -190,6 +190,36 @@ pub fn patch_bf16(file: &Path, name: &str, i: usize, bits: u16) {
     replace(file, &bytes);
 }
 
+/// Sets byte `i` of the U8 tensor `name` in `file` to `byte`.
+pub fn patch_u8(file: &Path, name: &str, i: usize, byte: u8) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let info = meta.info(name).expect("tensor in the file");
+    assert_eq!(info.dtype, safetensors::Dtype::U8, "{name}");
+    bytes[8 + header + info.data_offsets.0 + i] = byte;
+    replace(file, &bytes);
+}
+
+/// Writes the header entry of tensor `name` in `file` twice (the same key, the same value), the
+/// header padded with spaces to a multiple of 8 bytes as safetensors writes it.
+pub fn repeat_header_entry(file: &Path, name: &str) {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap().trim_end();
+    let key = format!("\"{name}\":");
+    let at = header.find(&key).expect("tensor in the header");
+    // The entry's value is an object without nested objects: it ends at the first '}'.
+    let end = at + header[at..].find('}').unwrap() + 1;
+    let mut new = format!("{},{}{}", &header[..end], &header[at..end], &header[end..]);
+    while new.len() % 8 != 0 {
+        new.push(' ');
+    }
+    let mut out = (new.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(new.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    replace(file, &out);
+}
+
 /// Makes a FIFO at `path`.
 pub fn mkfifo(path: &Path) {
     use std::os::unix::ffi::OsStrExt;
