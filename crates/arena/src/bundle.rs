@@ -6,7 +6,7 @@
 use std::io::Read;
 
 use anyhow::{bail, Context, Result};
-use flate2::read::GzDecoder;
+use flate2::bufread::GzDecoder;
 use flate2::write::GzEncoder;
 use sha2::{Digest, Sha256};
 
@@ -214,6 +214,18 @@ pub fn read(bytes: &[u8], max_bytes: u64) -> Result<Vec<Entry>> {
             data,
         });
     }
+    // tar stops at its end-of-archive blocks; the gzip stream's end, where its CRC and length
+    // are, is read only here: a bundle cut short or with a wrong CRC is refused, not half-read.
+    let mut gz = ar.into_inner();
+    std::io::copy(&mut gz, &mut std::io::sink())
+        .context("the bundle is not a complete gzip stream")?;
+    let rest = gz.inner.into_inner();
+    if !rest.is_empty() {
+        bail!(
+            "the bundle has {} byte(s) after its gzip stream's end",
+            rest.len()
+        );
+    }
     Ok(out)
 }
 
@@ -276,6 +288,45 @@ mod tests {
             b.append(&h, &b"abc"[..]).unwrap();
         });
         assert_eq!(read(&ok, 1 << 20).unwrap()[0].data, b"abc");
+    }
+
+    #[test]
+    fn a_bundle_cut_short_with_a_wrong_crc_or_trailing_bytes_is_refused() {
+        let ok = pack(&[(
+            "crates/cpu/src/ops.rs".to_string(),
+            Content::File(b"fn f() {}\n".to_vec(), 0o644),
+        )])
+        .unwrap();
+        assert_eq!(read(&ok, 1 << 20).unwrap().len(), 1);
+        let n = ok.len();
+        // The trailer is the stream's last 8 bytes: CRC-32, then the length mod 2^32.
+        let mut zero_crc = ok.clone();
+        zero_crc[n - 8..n - 4].fill(0);
+        let mut long = ok.clone();
+        long.extend_from_slice(b"more");
+        // Cut into the compressed data, the file's own read fails; cut into the trailer, or with
+        // a wrong CRC, only the stream's end does.
+        for (what, bytes, says) in [
+            (
+                "cut 20 bytes short",
+                &ok[..n - 20],
+                "incomplete deflate stream",
+            ),
+            (
+                "cut 1 byte short",
+                &ok[..n - 1],
+                "not a complete gzip stream",
+            ),
+            ("CRC zeroed", &zero_crc[..], "not a complete gzip stream"),
+            (
+                "4 bytes appended",
+                &long[..],
+                "4 byte(s) after its gzip stream's end",
+            ),
+        ] {
+            let e = format!("{:#}", read(bytes, 1 << 20).expect_err(what));
+            assert!(e.contains(says), "{what}: {e}");
+        }
     }
 
     #[test]
