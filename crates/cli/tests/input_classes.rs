@@ -441,6 +441,36 @@ fn class5_hostile_workers_are_contained() {
         "the parent grew to {} KiB",
         o.max_rss_kib
     );
+    // A worker that writes 200 MB to stderr without a newline and dies: the user's terminal gets
+    // the first 64 KiB and a count of the rest, and the gate's own message a line of its own (no
+    // race: the gate reports a crash once the worker's stderr has ended, `Worker::last_words`).
+    let noisy = t.path().join("noisy.sh");
+    script(
+        &noisy,
+        "head -c 200000000 /dev/zero | tr '\\0' x >&2\nexit 3",
+    );
+    let o = gate(&noisy);
+    assert_clean_failure("a worker flooding stderr", &o);
+    assert!(
+        o.stderr.len() < 80 << 10,
+        "{} bytes on stderr",
+        o.stderr.len()
+    );
+    let cut = format!(
+        "[the worker's stderr: {} more byte(s) not shown]",
+        200_000_000 - (64 << 10)
+    );
+    assert!(
+        o.stderr.contains(&format!("x\n{cut}\n")),
+        "{}",
+        &o.stderr[o.stderr.len() - 300..]
+    );
+    let after = &o.stderr[o.stderr.find(&cut).unwrap() + cut.len()..];
+    // Its message starts a line, quoting at most 500 characters of the worker's last words.
+    assert!(
+        after.trim_start().starts_with("error: gate:") && !after.contains(&"x".repeat(501)),
+        "the gate's message: {after}"
+    );
     // Invalid UTF-8, and a request line longer than any request, get error replies; the worker
     // then serves the next request (PROTOCOL.md: it keeps reading).
     let mut w = fd()

@@ -151,6 +151,9 @@ const LINE_PER_STEP: usize = 192;
 const QUEUED_LINES: usize = 8;
 /// Bytes of the worker's stderr kept for a fault's detail.
 const STDERR_TAIL: usize = 4096;
+/// Bytes of the worker's stderr passed on to the parent's: a candidate's diagnostics are worth a
+/// screen or two; beyond that they would bury the parent's own report (and fill a log).
+const STDERR_RELAYED: usize = 64 << 10;
 
 /// A running worker process and the process group it leads; both are killed when dropped.
 pub struct Worker {
@@ -262,20 +265,37 @@ impl Worker {
         let (done_tx, stderr_done) = mpsc::channel();
         let tail = stderr_tail.clone();
         // The worker's diagnostics go on to the parent's stderr as they come, in chunks (never a
-        // whole line held); the last few kilobytes are kept to say why a worker died.
+        // whole line held), up to `STDERR_RELAYED` bytes; the last few kilobytes are kept to say
+        // why a worker died.
         std::thread::spawn(move || {
             let mut r = stderr;
             let mut buf = [0u8; 8192];
+            let (mut relayed, mut held_back) = (0usize, 0u64);
+            let mut ends_line = true;
             while let Ok(n) = r.read(&mut buf) {
                 if n == 0 {
                     break;
                 }
-                let _ = std::io::stderr().write_all(&buf[..n]);
+                let shown = n.min(STDERR_RELAYED - relayed);
+                if shown > 0 {
+                    let _ = std::io::stderr().write_all(&buf[..shown]);
+                    ends_line = buf[shown - 1] == b'\n';
+                }
+                relayed += shown;
+                held_back += (n - shown) as u64;
                 let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
                 t.extend_from_slice(&buf[..n]);
                 let excess = t.len().saturating_sub(STDERR_TAIL);
                 t.drain(..excess);
             }
+            // The parent's own messages start on a line of their own.
+            let newline = if ends_line { "" } else { "\n" };
+            let cut = if held_back > 0 {
+                format!("[the worker's stderr: {held_back} more byte(s) not shown]\n")
+            } else {
+                String::new()
+            };
+            let _ = write!(std::io::stderr(), "{newline}{cut}");
             let _ = done_tx.send(());
         });
         let mut w = Worker {
@@ -376,10 +396,12 @@ impl Worker {
         let _ = self.child.kill();
     }
 
-    /// The worker's last error line on stderr (else its last line), waiting a moment for it when
-    /// the worker is gone.
+    /// The worker's last error line on stderr (else its last line), once its stderr has ended.
+    /// Called when the worker's process group is killed, so the end comes as soon as the relay
+    /// has read what the pipe still held (and the relay's own last lines are out before the
+    /// caller reports); the bound is for a process that left the group and holds the pipe.
     fn last_words(&self) -> Option<String> {
-        let _ = self.stderr_done.recv_timeout(Duration::from_millis(500));
+        let _ = self.stderr_done.recv_timeout(Duration::from_secs(5));
         let t = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
         let text = String::from_utf8_lossy(&t);
         let mut lines = text.lines().rev().map(str::trim).filter(|l| !l.is_empty());
