@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 
 use crate::db::{now_ms, sqlite_url, Db};
@@ -434,9 +434,10 @@ pub async fn add_token(
         .bind(now_ms()),
     };
     let mut tx = db.write().await?;
-    q.execute(&mut *tx)
-        .await
-        .with_context(|| format!("{name}: already exists (or the database refused it)"))?;
+    q.execute(&mut *tx).await.map_err(|e| match &e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => anyhow!("{name}: already exists"),
+        _ => anyhow::Error::new(e).context(format!("adding {name}")),
+    })?;
     deliver(&token)?;
     tx.commit().await?;
     Ok(token)

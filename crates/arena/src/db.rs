@@ -112,17 +112,32 @@ impl Db {
         }
         let opts = AnyConnectOptions::from_str(&url)
             .with_context(|| format!("--database {}: not a database URL", redact(&url)))?;
-        let pool = AnyPoolOptions::new()
-            .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
+        // Each connection to `sqlite::memory:` is a database of its own: one connection, kept
+        // for the pool's life, is the one the migrations made.
+        let memory = backend == Backend::Sqlite && url.contains(":memory:");
+        let mut pool = AnyPoolOptions::new().max_connections(match backend {
+            Backend::Sqlite => 4,
+            Backend::Postgres => 8,
+        });
+        if memory {
+            pool = pool
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None);
+        }
+        let pool = pool
             .connect_with(opts)
             .await
             .with_context(|| format!("--database {}: cannot connect", redact(&url)))?;
-        if backend == Backend::Sqlite {
+        if backend == Backend::Sqlite && !memory {
             // WAL lets readers (status requests) run beside the one writer; it is a property
-            // of the file, kept once set.
+            // of the file, kept once set. The first statement: where a file that is not a
+            // database is found.
             sqlx::query("PRAGMA journal_mode=WAL")
                 .execute(&pool)
-                .await?;
+                .await
+                .with_context(|| format!("--database {}", redact(&url)))?;
         }
         Migrator::new(Migrations)
             .await
@@ -167,8 +182,11 @@ async fn create_postgres_database(url: &str) -> Result<()> {
             return Ok(());
         }
         Err(e) if code(&e).as_deref() == Some("3D000") => {}
-        // The pool's own connect says what is wrong, with its context.
-        Err(_) => return Ok(()),
+        // Said now: the pool would retry a refused connection until its 30 s acquire timeout
+        // and then report only the timeout.
+        Err(e) => {
+            return Err(e).with_context(|| format!("--database {}: cannot connect", redact(url)))
+        }
     }
     let mut admin = opts
         .clone()

@@ -138,7 +138,41 @@ fn main() {
         Cmd::Submit(a) => fastdecode_arena::cli::submit(a),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
+    }
+}
+
+/// An error and its causes on one line, as `{:#}` writes them, less a cause whose text the line
+/// already ends with (a database error, among others, quotes its source's text).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cause_already_quoted_is_written_once() {
+        let inner = std::io::Error::other("file is not a database");
+        let quoting =
+            anyhow::Error::new(inner).context("from the database: file is not a database");
+        let e = quoting.context("--database sqlite://a.db");
+        assert_eq!(
+            super::one_line(&e),
+            "--database sqlite://a.db: from the database: file is not a database"
+        );
+        let plain = anyhow::anyhow!("no such file").context("reading x");
+        assert_eq!(super::one_line(&plain), "reading x: no such file");
     }
 }

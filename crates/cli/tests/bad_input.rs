@@ -1791,3 +1791,73 @@ fn a_signal_during_golden_make_leaves_nothing_staged() {
         assert!(left.is_empty(), "signal {signal} left {left:?}");
     }
 }
+
+#[test]
+fn database_errors_name_the_database_once_and_say_what_happened() {
+    let d = tempfile::tempdir().unwrap();
+    let arena = |data: &Path, extra: &[&str]| {
+        run(fd()
+            .args(["arena", "admin", "solver"])
+            .args(extra)
+            .arg("--data")
+            .arg(data))
+    };
+    // A text file where the SQLite database should be: named, and said once.
+    let text = d.path().join("text");
+    std::fs::create_dir(&text).unwrap();
+    std::fs::write(text.join("arena.db"), "hello\n").unwrap();
+    let o = arena(&text, &["list"]);
+    assert_clean_failure("a text file as the database", &o);
+    assert!(o.stderr.contains("arena.db"), "{}", o.stderr);
+    assert_eq!(
+        o.stderr.matches("file is not a database").count(),
+        1,
+        "{}",
+        o.stderr
+    );
+    // A database another process holds locked: the lock is said, not "already exists".
+    let locked = d.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    ok(fd()
+        .args(["arena", "admin", "solver", "list", "--data"])
+        .arg(&locked));
+    let mut holder = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys, time\n\
+             c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+             c.execute('BEGIN EXCLUSIVE')\n\
+             print('locked', flush=True)\n\
+             time.sleep(60)",
+        ])
+        .arg(locked.join("arena.db"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut said,
+    )
+    .unwrap();
+    assert_eq!(said.trim(), "locked");
+    let o = arena(&locked, &["add", "nobody"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_clean_failure("a locked database", &o);
+    assert!(o.stderr.contains("locked"), "{}", o.stderr);
+    assert!(!o.stderr.contains("already exists"), "{}", o.stderr);
+    // A PostgreSQL port nobody listens on: the refused connection, not a pool's timeout.
+    let o = arena(
+        d.path(),
+        &["list", "--database", "postgres://fd@127.0.0.1:1/arena"],
+    );
+    assert_clean_failure("a refused PostgreSQL port", &o);
+    assert!(o.stderr.contains("127.0.0.1:1"), "{}", o.stderr);
+    assert!(o.stderr.to_lowercase().contains("refused"), "{}", o.stderr);
+    assert!(!o.stderr.contains("timed out"), "{}", o.stderr);
+    // An in-memory SQLite database holds the migrations' tables for the command's life.
+    let o = arena(d.path(), &["add", "mem", "--database", "sqlite::memory:"]);
+    assert!(o.ok(), "{}", o.stderr);
+    assert!(o.stdout.starts_with("mem."), "{}", o.stdout);
+}
