@@ -98,6 +98,23 @@ pub struct Clock {
     pub extra_args: Vec<String>,
 }
 
+/// The `fastdecode price` options a track's `clock.extra_args` may pass.
+const CLOCK_TUNING: &[&str] = &[
+    "--noise-windows",
+    "--warmup-windows",
+    "--windows",
+    "--quiet-cpu",
+    "--quiet-gpu-util",
+    "--quiet-gpu-temp",
+    "--quiet-wait",
+    "--require-quiet",
+    "--stall",
+    "--outlier-factor",
+    "--max-speedup",
+    "--envelope",
+    "--budget",
+];
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Caps {
@@ -370,6 +387,17 @@ impl Track {
         if !(c.time_budget.is_finite() && c.time_budget > 0.0) {
             bail!("clock.time_budget {}: positive seconds", c.time_budget);
         }
+        // Only the clock's tuning: the runner names the builds, the model, the window, the
+        // precision and where the result goes, and a track must not move any of them.
+        for a in &c.extra_args {
+            let option = a.split('=').next().unwrap_or_default();
+            if option.starts_with('-') && !CLOCK_TUNING.contains(&option) {
+                bail!(
+                    "clock.extra_args {a:?}: only the clock's tuning ({}) may be passed",
+                    CLOCK_TUNING.join(", ")
+                );
+            }
+        }
         if self.caps.file_bytes == 0 || self.caps.total_bytes < self.caps.file_bytes {
             bail!("caps: file_bytes must be positive and at most total_bytes");
         }
@@ -537,6 +565,26 @@ mod tests {
         let bad = text.replace("failures_per_day = 10", "failures_per_day = 0");
         let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();
         assert!(format!("{e:#}").contains("caps.failures_per_day"), "{e:#}");
+        for extra in [
+            "\"--out\", \"/tmp/x\"",
+            "\"--candidate=/bin/true\"",
+            "\"--min-pairs\", \"1\"",
+        ] {
+            let bad = text.replace(
+                "time_budget = 600.0",
+                &format!("time_budget = 600.0\nextra_args = [{extra}]"),
+            );
+            let e = format!("{:#}", Track::parse(&bad, Path::new("t.toml")).unwrap_err());
+            assert!(
+                e.contains("clock.extra_args") && e.contains("--quiet-cpu"),
+                "{e}"
+            );
+        }
+        let fine = text.replace(
+            "time_budget = 600.0",
+            "time_budget = 600.0\nextra_args = [\"--quiet-cpu\", \"1.0\", \"--warmup-windows=1\"]",
+        );
+        Track::parse(&fine, Path::new("t.toml")).unwrap();
         let binary = "binary = \"release/fastdecode\"";
         let args = "\"--no-default-features\"]";
         for (from, to, names) in [
