@@ -236,6 +236,60 @@ pub struct PriceResult {
     pub pairs: Vec<Pair>,
 }
 
+impl PriceResult {
+    /// A pricing's result before anything is measured: what it was asked to do.
+    fn new(p: &PriceParams, model: &ModelId, sides: &Sides, has_gpu: bool) -> PriceResult {
+        let (r, dflash) = (&p.rule, p.track == Track::Dflash);
+        PriceResult {
+            verdict: String::new(),
+            passed: false,
+            detail: None,
+            culprit: None,
+            track: p.track,
+            score: None,
+            ci95: None,
+            half_width: None,
+            ci_method: "jackknife-t over pairs on the log score, Stein two-stage (variance of the first min_pairs pairs, their degrees of freedom) when wider",
+            robust_statistic: "per phase, the minimum over its scored windows of the whole window (request written to last reply read)",
+            floor: r.floor,
+            target_ci: r.target_half_width,
+            min_pairs: r.min_pairs,
+            max_pairs: r.max_pairs,
+            time_budget_seconds: p.time_budget_seconds,
+            stopping_reason: None,
+            pairs_used: 0,
+            accepted_pair_count: 0,
+            attempted_pair_count: 0,
+            elapsed_seconds: 0.0,
+            ratio_of_means: None,
+            raw_ratio_of_means: None,
+            noop_reference: None,
+            median: None,
+            min: None,
+            baseline_seconds_per_token: None,
+            candidate_seconds_per_token: None,
+            noop_seconds_per_token: None,
+            mean_statistic: None,
+            noise: None,
+            warmup_windows: p.warmup_windows,
+            windows_per_phase: None,
+            pairs_with_output_mismatch: 0,
+            timed_fidelity: TimedFidelity::default(),
+            spent: Spent::default(),
+            weights_digest: model.digest.clone(),
+                gpu_telemetry: has_gpu,
+            prompt_tokens: p.prompt_tokens,
+            decode_tokens: p.decode_tokens,
+            block_size: if dflash { p.block_size } else { 1 },
+            draft: if dflash { p.draft.clone() } else { String::new() },
+            baseline: side(&sides.baseline, None),
+            candidate: side(&sides.candidate, None),
+            noop: dflash.then(|| side(&sides.noop, None)),
+            pairs: vec![],
+        }
+    }
+}
+
 /// Where a pricing's time went, in seconds: the noise measurement and the baseline's tokens of
 /// the pool (one worker), the phases' worker start-ups, their windows (warm-up included), the
 /// waits for a quiet machine, and the reference judging differing timed outputs.
@@ -392,53 +446,7 @@ pub fn run(
     let start = Instant::now();
     let telemetry = Telemetry::new();
     let dflash = p.track == Track::Dflash;
-    let mut res = PriceResult {
-        verdict: String::new(),
-        passed: false,
-        detail: None,
-        culprit: None,
-        track: p.track,
-        score: None,
-        ci95: None,
-        half_width: None,
-        ci_method: "jackknife-t over pairs on the log score, Stein two-stage (variance of the first min_pairs pairs, their degrees of freedom) when wider",
-        robust_statistic: "per phase, the minimum over its scored windows of the whole window (request written to last reply read)",
-        floor: r.floor,
-        target_ci: r.target_half_width,
-        min_pairs: r.min_pairs,
-        max_pairs: r.max_pairs,
-        time_budget_seconds: p.time_budget_seconds,
-        stopping_reason: None,
-        pairs_used: 0,
-        accepted_pair_count: 0,
-        attempted_pair_count: 0,
-        elapsed_seconds: 0.0,
-        ratio_of_means: None,
-        raw_ratio_of_means: None,
-        noop_reference: None,
-        median: None,
-        min: None,
-        baseline_seconds_per_token: None,
-        candidate_seconds_per_token: None,
-        noop_seconds_per_token: None,
-        mean_statistic: None,
-        noise: None,
-        warmup_windows: p.warmup_windows,
-        windows_per_phase: None,
-        pairs_with_output_mismatch: 0,
-        timed_fidelity: TimedFidelity::default(),
-        spent: Spent::default(),
-        weights_digest: model.digest.clone(),
-        gpu_telemetry: telemetry.has_gpu(),
-        prompt_tokens: p.prompt_tokens,
-        decode_tokens: p.decode_tokens,
-        block_size: if dflash { p.block_size } else { 1 },
-        draft: if dflash { p.draft.clone() } else { String::new() },
-        baseline: side(&sides.baseline, None),
-        candidate: side(&sides.candidate, None),
-        noop: dflash.then(|| side(&sides.noop, None)),
-        pairs: vec![],
-    };
+    let mut res = PriceResult::new(p, model, sides, telemetry.has_gpu());
     // The first role runs first in a pair that is not `candidate_first`. The DFlash score is the
     // no-op's window over the candidate's: the baseline's serial window cancels out of it, so a
     // serial phase in every pair would buy only the record's raw ratio (a third of a DFlash
@@ -479,80 +487,18 @@ pub fn run(
         };
     }
 
-    // The noise measurement and the calibration, in one baseline worker, never scored: warm-up
-    // windows, identical windows (the noise), then the baseline's serial tokens of every prompt
-    // of the pool (the oracle's truth, and what every other build's output is compared with).
+    // The noise measurement and the calibration, in one baseline worker, never scored.
     progress.set_message("measuring noise");
     let vocab = model.vocab;
-    // Prompt streams: the noise worker's warm-up and noise prompts, then the pool.
-    let setup = prompts(
-        p.seed ^ 0x006e_6f69_7365,
-        p.warmup_windows + 1,
-        p.prompt_tokens,
-        vocab,
-    )?;
-    let (noise_prompt, warm_prompts) = setup.split_last().expect("at least one");
-    let t0 = Instant::now();
-    let mut w = attempt!(
-        Worker::spawn(&drafting(&sides.baseline, false), vocab, &model.digest),
-        Role::Baseline
-    );
-    let spawn_seconds = t0.elapsed().as_secs_f64();
-    res.baseline.build = Some(w.ready.build.clone());
-    for pr in warm_prompts {
-        attempt!(
-            w.window(request(Role::Baseline, pr, &[])?, &mut NoTick),
-            Role::Baseline
-        );
-    }
-    let (mut noise_seconds, mut noise_waits) = (vec![], vec![]);
-    for _ in 0..p.noise_windows {
-        let before = runqueue_wait_seconds(w.pid());
-        let t = attempt!(
-            w.window(request(Role::Baseline, noise_prompt, &[])?, &mut NoTick),
-            Role::Baseline
-        );
-        let after = runqueue_wait_seconds(w.pid());
-        noise_seconds.push(whole(&t));
-        noise_waits.push(before.zip(after).map(|(a, b)| b - a));
-    }
     let tolerance = r.target_half_width.map_or(DEFAULT_TOLERANCE, |h| h / 2.0);
-    let nr = noise::size_windows(
-        &noise_seconds,
-        &noise_waits,
-        tolerance,
-        spawn_seconds,
-        p.warmup_windows,
-        p.windows,
-    );
-    let k = nr.windows_per_phase;
-    res.windows_per_phase = Some(k);
-    res.noise = Some(nr);
-    let pool_size = p.warmup_windows + k;
-    let pool = {
-        let mut all = prompts(p.seed, pool_size + setup.len(), p.prompt_tokens, vocab)?;
-        // Never a pool prompt the noise worker already ran.
-        all.retain(|x| !setup.contains(x));
-        all.truncate(pool_size);
-        anyhow::ensure!(
-            all.len() == pool_size,
-            "cannot draw {pool_size} distinct prompts"
-        );
-        all
+    let Calibration {
+        pool,
+        truth,
+        pool_serial,
+    } = match calibrate(&sides.baseline, model, p, tolerance, &mut res)? {
+        Ok(c) => c,
+        Err(f) => return fail(res, f, Role::Baseline),
     };
-    let (mut truth, mut pool_seconds) = (vec![], vec![]);
-    for pr in &pool {
-        let t = attempt!(
-            w.window(request(Role::Baseline, pr, &[])?, &mut NoTick),
-            Role::Baseline
-        );
-        pool_seconds.push(whole(&t));
-        truth.push(t.tokens);
-    }
-    // The baseline's serial figures where no pair times it (the DFlash track): its windows of
-    // the pool, each prompt once in this warm worker. Only the record's raw ratio uses them.
-    let pool_serial = (noise::robust(&pool_seconds), noise::means(&pool_seconds));
-    w.shutdown();
     res.spent.noise_and_pool = start.elapsed().as_secs_f64();
     let expected_window = Duration::from_secs_f64(res.noise.as_ref().expect("set").median_seconds);
     let mut expected: HashMap<Role, Duration> =
@@ -581,7 +527,7 @@ pub fn run(
         if candidate_first {
             order.reverse();
         }
-        let mut prompt_order: Vec<usize> = (0..pool_size).collect();
+        let mut prompt_order: Vec<usize> = (0..pool.len()).collect();
         prompt_order.shuffle(&mut ChaCha8Rng::seed_from_u64(
             p.seed.wrapping_add(1 + attempt as u64),
         ));
@@ -716,21 +662,14 @@ pub fn run(
         // The outlier guard: a phase whose best window is far slower than its role's median
         // was disturbed throughout (a stall of the machine, not of the build); its pair is
         // re-run while attempts remain.
-        if pair.accepted && robust_pairs.len() >= 3 && !last_chances {
-            for ph in &pair.phases {
-                let best: Vec<f64> = res
-                    .pairs
-                    .iter()
-                    .filter(|x| x.accepted)
-                    .flat_map(|x| x.phases.iter().filter(|q| q.role == ph.role))
-                    .map(|q| q.min_window_seconds)
-                    .collect();
-                if ph.min_window_seconds > p.outlier_factor * median(&best) {
-                    pair.accepted = false;
-                    pair.rejected_because
-                        .get_or_insert_with(|| "outlier".into());
-                }
-            }
+        if pair.accepted
+            && robust_pairs.len() >= 3
+            && !last_chances
+            && outlying(&pair, &res.pairs, p.outlier_factor)
+        {
+            pair.accepted = false;
+            pair.rejected_because
+                .get_or_insert_with(|| "outlier".into());
         }
         let of = |role: Role, robust: bool| {
             figures
@@ -772,6 +711,133 @@ pub fn run(
     res.pairs_used = robust_pairs.len();
     res.stopping_reason = Some(stop);
     res.elapsed_seconds = start.elapsed().as_secs_f64();
+    Ok(conclude(res, p, &robust_pairs, &mean_pairs, last))
+}
+
+/// What the calibration worker leaves the pairs: the pool of prompts every phase runs, the
+/// baseline's serial tokens of each (the oracle's truth, and what every other build's output is
+/// compared with), and the baseline's serial figures over them.
+struct Calibration {
+    pool: Vec<Vec<u32>>,
+    truth: Vec<Vec<u32>>,
+    pool_serial: (Figures, Figures),
+}
+
+/// The noise measurement and the calibration, in one worker of `baseline`, never scored: warm-up
+/// windows, identical windows (the noise, which sizes the scored windows of a phase), then the
+/// pool's windows. Records the baseline's build, the noise and the windows per phase in `res`;
+/// the inner error is the baseline worker's fault.
+fn calibrate(
+    baseline: &Spec,
+    model: &ModelId,
+    p: &PriceParams,
+    tolerance: f64,
+    res: &mut PriceResult,
+) -> Result<Result<Calibration, Fault>> {
+    macro_rules! fault {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(f) => return Ok(Err(f)),
+            }
+        };
+    }
+    let vocab = model.vocab;
+    // Prompt streams: the noise worker's warm-up and noise prompts, then the pool.
+    let setup = prompts(
+        p.seed ^ 0x006e_6f69_7365,
+        p.warmup_windows + 1,
+        p.prompt_tokens,
+        vocab,
+    )?;
+    let (noise_prompt, warm_prompts) = setup.split_last().expect("at least one");
+    let t0 = Instant::now();
+    let mut w = fault!(Worker::spawn(
+        &drafting(baseline, false),
+        vocab,
+        &model.digest
+    ));
+    let spawn_seconds = t0.elapsed().as_secs_f64();
+    res.baseline.build = Some(w.ready.build.clone());
+    for pr in warm_prompts {
+        fault!(w.window(WindowRequest::serial(pr, p.decode_tokens), &mut NoTick));
+    }
+    let (mut noise_seconds, mut noise_waits) = (vec![], vec![]);
+    for _ in 0..p.noise_windows {
+        let before = runqueue_wait_seconds(w.pid());
+        let t = fault!(w.window(
+            WindowRequest::serial(noise_prompt, p.decode_tokens),
+            &mut NoTick
+        ));
+        let after = runqueue_wait_seconds(w.pid());
+        noise_seconds.push(whole(&t));
+        noise_waits.push(before.zip(after).map(|(a, b)| b - a));
+    }
+    let nr = noise::size_windows(
+        &noise_seconds,
+        &noise_waits,
+        tolerance,
+        spawn_seconds,
+        p.warmup_windows,
+        p.windows,
+    );
+    let k = nr.windows_per_phase;
+    res.windows_per_phase = Some(k);
+    res.noise = Some(nr);
+    let pool_size = p.warmup_windows + k;
+    let pool = {
+        let mut all = prompts(p.seed, pool_size + setup.len(), p.prompt_tokens, vocab)?;
+        // Never a pool prompt the noise worker already ran.
+        all.retain(|x| !setup.contains(x));
+        all.truncate(pool_size);
+        anyhow::ensure!(
+            all.len() == pool_size,
+            "cannot draw {pool_size} distinct prompts"
+        );
+        all
+    };
+    let (mut truth, mut pool_seconds) = (vec![], vec![]);
+    for pr in &pool {
+        let t = fault!(w.window(WindowRequest::serial(pr, p.decode_tokens), &mut NoTick));
+        pool_seconds.push(whole(&t));
+        truth.push(t.tokens);
+    }
+    // The baseline's serial figures where no pair times it (the DFlash track): its windows of
+    // the pool, each prompt once in this warm worker. Only the record's raw ratio uses them.
+    let pool_serial = (noise::robust(&pool_seconds), noise::means(&pool_seconds));
+    w.shutdown();
+    Ok(Ok(Calibration {
+        pool,
+        truth,
+        pool_serial,
+    }))
+}
+
+/// Whether a phase of `pair` has its best window more than `factor` times its role's median
+/// best window over the `earlier` accepted pairs.
+fn outlying(pair: &Pair, earlier: &[Pair], factor: f64) -> bool {
+    pair.phases.iter().any(|ph| {
+        let best: Vec<f64> = earlier
+            .iter()
+            .filter(|x| x.accepted)
+            .flat_map(|x| x.phases.iter().filter(|q| q.role == ph.role))
+            .map(|q| q.min_window_seconds)
+            .collect();
+        ph.min_window_seconds > factor * median(&best)
+    })
+}
+
+/// The verdict from the accepted pairs (`robust_pairs` the phases' minima, `mean_pairs` their
+/// means) and the last interval: the timed near-tie budget, enough pairs, the score and its
+/// interval, the plausibility guard, then the floor.
+fn conclude(
+    mut res: PriceResult,
+    p: &PriceParams,
+    robust_pairs: &[PairFigures],
+    mean_pairs: &[PairFigures],
+    last: Option<Interval>,
+) -> PriceResult {
+    let (r, dflash) = (&p.rule, p.track == Track::Dflash);
     let tf = &mut res.timed_fidelity;
     tf.near_ties_allowed = check::near_ties_allowed(p.budget_per_1000, tf.tokens.total());
     if tf.tokens.near_tie > tf.near_ties_allowed {
@@ -784,19 +850,19 @@ pub fn run(
             tf.near_ties_allowed,
             p.budget_per_1000
         ));
-        return Ok(res);
+        return res;
     }
     let n = robust_pairs.len();
     let Some(iv) = last.filter(|_| n >= r.min_pairs) else {
         res.verdict = "infra:too_few_accepted_pairs".into();
         res.detail = Some(format!(
-            "{n} of {} pairs accepted after {attempt} attempts (not quiescent, outliers, or disturbed: another process had the CPU through a phase)",
-            r.min_pairs
+            "{n} of {} pairs accepted after {} attempts (not quiescent, outliers, or disturbed: another process had the CPU through a phase)",
+            r.min_pairs, res.attempted_pair_count
         ));
-        return Ok(res);
+        return res;
     };
     let all: Vec<usize> = (0..n).collect();
-    let c = score::score(p.track, &robust_pairs, &all);
+    let c = score::score(p.track, robust_pairs, &all);
     let per_pair: Vec<f64> = res
         .pairs
         .iter()
@@ -813,23 +879,22 @@ pub fn run(
     let per_token = |v: &[PairFigures], f: fn(&PairFigures) -> f64| {
         v.iter().map(f).sum::<f64>() / v.len() as f64 / (1 + p.decode_tokens) as f64
     };
-    res.baseline_seconds_per_token = Some(per_token(&robust_pairs, |x| x.baseline.window_seconds));
-    res.candidate_seconds_per_token =
-        Some(per_token(&robust_pairs, |x| x.candidate.window_seconds));
+    res.baseline_seconds_per_token = Some(per_token(robust_pairs, |x| x.baseline.window_seconds));
+    res.candidate_seconds_per_token = Some(per_token(robust_pairs, |x| x.candidate.window_seconds));
     if dflash {
         res.raw_ratio_of_means = c.raw;
         res.noop_reference = c.noop;
-        res.noop_seconds_per_token = Some(per_token(&robust_pairs, |x| {
+        res.noop_seconds_per_token = Some(per_token(robust_pairs, |x| {
             x.noop.map_or(f64::NAN, |f| f.window_seconds)
         }));
     }
-    let miv = score::interval(p.track, &mean_pairs, r.min_pairs);
+    let miv = score::interval(p.track, mean_pairs, r.min_pairs);
     res.mean_statistic = Some(MeanStatistic {
         score: miv.score,
         ci95: [miv.lo, miv.hi],
         half_width: miv.half_width,
-        baseline_seconds_per_token: per_token(&mean_pairs, |x| x.baseline.window_seconds),
-        candidate_seconds_per_token: per_token(&mean_pairs, |x| x.candidate.window_seconds),
+        baseline_seconds_per_token: per_token(mean_pairs, |x| x.baseline.window_seconds),
+        candidate_seconds_per_token: per_token(mean_pairs, |x| x.candidate.window_seconds),
     });
     let implausible = per_pair.iter().any(|&s| s > p.max_speedup)
         || robust_pairs.iter().any(|f| {
@@ -846,7 +911,7 @@ pub fn run(
             "a pair is more than {}x faster than the baseline",
             p.max_speedup
         ));
-        return Ok(res);
+        return res;
     }
     res.verdict = score::verdict(&iv, r.floor).into();
     res.passed = res.verdict == "passed";
@@ -860,14 +925,14 @@ pub fn run(
             iv.lo,
             iv.hi,
             r.floor,
-            serde_json::to_value(stop)
+            serde_json::to_value(res.stopping_reason)
                 .ok()
                 .and_then(|v| v.as_str().map(String::from))
                 .unwrap_or_default()
         )),
         _ => None,
     };
-    Ok(res)
+    res
 }
 
 /// The plain summary table.
