@@ -716,7 +716,7 @@ async fn every_api_error_is_json_and_the_token_comes_first() {
     use axum::http::{Method, Request};
     use tower::ServiceExt;
     let dir = tempfile::tempdir().unwrap();
-    let (s, _) = arena(dir.path(), On::Sqlite, 10).await;
+    let (s, solver) = arena(dir.path(), On::Sqlite, 10).await;
     let runner = crate::cli::add_token(&s.db, "runners", "r1", "cpu", |_| Ok(()))
         .await
         .unwrap();
@@ -725,6 +725,14 @@ async fn every_api_error_is_json_and_the_token_comes_first() {
         .unwrap();
     let app = crate::server::router(s.clone());
     let big = vec![b'x'; (2 << 20) + 1];
+    // A submission's body with one field replaced.
+    let submission = |field: &str, value: Value| {
+        let mut v = serde_json::json!({
+            "track": TRACK, "note": "why", "bundle": crate::api::encode_bundle(b"x")
+        });
+        v[field] = value;
+        serde_json::to_vec(&v).unwrap()
+    };
     // Method, path, token, body, the status and what its error says.
     type Case<'a> = (
         Method,
@@ -819,11 +827,299 @@ async fn every_api_error_is_json_and_the_token_comes_first() {
             StatusCode::NOT_FOUND,
             "no route",
         ),
+        // Tokens: absent, malformed, unknown, or another kind's, on each authenticated route.
+        (
+            Method::POST,
+            "/api/submissions",
+            None,
+            submission("track", TRACK.into()),
+            StatusCode::UNAUTHORIZED,
+            "no bearer token",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some("no-dot-here"),
+            vec![],
+            StatusCode::UNAUTHORIZED,
+            "a malformed token",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&runner),
+            vec![],
+            StatusCode::UNAUTHORIZED,
+            "unknown token",
+        ),
+        (
+            Method::POST,
+            "/api/runner/lease",
+            Some(&solver),
+            b"{}".to_vec(),
+            StatusCode::UNAUTHORIZED,
+            "unknown token",
+        ),
+        (
+            Method::GET,
+            "/api/builds/k",
+            Some("r1.wrong-secret"),
+            vec![],
+            StatusCode::UNAUTHORIZED,
+            "unknown token",
+        ),
+        (
+            Method::GET,
+            "/api/hidden/sha256:00",
+            None,
+            vec![],
+            StatusCode::UNAUTHORIZED,
+            "no bearer token",
+        ),
+        (
+            Method::GET,
+            "/api/trees/0000000000000000000000000000000000000000",
+            Some(&solver),
+            vec![],
+            StatusCode::UNAUTHORIZED,
+            "unknown token",
+        ),
+        (
+            Method::PUT,
+            "/api/artifacts/sha256:00",
+            None,
+            b"x".to_vec(),
+            StatusCode::UNAUTHORIZED,
+            "no bearer token",
+        ),
+        // Intake without its Idempotency-Key.
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            submission("track", TRACK.into()),
+            StatusCode::BAD_REQUEST,
+            "Idempotency-Key",
+        ),
+        // Wrong methods.
+        (
+            Method::GET,
+            "/api/runner/lease",
+            Some(&runner),
+            vec![],
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed",
+        ),
+        (
+            Method::PUT,
+            "/api/submissions",
+            Some(&solver),
+            vec![],
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed",
+        ),
+        (
+            Method::POST,
+            "/api/builds/k",
+            Some(&runner),
+            vec![],
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed",
+        ),
+        // Ids and parameters that name nothing.
+        (
+            Method::GET,
+            "/api/tracks/nope",
+            None,
+            vec![],
+            StatusCode::NOT_FOUND,
+            "no track nope",
+        ),
+        (
+            Method::GET,
+            "/api/submissions/nope",
+            None,
+            vec![],
+            StatusCode::NOT_FOUND,
+            "no submission nope",
+        ),
+        (
+            Method::GET,
+            "/api/submissions?color=red",
+            None,
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "color",
+        ),
+        (
+            Method::GET,
+            "/api/submissions?track=nope",
+            None,
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "nope",
+        ),
+        (
+            Method::GET,
+            "/api/submissions?page=0",
+            None,
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "page",
+        ),
+        (
+            Method::GET,
+            "/api/submissions?status=won",
+            None,
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "status",
+        ),
+        (
+            Method::GET,
+            "/api/hidden/sha256:00",
+            Some(&runner),
+            vec![],
+            StatusCode::NOT_FOUND,
+            "no track names it",
+        ),
+        (
+            Method::PUT,
+            "/api/artifacts/sha256:00",
+            Some(&runner),
+            b"x".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "digest",
+        ),
+        // A runner's report and heartbeat for a lease it does not hold.
+        (
+            Method::POST,
+            "/api/runner/heartbeat",
+            Some(&runner),
+            br#"{"submission": "s", "lease_id": "l"}"#.to_vec(),
+            StatusCode::CONFLICT,
+            "the lease is lost",
+        ),
+        (
+            Method::POST,
+            "/api/runner/report",
+            Some(&runner),
+            serde_json::to_vec(&serde_json::json!({
+                "submission": "s", "lease_id": "l", "stage": "gate", "outcome": "ok",
+                "detail": "", "result": null, "builder": false
+            }))
+            .unwrap(),
+            StatusCode::CONFLICT,
+            "the lease is lost",
+        ),
+        (
+            Method::POST,
+            "/api/runner/heartbeat",
+            Some(&runner),
+            br#"{"submission": 5}"#.to_vec(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the request body",
+        ),
     ];
-    for (method, uri, token, payload, want, says) in cases {
+    // Intake's body, each with an Idempotency-Key of its own (a key already used answers the
+    // earlier submission, before the body is read).
+    let keyed: Vec<Case> = vec![
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            b"not json".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "the request body",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            submission("track", 5.into()),
+            StatusCode::BAD_REQUEST,
+            "the request body",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            br#"{"track": "t", "note": "why"}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+            "bundle",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            submission("track", "nope".into()),
+            StatusCode::BAD_REQUEST,
+            "no such track",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            submission("note", " \n".into()),
+            StatusCode::BAD_REQUEST,
+            "note",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            submission("model", "m".repeat(201).into()),
+            StatusCode::BAD_REQUEST,
+            "model",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            submission("claimed_score", "fast".into()),
+            StatusCode::BAD_REQUEST,
+            "the request body",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            submission("bundle", "%%%".into()),
+            StatusCode::BAD_REQUEST,
+            "bundle: not base64",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            submission(
+                "bundle",
+                crate::api::encode_bundle(b"not a gzip tar").into(),
+            ),
+            StatusCode::BAD_REQUEST,
+            "bundle",
+        ),
+        (
+            Method::POST,
+            "/api/submissions",
+            Some(&solver),
+            vec![b'x'; (16 << 20) + 1],
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "length limit",
+        ),
+    ];
+    let mut wrong = vec![];
+    let mut n = 0;
+    let all = cases.into_iter().map(|c| (c, false));
+    for (i, ((method, uri, token, payload, want, says), key)) in
+        all.chain(keyed.into_iter().map(|c| (c, true))).enumerate()
+    {
         let mut req = Request::builder().method(method.clone()).uri(uri);
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if key {
+            req = req.header("idempotency-key", format!("k{i}"));
         }
         let r = app
             .clone()
@@ -832,13 +1128,26 @@ async fn every_api_error_is_json_and_the_token_comes_first() {
             .unwrap();
         let (st, headers, text) = body(r).await;
         let case = format!("{method} {uri}: {st} {text}");
-        assert_eq!(st, want, "{case}");
-        assert_eq!(headers["content-type"], "application/json", "{case}");
-        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{case}: {e}"));
-        let error = v["error"].as_str().unwrap_or_else(|| panic!("{case}"));
-        assert!(!error.is_empty() && error.contains(says), "{case}");
-        if want == StatusCode::METHOD_NOT_ALLOWED {
-            assert!(headers.contains_key("allow"), "{case}");
+        let error = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        // Every case is looked at, and every one that misbehaves is told.
+        if st != want
+            || headers.get("content-type").map(|v| v.as_bytes()) != Some(b"application/json")
+            || error.is_empty()
+            || !error.contains(says)
+            || (want == StatusCode::METHOD_NOT_ALLOWED && !headers.contains_key("allow"))
+        {
+            wrong.push(format!("{case} (wanted {want}, saying {says:?})"));
         }
+        n += 1;
     }
+    assert!(
+        wrong.is_empty(),
+        "{} of {n} misbehaved:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    assert!(n >= 40, "only {n} cases");
 }

@@ -59,10 +59,13 @@ impl StateArgs {
     }
 
     pub async fn db(&self) -> Result<Db> {
+        // A --database URL needs nothing of --data: a mistyped one leaves no directory behind.
+        if let Some(url) = &self.database {
+            return Db::open(url).await;
+        }
         let data = self.data();
         std::fs::create_dir_all(&data).with_context(|| format!("--data {}", data.display()))?;
-        let url = self.database.clone().unwrap_or_else(|| sqlite_url(&data));
-        Db::open(&url).await
+        Db::open(&sqlite_url(&data)).await
     }
 }
 
@@ -457,10 +460,13 @@ async fn admin(c: AdminCmd) -> Result<()> {
     use sqlx::Row;
     match c {
         AdminCmd::Solver(TokenCmd::Add(a)) => {
+            // A bad name is refused before a database is made for it.
+            check_name(&a.name, "NAME")?;
             let db = a.state.db().await?;
             add_token(&db, "solvers", &a.name, "", |t| outln!("{t}")).await?;
         }
         AdminCmd::Runner(TokenCmd::Add(a)) => {
+            check_name(&a.name, "NAME")?;
             let db = a.state.db().await?;
             add_token(&db, "runners", &a.name, &a.kind, |t| outln!("{t}")).await?;
         }

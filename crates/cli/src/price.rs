@@ -242,6 +242,15 @@ impl PricingOpts {
             "must be at least 1",
             decode_tokens,
         )?;
+        // A window the model cannot hold would fail in its first worker, after the setup.
+        if self.prompt_tokens.saturating_add(decode_tokens) > model.max_positions {
+            bail!(
+                "--prompt-tokens {} and --decode-tokens {decode_tokens}: more than the model's \
+                 max_position_embeddings {}",
+                self.prompt_tokens,
+                model.max_positions
+            );
+        }
         let draft: DraftSpec = self
             .draft
             .parse()
@@ -292,10 +301,12 @@ impl PricingOpts {
         if let Some(k) = self.windows {
             check((1..=256).contains(&k), "--windows", "must be 1 to 256", k)?;
         }
+        // A fraction, not a percentage (as --quiet-gpu-util is): 50 would never wait at all.
+        // Below 0 no machine is ever quiet (the tests' way to price a machine that never is).
         check(
-            finite(self.quiet_cpu),
+            finite(self.quiet_cpu) && self.quiet_cpu <= 1.0,
             "--quiet-cpu",
-            "must be a number",
+            "must be a busy fraction of all CPUs, at most 1",
             self.quiet_cpu,
         )?;
         check(
@@ -390,6 +401,21 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// Refuses, before any pair runs, an --out that cannot become a directory (a file, or a path
+/// under one): found only when the result is written, it would lose the whole pricing.
+fn check_out_dir(out: &std::path::Path) -> Result<()> {
+    if let Some(existing) = out.ancestors().find(|a| a.exists()) {
+        if !existing.is_dir() {
+            bail!(
+                "--out {}: {} is not a directory",
+                out.display(),
+                existing.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn run(a: PriceArgs) -> Result<()> {
     if let Some(PriceCmd::Selftest(s)) = a.cmd {
         return selftest::run(*s);
@@ -412,6 +438,7 @@ pub fn run(a: PriceArgs) -> Result<()> {
         inputs.push(("model directory", dir));
     }
     outputs_apart(&[("--out", &a.out)], &inputs)?;
+    check_out_dir(&a.out)?;
     let baseline_bin = match (&a.baseline, &a.baseline_ref) {
         (Some(b), _) => b.clone(),
         (None, Some(r)) => baseline::build(&a.repo, r, &cache_dir(&a), &|m| eprintln!("{m}"))?,

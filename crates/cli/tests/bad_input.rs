@@ -100,6 +100,35 @@ fn golden(d: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     edit_json(&d.join("g.json"), edit);
 }
 
+/// Edits the header of the safetensors file `file` (replacing it); the data stays as it was.
+fn edit_header(file: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let b = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let mut h: serde_json::Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+    edit(&mut h);
+    let mut header = serde_json::to_vec(&h).unwrap();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&b[8 + n..]);
+    replace(file, &out);
+}
+
+/// `{D}/t/x.toml`: the serial-tiny track with the first `old` replaced by `new`.
+fn track(d: &Path, old: &str, new: &str) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks/serial-tiny.toml");
+    let text = std::fs::read_to_string(src).unwrap();
+    assert!(text.contains(old), "{old}");
+    std::fs::create_dir(d.join("t")).unwrap();
+    file(
+        &d.join("t"),
+        "x.toml",
+        text.replacen(old, new, 1).as_bytes(),
+    );
+}
+
 const TRACE: &str = "module,ns,kind,event,block,clock\nm,0,2,0,0,0\nm,5,2,2,0,9\n";
 
 fn cases() -> Vec<Case> {
@@ -1455,6 +1484,1303 @@ fn cases() -> Vec<Case> {
             "generate --model {M} --prompt-ids 1 --block-size 2 --draft oracle:-0.1",
             &["--draft"],
         ),
+        with(
+            "hidden_size 0",
+            |d| config(d, |v| v["hidden_size"] = json!(0)),
+            "inspect {D}/m",
+            &["config.json", "hidden_size", "positive"],
+        ),
+        with(
+            "hidden_size a string",
+            |d| config(d, |v| v["hidden_size"] = json!("128")),
+            "inspect {D}/m",
+            &["config.json", "hidden_size", "string"],
+        ),
+        with(
+            "hidden_size 2^64",
+            |d| {
+                model(d, |m| {
+                    let p = m.join("config.json");
+                    let t = std::fs::read_to_string(&p).unwrap();
+                    replace(
+                        &p,
+                        t.replace(
+                            "\"hidden_size\": 128",
+                            "\"hidden_size\": 18446744073709551616",
+                        )
+                        .as_bytes(),
+                    )
+                })
+            },
+            "inspect {D}/m",
+            &["config.json", "hidden_size"],
+        ),
+        with(
+            "hidden_size missing",
+            |d| {
+                config(d, |v| {
+                    v.as_object_mut().unwrap().remove("hidden_size");
+                })
+            },
+            "inspect {D}/m",
+            &["hidden_size", "missing"],
+        ),
+        with(
+            "kv heads 0",
+            |d| config(d, |v| v["num_key_value_heads"] = json!(0)),
+            "inspect {D}/m",
+            &["num_key_value_heads"],
+        ),
+        with(
+            "kv heads 3 of 4",
+            |d| config(d, |v| v["num_key_value_heads"] = json!(3)),
+            "inspect {D}/m",
+            &["num_key_value_heads 3"],
+        ),
+        with(
+            "head_dim 0",
+            |d| config(d, |v| v["head_dim"] = json!(0)),
+            "inspect {D}/m",
+            &["head_dim", "positive"],
+        ),
+        with(
+            "head_dim odd",
+            |d| config(d, |v| v["head_dim"] = json!(33)),
+            "inspect {D}/m",
+            &["head_dim", "even"],
+        ),
+        with(
+            "experts 0",
+            |d| config(d, |v| v["num_experts"] = json!(0)),
+            "inspect {D}/m",
+            &["num_experts", "positive"],
+        ),
+        with(
+            "top-k 0",
+            |d| config(d, |v| v["num_experts_per_tok"] = json!(0)),
+            "inspect {D}/m",
+            &["num_experts_per_tok"],
+        ),
+        with(
+            "vocab_size 0",
+            |d| config(d, |v| v["vocab_size"] = json!(0)),
+            "inspect {D}/m",
+            &["vocab_size", "positive"],
+        ),
+        with(
+            "vocab_size -1",
+            |d| config(d, |v| v["vocab_size"] = json!(-1)),
+            "inspect {D}/m",
+            &["vocab_size", "-1"],
+        ),
+        with(
+            "layers 0",
+            |d| config(d, |v| v["num_hidden_layers"] = json!(0)),
+            "inspect {D}/m",
+            &["num_hidden_layers", "positive"],
+        ),
+        with(
+            "layer_types short",
+            |d| {
+                config(d, |v| {
+                    v["layer_types"].as_array_mut().unwrap().pop();
+                })
+            },
+            "inspect {D}/m",
+            &["layer_types", "3 entries"],
+        ),
+        with(
+            "layer_types unknown",
+            |d| config(d, |v| v["layer_types"][0] = json!("global")),
+            "inspect {D}/m",
+            &["layer_types[0]", "global"],
+        ),
+        with(
+            "mlp_layer_types unknown",
+            |d| config(d, |v| v["mlp_layer_types"][1] = json!("huge")),
+            "inspect {D}/m",
+            &["mlp_layer_types[1]", "huge"],
+        ),
+        with(
+            "mlp_layer_types short",
+            |d| {
+                config(d, |v| {
+                    v["mlp_layer_types"].as_array_mut().unwrap().pop();
+                })
+            },
+            "inspect {D}/m",
+            &["mlp_layer_types", "3 entries"],
+        ),
+        with(
+            "heads per layer short",
+            |d| {
+                config(d, |v| {
+                    v["num_attention_heads_per_layer"]
+                        .as_array_mut()
+                        .unwrap()
+                        .pop();
+                })
+            },
+            "inspect {D}/m",
+            &["num_attention_heads_per_layer", "3 entries"],
+        ),
+        with(
+            "heads per layer 3",
+            |d| config(d, |v| v["num_attention_heads_per_layer"][1] = json!(3)),
+            "inspect {D}/m",
+            &["num_attention_heads_per_layer[1]"],
+        ),
+        with(
+            "gating_types unknown",
+            |d| config(d, |v| v["gating_types"][0] = json!("sigmoid")),
+            "inspect {D}/m",
+            &["gating_types[0]", "sigmoid"],
+        ),
+        with(
+            "gating none",
+            |d| config(d, |v| v["gating"] = json!("none")),
+            "inspect {D}/m",
+            &["gating", "none"],
+        ),
+        with(
+            "rope_type linear",
+            |d| {
+                config(d, |v| {
+                    v["rope_parameters"]["full_attention"]["rope_type"] = json!("linear")
+                })
+            },
+            "inspect {D}/m",
+            &["full_attention.rope_type", "linear"],
+        ),
+        with(
+            "partial_rotary_factor 2",
+            |d| {
+                config(d, |v| {
+                    v["rope_parameters"]["sliding_attention"]["partial_rotary_factor"] = json!(2.0)
+                })
+            },
+            "inspect {D}/m",
+            &["sliding_attention.partial_rotary_factor"],
+        ),
+        with(
+            "sliding rope missing",
+            |d| {
+                config(d, |v| {
+                    v["rope_parameters"]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("sliding_attention");
+                })
+            },
+            "inspect {D}/m",
+            &["rope_parameters.sliding_attention", "missing"],
+        ),
+        with(
+            "quantization bits 8",
+            |d| config(d, |v| v["quantization"]["bits"] = json!(8)),
+            "inspect {D}/m",
+            &["quantization", "bits 4"],
+        ),
+        with(
+            "quantization mode int4",
+            |d| config(d, |v| v["quantization"]["mode"] = json!("int4")),
+            "inspect {D}/m",
+            &["quantization.mode", "int4"],
+        ),
+        with(
+            "intermediate_size 0",
+            |d| config(d, |v| v["intermediate_size"] = json!(0)),
+            "inspect {D}/m",
+            &["intermediate_size"],
+        ),
+        with(
+            "moe_intermediate_size 0",
+            |d| config(d, |v| v["moe_intermediate_size"] = json!(0)),
+            "inspect {D}/m",
+            &["moe_intermediate_size"],
+        ),
+        with(
+            "shared expert size 0",
+            |d| config(d, |v| v["shared_expert_intermediate_size"] = json!(0)),
+            "inspect {D}/m",
+            &["shared_expert_intermediate_size"],
+        ),
+        with(
+            "moe scaling 1e300",
+            |d| config(d, |v| v["moe_routed_scaling_factor"] = json!(1e300)),
+            "inspect {D}/m",
+            &["moe_routed_scaling_factor", "finite"],
+        ),
+        with(
+            "bos outside vocab",
+            |d| config(d, |v| v["bos_token_id"] = json!(9999)),
+            "inspect {D}/m",
+            &["bos_token_id", "9999"],
+        ),
+        with(
+            "pad outside vocab",
+            |d| config(d, |v| v["pad_token_id"] = json!(9999)),
+            "inspect {D}/m",
+            &["pad_token_id", "9999"],
+        ),
+        with(
+            "model_type llama",
+            |d| config(d, |v| v["model_type"] = json!("llama")),
+            "inspect {D}/m",
+            &["model_type", "llama"],
+        ),
+        with(
+            "sliding_window a string",
+            |d| config(d, |v| v["sliding_window"] = json!("32")),
+            "inspect {D}/m",
+            &["sliding_window", "string"],
+        ),
+        with(
+            "config empty",
+            |d| model(d, |m| replace(&m.join("config.json"), b"")),
+            "inspect {D}/m",
+            &["config.json", "EOF"],
+        ),
+        with(
+            "config an array",
+            |d| model(d, |m| replace(&m.join("config.json"), b"[]")),
+            "inspect {D}/m",
+            &["config.json", "invalid JSON"],
+        ),
+        with(
+            "tied embeddings, lm_head present",
+            |d| config(d, |v| v["tie_word_embeddings"] = json!(true)),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2",
+            &["lm_head.weight", "not in the config's inventory"],
+        ),
+        with(
+            "drafter hidden_size 64",
+            |d| drafter_config(d, |v| v["hidden_size"] = json!(64)),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/model.safetensors", "expected [64]"],
+        ),
+        with(
+            "drafter vocab 256",
+            |d| drafter_config(d, |v| v["vocab_size"] = json!(256)),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "vocab_size"],
+        ),
+        with(
+            "drafter target layer 9",
+            |d| {
+                drafter_config(d, |v| {
+                    v["dflash_config"]["target_layer_ids"] = json!([1, 9])
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "target_layer_ids[1]"],
+        ),
+        with(
+            "drafter target layers none",
+            |d| drafter_config(d, |v| v["dflash_config"]["target_layer_ids"] = json!([])),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "target_layer_ids"],
+        ),
+        with(
+            "drafter mask outside vocab",
+            |d| drafter_config(d, |v| v["dflash_config"]["mask_token_id"] = json!(9999)),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "mask_token_id"],
+        ),
+        with(
+            "drafter without dflash_config",
+            |d| {
+                drafter_config(d, |v| {
+                    v.as_object_mut().unwrap().remove("dflash_config");
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "dflash_config", "missing"],
+        ),
+        with(
+            "drafter num_target_layers 8",
+            |d| drafter_config(d, |v| v["num_target_layers"] = json!(8)),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "num_target_layers"],
+        ),
+        with(
+            "drafter rope_theta 0",
+            |d| drafter_config(d, |v| v["rope_theta"] = json!(0)),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "rope_theta"],
+        ),
+        with(
+            "drafter layer_types short",
+            |d| {
+                drafter_config(d, |v| {
+                    v["layer_types"].as_array_mut().unwrap().pop();
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "layer_types"],
+        ),
+        with(
+            "drafter head_dim 0",
+            |d| drafter_config(d, |v| v["head_dim"] = json!(0)),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "head_dim"],
+        ),
+        with(
+            "drafter kv heads 3",
+            |d| drafter_config(d, |v| v["num_key_value_heads"] = json!(3)),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "num_key_value_heads 3"],
+        ),
+        with(
+            "drafter config an array",
+            |d| model(d, |m| replace(&m.join("drafter/config.json"), b"[1]")),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/config.json", "invalid JSON"],
+        ),
+        with(
+            "transform hidden_size 0",
+            |d| {
+                hf(d, |h| {
+                    edit_json(&h.join("config.json"), |v| v["hidden_size"] = json!(0))
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["config.json", "hidden_size"],
+        ),
+        with(
+            "norm stored as F16",
+            |d| {
+                model(d, |m| {
+                    edit_header(&m.join("model.safetensors"), |h| {
+                        h["model.norm.weight"]["dtype"] = json!("F16")
+                    })
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2",
+            &["model.norm.weight", "F16", "BF16"],
+        ),
+        with(
+            "norm of shape [64, 2]",
+            |d| {
+                model(d, |m| {
+                    edit_header(&m.join("model.safetensors"), |h| {
+                        h["model.norm.weight"]["shape"] = json!([64, 2])
+                    })
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2",
+            &["model.norm.weight", "[64, 2]", "[128]"],
+        ),
+        with(
+            "scales stored as I8",
+            |d| {
+                model(d, |m| {
+                    edit_header(&m.join("model.safetensors"), |h| {
+                        h["model.layers.1.mlp.switch_mlp.down_proj.scales"]["dtype"] = json!("I8")
+                    })
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2",
+            &["model.layers.1.mlp.switch_mlp.down_proj.scales", "I8"],
+        ),
+        with(
+            "tensor past the end",
+            |d| {
+                model(d, |m| {
+                    edit_header(&m.join("model.safetensors"), |h| {
+                        h["model.norm.weight"]["data_offsets"] = json!([0u64, 1u64 << 40])
+                    })
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2",
+            &["model.safetensors", "model.norm.weight"],
+        ),
+        with(
+            "safetensors header 2^64-1",
+            |d| {
+                model(d, |m| {
+                    let p = m.join("model.safetensors");
+                    let mut b = std::fs::read(&p).unwrap();
+                    b[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+                    replace(&p, &b)
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2",
+            &["model.safetensors", "header too large"],
+        ),
+        with(
+            "safetensors empty",
+            |d| model(d, |m| replace(&m.join("model.safetensors"), b"")),
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2",
+            &["model.safetensors", "header too small"],
+        ),
+        with(
+            "safetensors a directory",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("model.safetensors")).unwrap();
+                    std::fs::create_dir(m.join("model.safetensors")).unwrap();
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2",
+            &["model.safetensors", "directory"],
+        ),
+        with(
+            "safetensors a dangling link",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("model.safetensors")).unwrap();
+                    std::os::unix::fs::symlink("nowhere", m.join("model.safetensors")).unwrap();
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2",
+            &["model.safetensors"],
+        ),
+        with(
+            "drafter fc.weight of shape [1, 1]",
+            |d| {
+                model(d, |m| {
+                    edit_header(&m.join("drafter/model.safetensors"), |h| {
+                        h["fc.weight"]["shape"] = json!([1, 1])
+                    })
+                })
+            },
+            "generate --model {D}/m --prompt-ids 1 --max-new-tokens 2 --block-size 2",
+            &["drafter/model.safetensors"],
+        ),
+        with(
+            "transform lm_head of shape [1, 1]",
+            |d| {
+                hf(d, |h| {
+                    edit_header(&h.join("model.safetensors"), |x| {
+                        x["lm_head.weight"]["shape"] = json!([1, 1])
+                    })
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["model.safetensors"],
+        ),
+        with(
+            "transform tensor removed",
+            |d| {
+                hf(d, |h| {
+                    edit_header(&h.join("model.safetensors"), |x| {
+                        x.as_object_mut().unwrap().remove("model.norm.weight");
+                    })
+                })
+            },
+            "transform {D}/h {D}/o",
+            &["model.safetensors", "not fully covered"],
+        ),
+        with(
+            "tokenizer a directory",
+            |d| {
+                model(d, |m| {
+                    std::fs::remove_file(m.join("tokenizer.json")).unwrap();
+                    std::fs::create_dir(m.join("tokenizer.json")).unwrap();
+                })
+            },
+            "generate --model {D}/m --prompt hello",
+            &["tokenizer.json", "directory"],
+        ),
+        with(
+            "verify an empty MANIFEST",
+            |d| model(d, |m| replace(&m.join("MANIFEST"), b"")),
+            "verify {D}/m",
+            &["config.json", "not listed"],
+        ),
+        with(
+            "verify without drafter/",
+            |d| model(d, |m| std::fs::remove_dir_all(m.join("drafter")).unwrap()),
+            "verify {D}/m",
+            &["drafter/config.json", "missing"],
+        ),
+        case("worker model is a file", "worker --model {B}", &["config.json"]),
+        with(
+            "golden format",
+            |d| golden(d, |g| g["format"] = json!("other")),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "format", "other"],
+        ),
+        with(
+            "golden version 2",
+            |d| golden(d, |g| g["version"] = json!(2)),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "version"],
+        ),
+        with(
+            "golden digest not hex",
+            |d| golden(d, |g| g["model_digest"] = json!("abc")),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "model_digest"],
+        ),
+        with(
+            "golden vocab 0",
+            |d| golden(d, |g| g["vocab_size"] = json!(0)),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "vocab_size"],
+        ),
+        with(
+            "golden prompt empty",
+            |d| golden(d, |g| g["prompt"] = json!([])),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "prompt", "empty"],
+        ),
+        with(
+            "golden prompt a string",
+            |d| golden(d, |g| g["prompt"] = json!("1,2")),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "string"],
+        ),
+        with(
+            "golden tokens empty",
+            |d| {
+                golden(d, |g| {
+                    g["tokens"] = json!([]);
+                    g["steps"] = json!([]);
+                })
+            },
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "tokens", "empty"],
+        ),
+        with(
+            "golden token not its step's best",
+            |d| {
+                golden(d, |g| {
+                    g["tokens"][0] = json!((g["tokens"][0].as_u64().unwrap() + 1) % 512)
+                })
+            },
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "steps[0].top[0].id", "tokens[0]"],
+        ),
+        with(
+            "golden top-2 worst first",
+            |d| {
+                golden(d, |g| {
+                    g["steps"][0]["top"].as_array_mut().unwrap().reverse();
+                })
+            },
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "steps[0].top"],
+        ),
+        with(
+            "golden top-2 the same id",
+            |d| {
+                golden(d, |g| {
+                    g["steps"][1]["top"][1]["id"] = g["steps"][1]["top"][0]["id"].clone()
+                })
+            },
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "steps[1].top", "distinct"],
+        ),
+        with(
+            "golden logit null",
+            |d| golden(d, |g| g["steps"][0]["top"][0]["logit"] = json!(null)),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "null"],
+        ),
+        with(
+            "golden steps one too many",
+            |d| {
+                golden(d, |g| {
+                    let s = g["steps"][0].clone();
+                    g["steps"].as_array_mut().unwrap().push(s);
+                })
+            },
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "steps"],
+        ),
+        with(
+            "golden without made_by",
+            |d| {
+                golden(d, |g| {
+                    g.as_object_mut().unwrap().remove("made_by");
+                })
+            },
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "made_by"],
+        ),
+        with(
+            "golden screen unknown field",
+            |d| golden(d, |g| g["screen"]["x"] = json!(1)),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "`x`"],
+        ),
+        with(
+            "golden an array",
+            |d| file(d, "g.json", b"[]"),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json"],
+        ),
+        with(
+            "golden empty",
+            |d| file(d, "g.json", b""),
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/g.json",
+            &["g.json", "EOF"],
+        ),
+        with(
+            "golden dir with a non-golden",
+            |d| {
+                std::fs::create_dir(d.join("e")).unwrap();
+                file(&d.join("e"), "x.json", b"{}");
+            },
+            "gate --reference {B} --candidate {B} --model {M} --golden {D}/e",
+            &["x.json", "format"],
+        ),
+        with(
+            "bisect golden of another model",
+            |d| golden(d, |g| g["model_digest"] = json!("cd".repeat(32))),
+            "bisect --model {M} --golden {D}/g.json",
+            &["g.json", "model_digest", "another model"],
+        ),
+        case(
+            "generate --max-new-tokens abc",
+            "generate --model {M} --prompt-ids 1 --max-new-tokens abc",
+            &["--max-new-tokens", "abc"],
+        ),
+        case(
+            "generate --prompt with --prompt-ids",
+            "generate --model {M} --prompt hi --prompt-ids 1",
+            &["--prompt", "--prompt-ids"],
+        ),
+        case(
+            "generate oracle without P",
+            "generate --model {M} --prompt-ids 1 --block-size 2 --draft oracle:",
+            &["--draft"],
+        ),
+        case(
+            "generate id 2^32",
+            "generate --model {M} --prompt-ids 4294967296",
+            &["--prompt-ids", "4294967296"],
+        ),
+        case(
+            "bench --decode-tokens abc",
+            "bench --model {M} --decode-tokens abc",
+            &["--decode-tokens"],
+        ),
+        case("bench --prompts a directory", "bench --model {M} --prompts {D}", &["directory"]),
+        with(
+            "bench empty prompts file",
+            |d| file(d, "p.txt", b""),
+            "bench --model {M} --prompts {D}/p.txt",
+            &["p.txt", "no prompts"],
+        ),
+        with(
+            "bench traces without prompts",
+            |d| file(d, "p.json", br#"{"prompts":[]}"#),
+            "bench --model {M} --prompts {D}/p.json",
+            &["p.json", "no prompts"],
+        ),
+        with(
+            "bench trace id -1",
+            |d| file(d, "p.json", br#"{"prompts":[{"prompt_ids":[-1]}]}"#),
+            "bench --model {M} --prompts {D}/p.json",
+            &["p.json", "prompt_ids"],
+        ),
+        case(
+            "golden --synthetic on cpu",
+            "golden make --synthetic xs2.1 --out {D}/g",
+            &["--synthetic", "--backend cuda"],
+        ),
+        with(
+            "golden --out under a file",
+            |d| file(d, "f", b"x"),
+            "golden make --model {M} --out {D}/f/g",
+            &["--out", "f"],
+        ),
+        with(
+            "golden --reference not executable",
+            |d| file(d, "r", b"#!/bin/sh\n"),
+            "golden make --model {M} --out {D}/g --reference {D}/r",
+            &["--reference", "execute"],
+        ),
+        case(
+            "gate --draft junk",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --draft junk",
+            &["--draft", "junk"],
+        ),
+        case(
+            "gate --draft-block-size 1",
+            "gate --draft drafter --draft-block-size 1 --golden {G}",
+            &["--draft-block-size"],
+        ),
+        case(
+            "gate --draft-block-size without --draft",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --draft-block-size 4",
+            &["--draft"],
+        ),
+        case(
+            "gate --candidate-flags warp",
+            "gate --reference {B} --candidate {B} --model {M} --golden {G} --candidate-flags warp",
+            &["warp"],
+        ),
+        case(
+            "gate missing reference",
+            "gate --reference {D}/nope --candidate {B} --model {M} --golden {G}",
+            &["--reference", "nope"],
+        ),
+        case(
+            "gate --synthetic on cpu",
+            "gate --reference {B} --candidate {B} --synthetic xs2.1 --golden {G}",
+            &["--synthetic"],
+        ),
+        case("bisect --flags warp", "bisect --model {M} --golden {G} --flags warp", &["warp"]),
+        case(
+            "bisect --candidate a directory",
+            "bisect --model {M} --golden {G} --candidate {D}",
+            &["--candidate", "directory"],
+        ),
+        case(
+            "bisect --json in the model",
+            "bisect --model {M} --golden {G} --json {M}/b.json",
+            &["--json", "inside the model directory"],
+        ),
+        case(
+            "price --pairs 3",
+            "price --baseline {B} --model {M} --out {D}/p --pairs 3",
+            &["--pairs"],
+        ),
+        case(
+            "price --target-ci 0",
+            "price --baseline {B} --model {M} --out {D}/p --target-ci 0",
+            &["--target-ci"],
+        ),
+        case(
+            "price --target-ci 1.5",
+            "price --baseline {B} --model {M} --out {D}/p --target-ci 1.5",
+            &["--target-ci"],
+        ),
+        case(
+            "price --min-pairs 0",
+            "price --baseline {B} --model {M} --out {D}/p --min-pairs 0",
+            &["--min-pairs"],
+        ),
+        case(
+            "price --max-pairs below --min-pairs",
+            "price --baseline {B} --model {M} --out {D}/p --min-pairs 20 --max-pairs 10",
+            &["--max-pairs", "--min-pairs"],
+        ),
+        case(
+            "price --floor 0",
+            "price --baseline {B} --model {M} --out {D}/p --floor 0",
+            &["--floor"],
+        ),
+        case(
+            "price --noise-windows 1",
+            "price --baseline {B} --model {M} --out {D}/p --noise-windows 1",
+            &["--noise-windows"],
+        ),
+        case(
+            "price --windows 0",
+            "price --baseline {B} --model {M} --out {D}/p --windows 0",
+            &["--windows"],
+        ),
+        case(
+            "price --warmup-windows 100",
+            "price --baseline {B} --model {M} --out {D}/p --warmup-windows 100",
+            &["--warmup-windows"],
+        ),
+        case(
+            "price --stall 0",
+            "price --baseline {B} --model {M} --out {D}/p --stall 0",
+            &["--stall"],
+        ),
+        case(
+            "price --outlier-factor 0.5",
+            "price --baseline {B} --model {M} --out {D}/p --outlier-factor 0.5",
+            &["--outlier-factor"],
+        ),
+        case(
+            "price --max-speedup 1",
+            "price --baseline {B} --model {M} --out {D}/p --max-speedup 1",
+            &["--max-speedup"],
+        ),
+        case(
+            "price --budget 2000",
+            "price --baseline {B} --model {M} --out {D}/p --budget 2000",
+            &["--budget"],
+        ),
+        case(
+            "price --block-size 99",
+            "price --baseline {B} --model {M} --out {D}/p --track dflash --block-size 99",
+            &["--block-size"],
+        ),
+        case(
+            "price --draft junk",
+            "price --baseline {B} --model {M} --out {D}/p --draft junk",
+            &["--draft", "junk"],
+        ),
+        case(
+            "price --track quick",
+            "price --baseline {B} --model {M} --out {D}/p --track quick",
+            &["--track"],
+        ),
+        case(
+            "price --time-budget 0",
+            "price --baseline {B} --model {M} --out {D}/p --time-budget 0",
+            &["--time-budget"],
+        ),
+        case(
+            "price --prompt-tokens 0",
+            "price --baseline {B} --model {M} --out {D}/p --prompt-tokens 0",
+            &["--prompt-tokens"],
+        ),
+        case(
+            "price --decode-tokens 0",
+            "price --baseline {B} --model {M} --out {D}/p --decode-tokens 0",
+            &["--decode-tokens"],
+        ),
+        case(
+            "price --quiet-gpu-temp NaN",
+            "price --baseline {B} --model {M} --out {D}/p --quiet-gpu-temp NaN",
+            &["--quiet-gpu-temp"],
+        ),
+        case(
+            "price --quiet-cpu 50",
+            "price --baseline {B} --model {M} --out {D}/p --quiet-cpu 50",
+            &["--quiet-cpu"],
+        ),
+        case(
+            "price --quiet-wait -1",
+            "price --baseline {B} --model {M} --out {D}/p --quiet-wait=-1",
+            &["--quiet-wait"],
+        ),
+        case(
+            "price --prompt-tokens 10^6",
+            "price --baseline {B} --model {M} --out {D}/p --prompt-tokens 1000000",
+            &["--prompt-tokens", "max_position_embeddings"],
+        ),
+        case(
+            "price missing candidate",
+            "price --baseline {B} --model {M} --out {D}/p --candidate {D}/nope",
+            &["nope"],
+        ),
+        case(
+            "price missing noop",
+            "price --baseline {B} --model {M} --out {D}/p --noop {D}/nope",
+            &["nope"],
+        ),
+        case(
+            "price --baseline-ref with --baseline",
+            "price --baseline {B} --model {M} --out {D}/p --baseline-ref HEAD",
+            &["--baseline", "--baseline-ref"],
+        ),
+        case(
+            "price missing baseline",
+            "price --baseline {D}/nope --model {M} --out {D}/p",
+            &["nope", "no such build"],
+        ),
+        case(
+            "price --baseline-ref outside a repository",
+            "price --baseline-ref HEAD --repo {D} --model {M} --out {D}/p",
+            &["HEAD", "not a git repository"],
+        ),
+        with(
+            "price --out a file",
+            |d| file(d, "p", b"x"),
+            "price --baseline {B} --model {M} --out {D}/p",
+            &["--out", "not a directory"],
+        ),
+        with(
+            "price --out under a file",
+            |d| file(d, "f", b"x"),
+            "price --baseline {B} --model {M} --out {D}/f/p",
+            &["--out", "not a directory"],
+        ),
+        case("selftest --runs 0", "price selftest --model {M} --out {D}/s --runs 0", &["--runs"]),
+        case("selftest --load 1", "price selftest --model {M} --out {D}/s --load 1", &["--load"]),
+        case(
+            "selftest --slowdown 1000",
+            "price selftest --model {M} --out {D}/s --slowdown 1000",
+            &["--slowdown"],
+        ),
+        case(
+            "selftest missing --faulty",
+            "price selftest --model {M} --out {D}/s --faulty {D}/nope",
+            &["--faulty", "nope"],
+        ),
+        case("check missing model", "check --model {D}/none", &["none", "config.json"]),
+        case("check --positions abc", "check --positions abc --model {M}", &["--positions"]),
+        with(
+            "timeline --svg its directory",
+            |d| file(d, "t.csv", TRACE.as_bytes()),
+            "timeline {D}/t.csv --svg {D}",
+            &["--svg", "t.csv"],
+        ),
+        with(
+            "timeline empty",
+            |d| file(d, "t.csv", b""),
+            "timeline {D}/t.csv",
+            &["t.csv", "no trace records"],
+        ),
+        case("timeline a directory", "timeline {D}", &["directory"]),
+        with(
+            "timeline a bad number",
+            |d| {
+                file(
+                    d,
+                    "t.csv",
+                    b"module,ns,kind,event,block,clock\nm,x,2,0,0,0\n",
+                )
+            },
+            "timeline {D}/t.csv",
+            &["t.csv", "line: 2"],
+        ),
+        with(
+            "timeline a short row",
+            |d| file(d, "t.csv", b"module,ns,kind,event,block,clock\nm,0,2\n"),
+            "timeline {D}/t.csv",
+            &["t.csv", "3 fields"],
+        ),
+        with(
+            "timeline --window abc",
+            |d| file(d, "t.csv", TRACE.as_bytes()),
+            "timeline {D}/t.csv --window abc",
+            &["--window"],
+        ),
+        case("kernels --arch sm_10", "kernels --out {D}/k --arch sm_10", &["--arch", "sm_10"]),
+        with(
+            "kernels --out not empty",
+            |d| {
+                std::fs::create_dir(d.join("k")).unwrap();
+                file(&d.join("k"), "x", b"x");
+            },
+            "kernels --out {D}/k --arch sm_90a",
+            &["--out", "not empty"],
+        ),
+        with(
+            "kernels --out a file",
+            |d| file(d, "k", b"x"),
+            "kernels --out {D}/k --arch sm_90a",
+            &["--out", "not a directory"],
+        ),
+        with(
+            "kernels --out under a file",
+            |d| file(d, "f", b"x"),
+            "kernels --out {D}/f/k --arch sm_90a",
+            &["--out", "f/k"],
+        ),
+        with(
+            "track name ../x",
+            |d| track(d, r#"name = "serial-tiny""#, r#"name = "../x""#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "name"],
+        ),
+        with(
+            "track clock_track fast",
+            |d| track(d, r#"clock_track = "serial""#, r#"clock_track = "fast""#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "clock_track"],
+        ),
+        with(
+            "track runner_kind tpu",
+            |d| track(d, r#"runner_kind = "cpu""#, r#"runner_kind = "tpu""#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "runner_kind"],
+        ),
+        with(
+            "track surface empty",
+            |d| track(d, r#"surface = ["#, r#"surface = [] #"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "surface"],
+        ),
+        with(
+            "track surface from a wildcard",
+            |d| track(d, r#"surface = ["#, r#"surface = ["**/*.rs", "#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "surface", "wildcard"],
+        ),
+        with(
+            "track surface with ..",
+            |d| track(d, r#"surface = ["#, r#"surface = ["crates/../x", "#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "surface", "'..'"],
+        ),
+        with(
+            "track baseline abc",
+            |d| track(d, r#"baseline = ""#, r#"baseline = "abc" #""#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "baseline"],
+        ),
+        with(
+            "track publish_code sometimes",
+            |d| track(d, r#"publish_code = ""#, r#"publish_code = "sometimes" #""#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "publish_code"],
+        ),
+        with(
+            "track model.dir /etc",
+            |d| track(d, r#"dir = "assets"#, r#"dir = "/etc" #""#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "model.dir"],
+        ),
+        with(
+            "track model.digest md5",
+            |d| track(d, r#"digest = "sha256:"#, r#"digest = "md5:"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "model.digest"],
+        ),
+        with(
+            "track model.backend gpu",
+            |d| track(d, r#"backend = "cpu""#, r#"backend = "gpu""#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "model.backend"],
+        ),
+        with(
+            "track goldens.hidden bare hex",
+            |d| track(d, r#"hidden = "sha256:"#, r#"hidden = ""#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "goldens.hidden"],
+        ),
+        with(
+            "track goldens.public_count 0",
+            |d| track(d, r#"public_count = 1"#, r#"public_count = 0"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "goldens.public_count"],
+        ),
+        with(
+            "track goldens.tokens 10^10",
+            |d| track(d, r#"tokens = 64"#, r#"tokens = 10000000000"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "goldens.prompt_tokens"],
+        ),
+        with(
+            "track goldens.block_size 0",
+            |d| track(d, r#"block_size = 4"#, r#"block_size = 0"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "goldens.block_size"],
+        ),
+        with(
+            "track clock.floor 0",
+            |d| track(d, r#"floor = 0.95"#, r#"floor = 0.0"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "clock.floor"],
+        ),
+        with(
+            "track clock.target_ci 1",
+            |d| track(d, r#"target_ci = 0.01"#, r#"target_ci = 1.0"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "clock.target_ci"],
+        ),
+        with(
+            "track clock.min_pairs 2",
+            |d| track(d, r#"min_pairs = 10"#, r#"min_pairs = 2"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "clock.min_pairs"],
+        ),
+        with(
+            "track clock.time_budget -1",
+            |d| track(d, r#"time_budget = 600.0"#, r#"time_budget = -1.0"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "clock.time_budget"],
+        ),
+        with(
+            "track caps.file_bytes 0",
+            |d| track(d, r#"file_bytes = 262144"#, r#"file_bytes = 0"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "caps", "file_bytes"],
+        ),
+        with(
+            "track caps.failures_per_day 0",
+            |d| track(d, r#"failures_per_day = 10"#, r#"failures_per_day = 0"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "caps.failures_per_day"],
+        ),
+        with(
+            "track caps.free_infra_per_day 5000",
+            |d| {
+                track(
+                    d,
+                    r#"free_infra_per_day = 2"#,
+                    r#"free_infra_per_day = 5000"#,
+                )
+            },
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "caps.free_infra_per_day"],
+        ),
+        with(
+            "track promotion.margin -0.01",
+            |d| track(d, r#"margin = 0.01"#, r#"margin = -0.01"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "promotion.margin"],
+        ),
+        with(
+            "track build.cargo_args empty",
+            |d| track(d, r#"cargo_args = ["#, r#"cargo_args = [] #"#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "cargo_args"],
+        ),
+        with(
+            "track an unknown field",
+            |d| track(d, r#"[model]"#, "color = \"red\"\n[model]"),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "color"],
+        ),
+        with(
+            "track synthetic weights on cpu",
+            |d| track(d, r#"dir = "assets/laguna-tiny""#, r#"synthetic = "xs2.1""#),
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "model.synthetic"],
+        ),
+        with(
+            "track not TOML",
+            |d| {
+                std::fs::create_dir(d.join("t")).unwrap();
+                file(&d.join("t"), "x.toml", b"name = ");
+            },
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "TOML parse error"],
+        ),
+        case("tracks missing", "arena admin tracks --tracks {D}/none", &["--tracks", "none"]),
+        with(
+            "tracks none in the directory",
+            |d| std::fs::create_dir(d.join("t")).unwrap(),
+            "arena admin tracks --tracks {D}/t",
+            &["--tracks", "no *.toml"],
+        ),
+        with(
+            "track named twice",
+            |d| {
+                track(d, "name", "name");
+                std::fs::copy(d.join("t/x.toml"), d.join("t/y.toml")).unwrap();
+            },
+            "arena admin tracks --tracks {D}/t",
+            &["y.toml", "a second track named serial-tiny"],
+        ),
+        with(
+            "track a FIFO",
+            |d| {
+                std::fs::create_dir(d.join("t")).unwrap();
+                mkfifo(&d.join("t/x.toml"));
+            },
+            "arena admin tracks --tracks {D}/t",
+            &["x.toml", "FIFO"],
+        ),
+        with(
+            "serve a bad track",
+            |d| track(d, r#"runner_kind = "cpu""#, r#"runner_kind = "tpu""#),
+            "arena serve --tracks {D}/t --data {D}/data",
+            &["x.toml", "runner_kind"],
+        ),
+        case(
+            "serve --lease-seconds 0",
+            "arena serve --lease-seconds 0 --data {D}/data",
+            &["--lease-seconds"],
+        ),
+        case(
+            "runner --server not a URL",
+            "arena runner --server not-a-url --token r.s --cache {D}/c",
+            &["--server", "not-a-url"],
+        ),
+        case(
+            "runner --poll-seconds 0",
+            "arena runner --server http://127.0.0.1:1 --token r.s --cache {D}/c --poll-seconds 0",
+            &["--poll-seconds"],
+        ),
+        case(
+            "runner --kind gpu",
+            "arena runner --server http://127.0.0.1:1 --token r.s --kind gpu",
+            &["--kind", "gpu"],
+        ),
+        case(
+            "status --server ftp",
+            "arena status --server ftp://127.0.0.1:1 1",
+            &["--server", "ftp://127.0.0.1:1"],
+        ),
+        case(
+            "status of a closed port",
+            "arena status --server http://127.0.0.1:1 1",
+            &["127.0.0.1:1", "refused"],
+        ),
+        with(
+            "submit to a closed port",
+            |d| file(d, "n.md", b"why"),
+            "submit --server http://127.0.0.1:1 --token a.b --track t --note-file {D}/n.md",
+            &["127.0.0.1:1", "refused"],
+        ),
+        case(
+            "submit missing note",
+            "submit --server http://127.0.0.1:1 --token a.b --track t --note-file {D}/none.md",
+            &["--note-file", "none.md"],
+        ),
+        case(
+            "submit note a directory",
+            "submit --server http://127.0.0.1:1 --token a.b --track serial-tiny --note-file {D}",
+            &["--note-file", "directory"],
+        ),
+        with(
+            "submit empty note",
+            |d| file(d, "n.md", b""),
+            "submit --server http://127.0.0.1:1 --token a.b --track t --note-file {D}/n.md",
+            &["--note-file", "empty"],
+        ),
+        with(
+            "submit note a FIFO",
+            |d| mkfifo(&d.join("n.md")),
+            "submit --server http://127.0.0.1:1 --token a.b --track t --note-file {D}/n.md",
+            &["--note-file", "FIFO"],
+        ),
+        with(
+            "submit note not UTF-8",
+            |d| file(d, "n.md", b"\xff\xfe\x00"),
+            "submit --server http://127.0.0.1:1 --token a.b --track t --note-file {D}/n.md",
+            &["--note-file", "UTF-8"],
+        ),
+        with(
+            "submit --claimed-score NaN",
+            |d| file(d, "n.md", b"why"),
+            "submit --claimed-score NaN --server http://h:1 --token a.b --track t --note-file n.md",
+            &["--claimed-score"],
+        ),
+        with(
+            "submit --server not a URL",
+            |d| file(d, "n.md", b"why"),
+            "submit --server junk --token a.b --track serial-tiny --note-file {D}/n.md",
+            &["--server", "junk"],
+        ),
+        case("solver add ../x", "arena admin solver add ../x --data {D}/data", &["NAME", "../x"]),
+        case("runner add a/b", "arena admin runner add a/b --data {D}/data", &["NAME", "a/b"]),
+        case(
+            "runner add --kind gpu",
+            "arena admin runner add r --kind gpu --data {D}/data",
+            &["--kind", "gpu"],
+        ),
+        case(
+            "admin --database bogus://",
+            "arena admin solver list --database bogus://x",
+            &["--database", "bogus://x"],
+        ),
+        case(
+            "admin --database in a missing dir",
+            "arena admin solver list --database sqlite://{D}/no/such/a.db",
+            &["--database", "unable to open"],
+        ),
+        with(
+            "admin --data a file",
+            |d| file(d, "f", b"x"),
+            "arena admin solver list --data {D}/f",
+            &["--data", "f"],
+        ),
+        with(
+            "hidden new --data a file",
+            |d| file(d, "f", b"x"),
+            "arena admin hidden new --data {D}/f",
+            &["f/hidden"],
+        ),
+        case("cheat without --reason", "arena admin cheat 1 --data {D}/data", &["--reason"]),
+        case(
+            "redteam missing corpus",
+            "arena redteam --server http://127.0.0.1:1 --token a.b --cases {D}/none",
+            &["none"],
+        ),
+        with(
+            "demo --dir a file",
+            |d| file(d, "f", b"x"),
+            "arena demo --dir {D}/f",
+            &["--dir", "f"],
+        ),
+        case("demo --repo missing", "arena demo --dir {D}/x --repo {D}/none", &["--repo", "none"]),
+
     ]
 }
 

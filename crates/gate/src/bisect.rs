@@ -92,6 +92,16 @@ pub fn run(
 ) -> Result<BisectReport> {
     for (path, g) in goldens {
         g.fits(path, model)?;
+        // Another model's golden diverges (or not) for reasons no flag has: refused, as the
+        // gate refuses it.
+        if g.model_digest != model.digest {
+            bail!(
+                "{}: field `model_digest` {} is not the model's {}: a golden of another model",
+                path.display(),
+                g.model_digest,
+                model.digest
+            );
+        }
     }
     let searched = match flags {
         Some(f) => f,

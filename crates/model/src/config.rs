@@ -732,8 +732,12 @@ impl RawLaguna {
             ));
         }
         let scaling = self.moe_routed_scaling_factor.unwrap_or(1.0);
-        if !scaling.is_finite() {
-            return Err(Error::field("moe_routed_scaling_factor", "must be finite"));
+        // The engines scale in f32: a value finite only in f64 would be infinite there.
+        if !(scaling as f32).is_finite() {
+            return Err(Error::field(
+                "moe_routed_scaling_factor",
+                "must be finite (as an f32)",
+            ));
         }
         let max_pos = bounded(
             self.max_position_embeddings,
