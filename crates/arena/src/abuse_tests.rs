@@ -338,14 +338,27 @@ async fn an_operator_cancels_a_job_and_its_runner_loses_the_lease(on: On) {
     let (s, alice) = arena(dir.path(), on, 1).await;
     let id = id_of(&post(&s, &alice, "running").await);
     let l = leased_at(&s, &id, stages::PRICE).await;
-    assert!(lease::heartbeat(&s.db, &id, &l.lease_id, s.lease_ms)
-        .await
-        .unwrap());
+    // A heartbeat's progress is the running stage's detail: one line, capped.
+    let long = format!("3/10 pairs\u{1b}[2J\n{}", "x".repeat(1000));
+    assert!(
+        lease::heartbeat(&s.db, &id, &l.lease_id, s.lease_ms, Some(&long))
+            .await
+            .unwrap()
+    );
+    let running = stages::list(&s.db, &id).await.unwrap().pop().unwrap();
+    let detail = running.detail.unwrap();
+    assert!(running.outcome.is_none() && detail.starts_with("3/10 pairs[2Jxxx"));
+    assert_eq!(detail.chars().count(), lease::PROGRESS_CHARS);
     assert_eq!(cancel::cancel(&s.db, &id).await.unwrap(), stages::PRICE);
-    // The runner's next heartbeat, and its report, are refused: it stops.
-    assert!(!lease::heartbeat(&s.db, &id, &l.lease_id, s.lease_ms)
-        .await
-        .unwrap());
+    // The runner's next heartbeat, and its report, are refused: it stops, and its progress
+    // never reaches the record.
+    assert!(
+        !lease::heartbeat(&s.db, &id, &l.lease_id, s.lease_ms, Some("lost"))
+            .await
+            .unwrap()
+    );
+    let all = stages::list(&s.db, &id).await.unwrap();
+    assert!(all.iter().all(|r| r.detail.as_deref() != Some("lost")));
     let e = verdict::on_report(&s, "r1", "cpu", &report(&l, "ok", Value::Null, false))
         .await
         .expect_err("a refusal");

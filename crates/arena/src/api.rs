@@ -261,6 +261,10 @@ pub struct ReportReply {
 pub struct Heartbeat {
     pub submission: String,
     pub lease_id: String,
+    /// What the stage is doing (the runner's words, e.g. the clock's pairs so far): shown as the
+    /// running stage's `detail` until its report replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
 }
 
 /// A built binary registered with the service: `build_key` → `artifact`.

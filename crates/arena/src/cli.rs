@@ -220,8 +220,8 @@ pub struct HiddenNewArgs {
 
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Directory of the demo's arena (repository clone, database, stores, logs; default: a new
-    /// temporary directory, kept).
+    /// Directory of the demo's arena (repository clone, database, stores, logs), kept when the
+    /// demo ends (default: a new temporary directory, removed when it ends).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// The fastdecode checkout whose tracks and examples it uses (default: the one this binary
@@ -232,9 +232,9 @@ pub struct DemoArgs {
     /// (default: $FASTDECODE_HOME/arena-demo-runner).
     #[arg(long)]
     pub cache: Option<PathBuf>,
-    /// Keep serving after the examples (until ctrl-c).
+    /// Stop after the leaderboard instead of serving the record until ctrl-c.
     #[arg(long)]
-    pub serve: bool,
+    pub exit: bool,
 }
 
 #[derive(Args)]

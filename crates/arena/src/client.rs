@@ -169,6 +169,7 @@ pub fn follow(api: &Api, id: &str) -> Result<SubmissionView> {
     let mut shown = 0usize;
     let mut open: Option<String> = None;
     let mut last_pos = None;
+    let mut said = Said::default();
     loop {
         let v: SubmissionView = api.get_json(&format!("/api/submissions/{id}"))?;
         if v.queue_position != last_pos {
@@ -205,6 +206,10 @@ pub fn follow(api: &Api, id: &str) -> Result<SubmissionView> {
                             s.runner.as_deref().unwrap_or("?")
                         );
                         open = Some(s.stage.clone());
+                        said = Said::default();
+                    }
+                    if let Some(p) = s.detail.as_deref().filter(|p| said.worth_saying(p)) {
+                        eprintln!("  {:<8} {p}", s.stage);
                     }
                     break;
                 }
@@ -214,6 +219,29 @@ pub fn follow(api: &Api, id: &str) -> Result<SubmissionView> {
             return Ok(v);
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The running stage's progress lines already printed: a line is printed when its words change
+/// (`compiling the candidate (41 s)`: the time run aside), or every 15 s while they do not.
+#[derive(Default)]
+struct Said {
+    words: String,
+    at: Option<std::time::Instant>,
+}
+
+impl Said {
+    fn worth_saying(&mut self, line: &str) -> bool {
+        let words = line.rsplit_once(" (").map_or(line, |(w, _)| w);
+        let due = self
+            .at
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(15));
+        if words == self.words && !due {
+            return false;
+        }
+        self.words = words.to_string();
+        self.at = Some(std::time::Instant::now());
+        true
     }
 }
 
@@ -335,8 +363,20 @@ pub fn status(server: &str, id: &str, json: bool) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::metric_text;
+    use super::{metric_text, Said};
     use serde_json::json;
+
+    #[test]
+    fn a_progress_line_is_said_when_its_words_change_not_its_time() {
+        let mut said = Said::default();
+        assert!(said.worth_saying("compiling the candidate (5 s)"));
+        assert!(!said.worth_saying("compiling the candidate (10 s)"));
+        assert!(said.worth_saying("2 of at most 30 pairs; pair 3 Baseline (15 s)"));
+        assert!(!said.worth_saying("2 of at most 30 pairs; pair 3 Baseline (20 s)"));
+        // Words unchanged for 15 s are said again, so a long phase still shows it is alive.
+        said.at = Some(std::time::Instant::now() - std::time::Duration::from_secs(16));
+        assert!(said.worth_saying("2 of at most 30 pairs; pair 3 Baseline (31 s)"));
+    }
 
     #[test]
     fn metrics_read_as_counts_and_rounded_figures() {

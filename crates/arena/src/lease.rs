@@ -74,16 +74,45 @@ pub async fn take(
     }))
 }
 
-/// Extends a lease; false when it is no longer this runner's (expired and taken, or finished).
-pub async fn heartbeat(db: &Db, submission: &str, lease_id: &str, lease_ms: i64) -> Result<bool> {
+/// The most of a runner's progress line the record keeps.
+pub const PROGRESS_CHARS: usize = 240;
+
+/// Extends a lease and, given `progress`, shows it as the running stage's detail (control
+/// characters dropped, at most `PROGRESS_CHARS`); false when the lease is no longer this
+/// runner's (expired and taken, or finished), and then nothing is written.
+pub async fn heartbeat(
+    db: &Db,
+    submission: &str,
+    lease_id: &str,
+    lease_ms: i64,
+    progress: Option<&str>,
+) -> Result<bool> {
+    let mut tx = db.write().await?;
     let r =
         sqlx::query("UPDATE submissions SET lease_expires_ms = $1 WHERE id = $2 AND lease_id = $3")
             .bind(now_ms() + lease_ms)
             .bind(submission)
             .bind(lease_id)
-            .execute(&db.pool)
+            .execute(&mut *tx)
             .await?;
-    Ok(r.rows_affected() == 1)
+    if r.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    if let Some(p) = progress {
+        let line: String = p
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(PROGRESS_CHARS)
+            .collect();
+        sqlx::query("UPDATE stages SET detail = $1 WHERE submission = $2 AND ended_ms IS NULL")
+            .bind(line)
+            .bind(submission)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// Whether `lease_id` still holds `submission` at `stage` (inside a report's transaction). On

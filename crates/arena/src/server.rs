@@ -527,7 +527,8 @@ async fn heartbeat(
 ) -> ApiResult<StatusCode> {
     runner(&s, &headers).await?;
     let h: Heartbeat = runner_body(body).await?;
-    if lease::heartbeat(&s.db, &h.submission, &h.lease_id, s.lease_ms).await? {
+    let progress = h.progress.as_deref();
+    if lease::heartbeat(&s.db, &h.submission, &h.lease_id, s.lease_ms, progress).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::new(StatusCode::CONFLICT, "the lease is lost"))

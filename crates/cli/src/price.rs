@@ -60,6 +60,11 @@ pub struct PriceArgs {
     /// Output directory: result.json and pairs.svg.
     #[arg(long, default_value = "price-out")]
     out: PathBuf,
+    /// Keep this file holding one line of the pricing's progress (pairs done of the budget, the
+    /// interval so far, the time left), rewritten whole every second: what an arena runner
+    /// shows a solver following the stage.
+    #[arg(long, value_name = "FILE")]
+    progress_file: Option<PathBuf>,
     /// Print the result JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -401,6 +406,50 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// `--progress-file`: a thread that rewrites the file with the bar's state every second while
+/// the pricing runs (whole, under a temporary name then renamed, so a reader never sees half a
+/// line), and once more when dropped.
+struct Mirror {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Mirror {
+    fn start(pb: ProgressBar, path: PathBuf) -> Mirror {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let write = move || {
+            let line = format!(
+                "{} of at most {} pairs; {}\n",
+                pb.position(),
+                pb.length().unwrap_or(0),
+                pb.message()
+            );
+            // A progress line is a convenience: a full disk must not stop the pricing.
+            let _ = fastdecode_model::files::write_atomic(&path, line.as_bytes());
+        };
+        let thread = std::thread::spawn(move || {
+            let tick = std::time::Duration::from_secs(1);
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
+                write();
+            }
+            write();
+        });
+        Mirror {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Refuses, before any pair runs, an --out that cannot become a directory (a file, or a path
 /// under one): found only when the result is written, it would lose the whole pricing.
 fn check_out_dir(out: &std::path::Path) -> Result<()> {
@@ -437,7 +486,11 @@ pub fn run(a: PriceArgs) -> Result<()> {
     if let Some(dir) = model.dir() {
         inputs.push(("model directory", dir));
     }
-    outputs_apart(&[("--out", &a.out)], &inputs)?;
+    let mut outputs = vec![("--out", a.out.as_path())];
+    if let Some(f) = &a.progress_file {
+        outputs.push(("--progress-file", f.as_path()));
+    }
+    outputs_apart(&outputs, &inputs)?;
     check_out_dir(&a.out)?;
     let baseline_bin = match (&a.baseline, &a.baseline_ref) {
         (Some(b), _) => b.clone(),
@@ -469,7 +522,12 @@ pub fn run(a: PriceArgs) -> Result<()> {
             .spec(a.noop.as_ref().unwrap_or(&baseline_bin), &model, none),
     };
     let pb = bar(params.rule.max_pairs as u64, "price");
+    let mirror = a
+        .progress_file
+        .as_ref()
+        .map(|f| Mirror::start(pb.clone(), f.clone()));
     let res = price::run(&sides, &model, &params, &pb)?;
+    drop(mirror);
     pb.finish_and_clear();
     let json = serde_json::to_string_pretty(&res)? + "\n";
     write_file(&a.out.join("result.json"), &json).context("writing the result")?;

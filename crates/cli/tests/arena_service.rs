@@ -264,6 +264,16 @@ fn a_cancel_stops_the_runner_pricing_the_job(db: Database) {
     wait_for("r1's pricing process", || {
         (!children(runner.0.id()).is_empty()).then_some(())
     });
+    // The runner's heartbeats carry the clock's own progress line: the running stage shows it.
+    let progress = wait_for("the pricing's progress on the record", || {
+        a.view(&id)
+            .stages
+            .into_iter()
+            .find(|s| s.stage == "price" && s.outcome.is_none())
+            .and_then(|s| s.detail)
+            .filter(|d| d.contains(" of at most 2000 pairs; "))
+    });
+    assert!(progress.ends_with(" s)"), "{progress}");
     let (ok, out, err) = cancel(&a, &id);
     assert!(ok, "{err}");
     assert!(out.contains(&format!("{id}: cancelled at price")), "{out}");

@@ -209,6 +209,8 @@ fn price(candidate: &str, fault: &str, extra: &[&str]) -> (bool, serde_json::Val
         )
         .arg("--out")
         .arg(dir.path())
+        .arg("--progress-file")
+        .arg(dir.path().join("progress"))
         .args(extra)
         .env("FASTDECODE_FAULT", fault)
         .output()
@@ -221,6 +223,13 @@ fn price(candidate: &str, fault: &str, extra: &[&str]) -> (bool, serde_json::Val
     let svg = std::fs::read_to_string(dir.path().join("pairs.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(o.status.success(), res["passed"].as_bool().unwrap());
+    // The progress line an arena runner forwards ends with the pricing's own count.
+    let line = std::fs::read_to_string(dir.path().join("progress")).unwrap();
+    let accepted = res["accepted_pair_count"].as_u64().unwrap_or(0);
+    assert!(
+        line.starts_with(&format!("{accepted} of at most ")) && line.contains(" pairs; "),
+        "{line}"
+    );
     (o.status.success(), res)
 }
 

@@ -547,11 +547,11 @@ pub fn run(
         let last_chances =
             p.max_attempts - attempt <= r.min_pairs.saturating_sub(robust_pairs.len());
         for role in order {
-            progress.set_message(format!(
-                "pair {} {role:?}{}",
+            progress.set_message(pair_message(
                 robust_pairs.len() + 1,
-                last.map(|iv| format!(", half-width {:.2} %", 100.0 * iv.half_width))
-                    .unwrap_or_default()
+                role,
+                last.as_ref(),
+                p.time_budget_seconds - start.elapsed().as_secs_f64(),
             ));
             let quiet = quiesce(&telemetry, &p.quiet);
             res.spent.quiet_waits += quiet.waited_seconds;
@@ -712,6 +712,27 @@ pub fn run(
     res.stopping_reason = Some(stop);
     res.elapsed_seconds = start.elapsed().as_secs_f64();
     Ok(conclude(res, p, &robust_pairs, &mean_pairs, last))
+}
+
+/// The progress line while a pair's phase runs: which, the interval so far (once there is one)
+/// and the time budget left, e.g. `pair 7 Candidate; 1.0041 [0.9712, 1.0381], ±3.37 %; 212 s of
+/// the time budget left`.
+fn pair_message(pair: usize, role: Role, last: Option<&Interval>, left_seconds: f64) -> String {
+    let interval = last
+        .map(|iv| {
+            format!(
+                "; {:.4} [{:.4}, {:.4}], ±{:.2} %",
+                iv.score,
+                iv.lo,
+                iv.hi,
+                100.0 * iv.half_width
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "pair {pair} {role:?}{interval}; {:.0} s of the time budget left",
+        left_seconds.max(0.0)
+    )
 }
 
 /// What the calibration worker leaves the pairs: the pool of prompts every phase runs, the

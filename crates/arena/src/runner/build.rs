@@ -150,6 +150,11 @@ impl Runner {
             deadline: Duration::from_secs_f64(deadline),
             disk: Some((&dir.root, t.caps.build_disk_bytes)),
         };
+        self.progress.say(if trusted {
+            "compiling the pinned baseline"
+        } else {
+            "compiling the candidate"
+        });
         let ended = child::run(cmd, &log, lost, limits)?;
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let _ = std::fs::remove_file(&log);

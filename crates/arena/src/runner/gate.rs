@@ -87,6 +87,7 @@ impl Runner {
             ),
         ] {
             let t0 = Instant::now();
+            self.progress.say(format!("making the {name} goldens"));
             let Ok(dir) = self.goldens(t, &base, &model, (name, seed, count), lost)? else {
                 // The pinned baseline itself could not make them: the operator's problem.
                 return Ok(failed(
@@ -99,6 +100,7 @@ impl Runner {
                 t0.elapsed().as_secs_f64()
             ));
             let t0 = Instant::now();
+            self.progress.say(format!("replaying the {name} goldens"));
             let rep = match self.gate_one(t, (&cand, &base), &model, &dir, lost)? {
                 Ok(r) => r,
                 Err(o) => return Ok(o),

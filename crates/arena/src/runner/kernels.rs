@@ -91,6 +91,7 @@ impl Runner {
             disk: Some((tmp.path(), KERNELS_BYTES)),
         };
         let log = tmp.path().with_extension("log");
+        self.progress.say("compiling the kernel modules");
         let ended = child::run(c, &log, lost, limits)?;
         let tail = child::tail(&log, 20);
         let _ = std::fs::remove_file(&log);

@@ -15,6 +15,7 @@ mod checks;
 mod gate;
 mod kernels;
 mod price;
+mod progress;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -33,6 +34,7 @@ use crate::sandbox::Sandbox;
 use crate::stages;
 use crate::store::write_atomic;
 use crate::track::{Hidden, Track};
+use progress::Progress;
 
 pub struct Options {
     pub server: String,
@@ -82,6 +84,8 @@ struct Runner {
     builder: bool,
     me: PathBuf,
     sandbox: Sandbox,
+    /// What the running stage is doing, for the heartbeat.
+    progress: Progress,
 }
 
 /// What the gate and the pricing judge a build with: the candidate's and the pinned baseline's
@@ -338,6 +342,7 @@ pub fn run(opts: Options) -> Result<()> {
         builder,
         me,
         sandbox,
+        progress: Progress::new(),
     };
     eprintln!(
         "runner: serving {} ({} kind{}), cache {}; sandbox probed: no network, no cache, no \
@@ -370,14 +375,18 @@ pub fn run(opts: Options) -> Result<()> {
             eprintln!("runner: {} {}", job.submission, job.stage);
             let lost = Arc::new(AtomicBool::new(false));
             let done = Arc::new(AtomicBool::new(false));
+            r.progress.start();
             let beat = {
                 let (lost, done) = (lost.clone(), done.clone());
                 let api = Api::new(&r.opts.server, Some(&r.opts.token))?;
-                let hb = Heartbeat {
+                let mut hb = Heartbeat {
                     submission: job.submission.clone(),
                     lease_id: job.lease_id.clone(),
+                    progress: None,
                 };
-                let every = Duration::from_secs((job.lease_seconds / 3).max(1));
+                let progress = r.progress.clone();
+                // Often enough that a solver following the stage sees it move.
+                let every = Duration::from_secs((job.lease_seconds / 3).clamp(1, 5));
                 std::thread::spawn(move || {
                     let mut last = Instant::now();
                     while !done.load(Ordering::Acquire) {
@@ -386,6 +395,7 @@ pub fn run(opts: Options) -> Result<()> {
                             continue;
                         }
                         last = Instant::now();
+                        hb.progress = progress.line();
                         if let Err(e) = api.post::<_, Value>("/api/runner/heartbeat", &hb, &[]) {
                             if format!("{e:#}").contains("409") {
                                 lost.store(true, Ordering::Release);

@@ -108,7 +108,15 @@ impl Runner {
                 &w.draft,
             ]);
         }
-        cmd.args(&c.extra_args).arg("--out").arg(&out);
+        // The clock's own line (pairs so far, the interval, the time left), outside every
+        // sandbox: the candidate cannot write what the heartbeat shows.
+        let progress = work.path().join("progress");
+        cmd.args(&c.extra_args)
+            .arg("--out")
+            .arg(&out)
+            .arg("--progress-file")
+            .arg(&progress);
+        self.progress.follow(progress);
         let limits = Limits {
             deadline: Duration::from_secs_f64(c.time_budget + t.deadlines.price_grace),
             disk: None,
