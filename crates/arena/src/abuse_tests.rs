@@ -724,6 +724,61 @@ async fn a_report_waits_for_a_cancel_in_progress_on_postgresql() {
 /// Every error under /api/ is `{"error": …}` (`docs/api.md`), axum's own rejections included, and
 /// a runner route checks the token before it reads the body: a caller without a token gets 401
 /// whatever it sends, one with a token a 422 or 413 that names the body.
+/// One key casing across the API: every key of every public answer is snake_case (the track
+/// view once mixed `runnerKind` and `createdMs` with the submissions' `created_ms`).
+#[tokio::test]
+async fn every_key_of_the_public_api_is_snake_case() {
+    use axum::http::Request;
+    use tower::ServiceExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alice) = arena(dir.path(), On::Sqlite, 10).await;
+    let running = id_of(&post(&s, &alice, "running").await);
+    leased_at(&s, &running, stages::PRICE).await;
+    let queued = id_of(&post(&s, &alice, "queued").await);
+    fn keys(v: &Value, at: &str, bad: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    let snake = k
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                    if !snake {
+                        bad.push(format!("{at}.{k}"));
+                    }
+                    keys(x, &format!("{at}.{k}"), bad);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| keys(x, at, bad)),
+            _ => {}
+        }
+    }
+    let app = crate::server::router(s.clone());
+    let mut bad = vec![];
+    for uri in [
+        "/api/tracks".to_string(),
+        format!("/api/tracks/{TRACK}"),
+        format!("/api/submissions/{queued}"),
+        format!("/api/submissions/{running}"),
+        format!("/api/submissions?track={TRACK}"),
+    ] {
+        let req = Request::get(&uri).body(axum::body::Body::empty()).unwrap();
+        let (st, _, text) = body(app.clone().oneshot(req).await.unwrap()).await;
+        assert_eq!(st, StatusCode::OK, "{uri}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        keys(&v, &uri, &mut bad);
+    }
+    let track: Value = {
+        let req = Request::get(format!("/api/tracks/{TRACK}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        serde_json::from_str(&body(app.clone().oneshot(req).await.unwrap()).await.2).unwrap()
+    };
+    // The walk saw the fields that were camelCase, and the queue's rows.
+    assert!(track["runner_kind"].is_string() && track["rules"]["min_pairs"].is_u64());
+    assert_eq!(track["queue"].as_array().unwrap().len(), 2, "{track}");
+    assert!(bad.is_empty(), "keys not in snake_case: {bad:?}");
+}
+
 #[tokio::test]
 async fn every_api_error_is_json_and_the_token_comes_first() {
     use axum::http::{Method, Request};

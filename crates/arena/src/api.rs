@@ -62,8 +62,11 @@ pub struct SubmissionView {
     /// Every pricing of this change: the first, then its re-pricings on later bases (each its
     /// own submission), oldest first; earlier measurements are kept as they were.
     pub pricings: Vec<PricingRow>,
-    /// The pairs of its latest pricing (what the pairs plot draws).
+    /// The pairs of its pricing (what the first pairs plot draws, with the verdict's score).
     pub pairs: Vec<PairPoint>,
+    /// The pairs of its confirmation pricing, when it had one (the second plot, with the
+    /// confirmation's own score).
+    pub confirmation_pairs: Vec<PairPoint>,
     /// The change as a unified diff against its base, where the track publishes code
     /// (`publish_code`: `always`, or `after_promotion` once it is promoted).
     pub code: Option<String>,
@@ -112,6 +115,8 @@ pub struct SubmissionSummary {
     pub track: String,
     pub model: Option<String>,
     pub status: String,
+    /// A failed one's category (`gate:fidelity_divergence`, `policy:off_surface`, …).
+    pub category: Option<String>,
     pub cheat: Option<String>,
     pub score: Option<f64>,
     pub reprice_of: Option<String>,
@@ -120,7 +125,6 @@ pub struct SubmissionSummary {
 
 /// `GET /api/tracks` (one entry per track) and `GET /api/tracks/{name}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct TrackView {
     pub name: String,
     pub description: String,
@@ -149,7 +153,6 @@ pub struct TrackView {
 
 /// What a track measures and how, in a few numbers.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct Rules {
     pub prompt_tokens: usize,
     pub decode_tokens: usize,
@@ -184,7 +187,6 @@ pub struct LeaderboardRow {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct FrontierPoint {
     /// 0 for the baseline, then 1, 2, … for each promotion.
     pub seq: i64,
@@ -195,7 +197,6 @@ pub struct FrontierPoint {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct QueueRow {
     pub submission: String,
     pub solver: String,

@@ -185,6 +185,17 @@ struct RowOut {
     date: String,
 }
 
+/// A failed submission on its track's page: what stopped it, in the verdict's category.
+struct FailedOut {
+    id: String,
+    solver: String,
+    category: String,
+    date: String,
+}
+
+/// The most failed submissions a track's page lists (the API pages through all of them).
+const FAILED_SHOWN: u64 = 20;
+
 struct QueueOut {
     id: String,
     solver: String,
@@ -210,6 +221,9 @@ struct TrackPage {
     rows: Vec<RowOut>,
     frontier_svg: String,
     queue: Vec<QueueOut>,
+    failed: Vec<FailedOut>,
+    /// All failed submissions of the track (the page lists the newest `FAILED_SHOWN`).
+    failed_total: i64,
 }
 
 fn rules(t: &TrackView) -> Vec<String> {
@@ -275,6 +289,27 @@ pub async fn track(State(s): State<AppState>, Path(name): Path<String>) -> Respo
             date: datetime(r.created_ms),
         })
         .collect();
+    let failures = record::Filter {
+        track: Some(name.clone()),
+        solver: None,
+        status: Some("failed".into()),
+        page: 1,
+        per_page: FAILED_SHOWN,
+    };
+    let failures = match record::submissions(&s.db, &failures).await {
+        Ok(f) => f,
+        Err(e) => return trouble(e),
+    };
+    let failed = failures
+        .submissions
+        .iter()
+        .map(|f| FailedOut {
+            id: f.id.clone(),
+            solver: f.solver.clone(),
+            category: f.category.clone().unwrap_or_else(|| "–".into()),
+            date: datetime(f.created_ms),
+        })
+        .collect();
     let queue = t
         .queue
         .iter()
@@ -307,6 +342,8 @@ pub async fn track(State(s): State<AppState>, Path(name): Path<String>) -> Respo
             description: t.description,
             rows,
             queue,
+            failed,
+            failed_total: failures.total,
         }
         .render(),
     )
@@ -377,6 +414,7 @@ struct SubmissionPage {
     metrics: Vec<(String, String)>,
     confirmation: Vec<(String, String)>,
     pairs_svg: Option<String>,
+    confirmation_pairs_svg: Option<String>,
     pricings: Vec<PricingOut>,
     code: Option<String>,
     code_policy: String,
@@ -403,9 +441,19 @@ fn submission_page(
         .find(|s| s.stage == "verdict")
         .and_then(|s| s.detail.clone())
         .unwrap_or_default();
-    let score = verdict.and_then(|x| x["score"].as_f64());
-    let ci95 = verdict.and_then(|x| serde_json::from_value(x["ci95"].clone()).ok());
-    let pairs_svg = (!v.pairs.is_empty()).then(|| plots::pairs(&v.pairs, score, ci95, floor));
+    // Each pricing its own plot, with its own score and interval.
+    let plot =
+        |title: &str, pairs: &[crate::api::PairPoint], figures: Option<&serde_json::Value>| {
+            let score = figures.and_then(|x| x["score"].as_f64());
+            let ci95 = figures.and_then(|x| serde_json::from_value(x["ci95"].clone()).ok());
+            (!pairs.is_empty()).then(|| plots::pairs(title, pairs, score, ci95, floor))
+        };
+    let pairs_svg = plot("Pairs of the pricing", &v.pairs, verdict);
+    let confirmation_pairs_svg = plot(
+        "Pairs of the confirmation pricing",
+        &v.confirmation_pairs,
+        verdict.map(|x| &x["confirmation"]),
+    );
     SubmissionPage {
         title: format!("submission {}", v.id),
         live: !v.finished(),
@@ -427,6 +475,7 @@ fn submission_page(
         metrics: metrics(verdict.map(|x| &x["metrics"])),
         confirmation: metrics(verdict.map(|x| &x["confirmation"])),
         pairs_svg,
+        confirmation_pairs_svg,
         pricings: v
             .pricings
             .iter()

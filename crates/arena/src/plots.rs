@@ -319,9 +319,11 @@ pub fn frontier(points: &[FrontierPoint], ranked: &[LeaderboardRow], now_ms: i64
     s
 }
 
-/// One pricing's pairs: each pair's score in the order run (filled: baseline first; hollow:
-/// candidate first; grey: not accepted), the score with its 95 % interval, 1.0 and the floor.
+/// One pricing's pairs under `title`: each pair's score in the order run (filled: baseline
+/// first; hollow: candidate first; grey: not accepted), that pricing's score with its 95 %
+/// interval, 1.0 and the floor.
 pub fn pairs(
+    title: &str,
     pairs: &[PairPoint],
     score: Option<f64>,
     ci95: Option<[f64; 2]>,
@@ -330,7 +332,7 @@ pub fn pairs(
     let mut s = String::new();
     open(
         &mut s,
-        "Pairs of the pricing",
+        title,
         "pairs: each pair's score with the overall score and its interval",
     );
     let vals = pairs
@@ -495,6 +497,7 @@ mod tests {
             candidate_first,
         };
         let svg = pairs(
+            "Pairs of the pricing",
             &[
                 pp(1.02, true, false),
                 pp(0.98, true, true),

@@ -312,8 +312,9 @@ pub async fn submissions(db: &Db, f: &Filter) -> Result<SubmissionList> {
     let total = count.fetch_one(&db.pool).await?;
     let offset = (f.page - 1).saturating_mul(f.per_page).min(i64::MAX as u64) as i64;
     let sql = format!(
-        "SELECT id, solver, track, model, status, cheat_reason, score, reprice_of, created_ms \
-         FROM submissions{cond} ORDER BY created_ms DESC, id DESC LIMIT {} OFFSET {offset}",
+        "SELECT id, solver, track, model, status, category, cheat_reason, score, reprice_of, \
+         created_ms FROM submissions{cond} ORDER BY created_ms DESC, id DESC LIMIT {} \
+         OFFSET {offset}",
         f.per_page
     );
     let mut q = sqlx::query(&sql);
@@ -330,6 +331,7 @@ pub async fn submissions(db: &Db, f: &Filter) -> Result<SubmissionList> {
                 track: r.try_get("track")?,
                 model: r.try_get("model")?,
                 status: r.try_get("status")?,
+                category: r.try_get("category")?,
                 cheat: r.try_get("cheat_reason")?,
                 score: r.try_get("score")?,
                 reprice_of: r.try_get("reprice_of")?,
@@ -400,26 +402,26 @@ async fn pricings(db: &Db, id: &str) -> Result<Vec<PricingRow>> {
     Ok(out)
 }
 
-/// The pairs of the latest pricing that ended `ok` (the confirmation's, when there was one).
-async fn pairs(db: &Db, id: &str) -> Result<Vec<PairPoint>> {
+/// The pairs of the pricing and of the confirmation pricing, each as its stage (ended `ok`)
+/// recorded them: two measurements, never one mixed series.
+async fn pairs(db: &Db, id: &str) -> Result<(Vec<PairPoint>, Vec<PairPoint>)> {
     let results = stages::results(db, id).await?;
-    let price = results
-        .get(stages::CONFIRM)
-        .or(results.get(stages::PRICE))
-        .cloned()
-        .unwrap_or(Value::Null);
-    Ok(price["pairs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| {
-            Some(PairPoint {
-                score: p["score"].as_f64()?,
-                accepted: p["accepted"].as_bool().unwrap_or(false),
-                candidate_first: p["candidate_first"].as_bool().unwrap_or(false),
+    let of = |stage: &str| -> Vec<PairPoint> {
+        results
+            .get(stage)
+            .and_then(|r| r["pairs"].as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                Some(PairPoint {
+                    score: p["score"].as_f64()?,
+                    accepted: p["accepted"].as_bool().unwrap_or(false),
+                    candidate_first: p["candidate_first"].as_bool().unwrap_or(false),
+                })
             })
-        })
-        .collect())
+            .collect()
+    };
+    Ok((of(stages::PRICE), of(stages::CONFIRM)))
 }
 
 /// The change as a unified diff of each file against its base.
@@ -479,6 +481,7 @@ pub async fn submission_view(s: &Service, id: &str) -> Result<Option<SubmissionV
     } else {
         None
     };
+    let (pairs, confirmation_pairs) = pairs(&s.db, id).await?;
     Ok(Some(SubmissionView {
         repriced_as,
         id: r.try_get("id")?,
@@ -494,7 +497,8 @@ pub async fn submission_view(s: &Service, id: &str) -> Result<Option<SubmissionV
         verdict: verdict_json(r.try_get("verdict")?),
         stages: stages::list(&s.db, id).await?,
         pricings: pricings(&s.db, id).await?,
-        pairs: pairs(&s.db, id).await?,
+        pairs,
+        confirmation_pairs,
         code,
         track,
         status,

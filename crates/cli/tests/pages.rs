@@ -325,6 +325,22 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
         assert_eq!(t.frontier.len(), 2);
         assert_eq!(b.count("#frontier svg circle.promotion"), t.frontier.len());
         assert_eq!(b.count("#queue tr.job"), 0);
+        // Failed submissions are listed with what stopped them, as the API lists them.
+        let failed: SubmissionList = a
+            .api()
+            .get_json(&format!("/api/submissions?track={TRACK}&status=failed"))
+            .unwrap();
+        assert_eq!(failed.submissions.len(), 1, "{failed:?}");
+        assert_eq!(b.count("#failed tr.failure"), 1, "{}", b.text("#failed"));
+        let row = b.text("#failed tr.failure");
+        assert!(
+            row.contains(&hostile) && row.contains("policy:off_surface"),
+            "{row}"
+        );
+        assert_eq!(
+            failed.submissions[0].category.as_deref(),
+            Some("policy:off_surface")
+        );
         assert_eq!(b.text("#best"), format!("{:.4}", t.current_best_score));
         assert!(b.text("#rules").contains("Surface"));
         b.screenshot("leaderboard");
@@ -342,14 +358,35 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
         ] {
             assert!(m.contains(name), "{name}: {m}");
         }
+        // Each pricing its own plot: the first's pairs under its title, the confirmation's
+        // (when it ran) under its own, never one mixed series.
+        let view = a.view(&fast);
         let pairs = b.count("#pairs svg circle.pair");
         assert!(pairs >= 8, "{pairs} pairs plotted");
+        assert_eq!(pairs, view.pairs.len());
+        let title = |plot: &str| {
+            b.js(&format!(
+                r#"return document.querySelector("{plot} svg text").textContent;"#
+            ))
+        };
+        assert_eq!(title("#pairs"), json!("Pairs of the pricing"));
         assert!(b.text("#code").contains("+++ b/crates/cpu/src/ops.rs"));
         let confirmed = v
             .verdict
             .as_ref()
             .is_some_and(|x| !x["confirmation"].is_null());
         assert_eq!(b.count("#confirmation tr") > 0, confirmed);
+        assert_eq!(!view.confirmation_pairs.is_empty(), confirmed);
+        assert_eq!(
+            b.count("#confirmation-pairs svg circle.pair"),
+            view.confirmation_pairs.len()
+        );
+        if confirmed {
+            assert_eq!(
+                title("#confirmation-pairs"),
+                json!("Pairs of the confirmation pricing")
+            );
+        }
         b.screenshot("submission");
         b.goto(&format!("{url}/submissions/{noop}"));
         assert!(!b.text("#code").contains("+++"));
