@@ -326,6 +326,14 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 .join(",")
         )?,
     }
+    if main.stopped {
+        eprintln!(
+            "note: stopped at an end-of-sequence token after {} of the {} new tokens asked for \
+             (--ignore-eos goes on past it)",
+            main.tokens.len(),
+            a.max_new_tokens
+        );
+    }
     if let Some(s) = &serial_run {
         eprintln!("{}", stats("serial", s));
     }
@@ -336,8 +344,18 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         );
         if let Some(s) = &serial_run {
             eprintln!(
-                "identical output; DFlash decode speed-up {:.2}x",
-                s.decode_seconds / d.decode_seconds.max(1e-12)
+                "identical output; DFlash decode speed-up {:.2}x{}",
+                s.decode_seconds / d.decode_seconds.max(1e-12),
+                match a.backend {
+                    // Why a CPU shows a slow-down: its verify is compute-bound, a GPU's is not.
+                    Backend::Cpu => format!(
+                        " (on a CPU a verify of K rows costs about K one-row forwards, so DFlash \
+                         cannot gain here; its {:.2} tokens a round are what a GPU, which reads \
+                         the weights once for all K rows, turns into speed)",
+                        d.tokens_per_round()
+                    ),
+                    Backend::Cuda => String::new(),
+                }
             );
         }
     }

@@ -411,6 +411,52 @@ fn generate_and_bench_report_json() {
         "oracle:1.5",
     ]);
     assert!(e.contains("oracle probability"), "{e}");
+    // The engine's own output explains itself: a run that ends early says it met an
+    // end-of-sequence token (this model and prompt meet one before 40 tokens), and DFlash's
+    // slow-down on a CPU says why.
+    let o = run(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt-ids",
+        "7",
+        "--max-new-tokens",
+        "40",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let emitted: usize = err
+        .split("stopped at an end-of-sequence token after ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no end-of-sequence note: {err}"));
+    assert!(emitted < 40, "{err}");
+    assert!(err.contains(&format!("serial: {emitted} tokens")), "{err}");
+    assert!(err.contains("of the 40 new tokens asked for"), "{err}");
+    let o = run(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt-ids",
+        "1",
+        "--max-new-tokens",
+        "16",
+        "--ignore-eos",
+        "--block-size",
+        "4",
+        "--draft",
+        "oracle:0.6",
+        "--compare",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("identical output; DFlash decode speed-up")
+            && err.contains("on a CPU a verify of K rows costs about K one-row forwards")
+            && !err.contains("end-of-sequence"),
+        "{err}"
+    );
     // GPU-only timing options are refused on the CPU, not silently ignored.
     for opt in [&["--profile"][..], &["--trace", "t.csv"][..]] {
         let mut args = vec!["bench", "--model", m, "--decode-tokens", "4"];
