@@ -102,18 +102,11 @@ fn golden(d: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 
 /// Edits the header of the safetensors file `file` (replacing it); the data stays as it was.
 fn edit_header(file: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let b = std::fs::read(file).unwrap();
-    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
-    let mut h: serde_json::Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
-    edit(&mut h);
-    let mut header = serde_json::to_vec(&h).unwrap();
-    while !header.len().is_multiple_of(8) {
-        header.push(b' ');
-    }
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&header);
-    out.extend_from_slice(&b[8 + n..]);
-    replace(file, &out);
+    rewrite_header(file, |text| {
+        let mut h: serde_json::Value = serde_json::from_str(text).unwrap();
+        edit(&mut h);
+        serde_json::to_string(&h).unwrap()
+    });
 }
 
 /// `{D}/t/x.toml`: the serial-tiny track with the first `old` replaced by `new`.

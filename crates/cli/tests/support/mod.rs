@@ -179,45 +179,57 @@ pub fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     replace(path, serde_json::to_string_pretty(&v).unwrap().as_bytes());
 }
 
+/// Writes `bytes` at byte `at` of the data of tensor `name` (of `dtype`) in `file`.
+pub fn patch_tensor(file: &Path, name: &str, dtype: safetensors::Dtype, at: usize, bytes: &[u8]) {
+    let mut data = std::fs::read(file).unwrap();
+    let (header, meta) = safetensors::SafeTensors::read_metadata(&data).unwrap();
+    let info = meta.info(name).expect("tensor in the file");
+    assert_eq!(info.dtype, dtype, "{name}");
+    let at = 8 + header + info.data_offsets.0 + at;
+    data[at..at + bytes.len()].copy_from_slice(bytes);
+    replace(file, &data);
+}
+
 /// Sets element `i` of the BF16 tensor `name` in `file` to the value with bits `bits`.
 pub fn patch_bf16(file: &Path, name: &str, i: usize, bits: u16) {
-    let mut bytes = std::fs::read(file).unwrap();
-    let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let info = meta.info(name).expect("tensor in the file");
-    assert_eq!(info.dtype, safetensors::Dtype::BF16, "{name}");
-    let at = 8 + header + info.data_offsets.0 + 2 * i;
-    bytes[at..at + 2].copy_from_slice(&bits.to_le_bytes());
-    replace(file, &bytes);
+    patch_tensor(
+        file,
+        name,
+        safetensors::Dtype::BF16,
+        2 * i,
+        &bits.to_le_bytes(),
+    );
 }
 
 /// Sets byte `i` of the U8 tensor `name` in `file` to `byte`.
 pub fn patch_u8(file: &Path, name: &str, i: usize, byte: u8) {
-    let mut bytes = std::fs::read(file).unwrap();
-    let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let info = meta.info(name).expect("tensor in the file");
-    assert_eq!(info.dtype, safetensors::Dtype::U8, "{name}");
-    bytes[8 + header + info.data_offsets.0 + i] = byte;
-    replace(file, &bytes);
+    patch_tensor(file, name, safetensors::Dtype::U8, i, &[byte]);
 }
 
-/// Writes the header entry of tensor `name` in `file` twice (the same key, the same value), the
-/// header padded with spaces to a multiple of 8 bytes as safetensors writes it.
-pub fn repeat_header_entry(file: &Path, name: &str) {
+/// Replaces the JSON header of the safetensors `file` by `edit` of its text (trailing padding
+/// removed), padded with spaces to a multiple of 8 bytes as safetensors writes it.
+pub fn rewrite_header(file: &Path, edit: impl FnOnce(&str) -> String) {
     let bytes = std::fs::read(file).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap().trim_end();
-    let key = format!("\"{name}\":");
-    let at = header.find(&key).expect("tensor in the header");
-    // The entry's value is an object without nested objects: it ends at the first '}'.
-    let end = at + header[at..].find('}').unwrap() + 1;
-    let mut new = format!("{},{}{}", &header[..end], &header[at..end], &header[end..]);
-    while new.len() % 8 != 0 {
+    let mut new = edit(std::str::from_utf8(&bytes[8..8 + n]).unwrap().trim_end());
+    while !new.len().is_multiple_of(8) {
         new.push(' ');
     }
     let mut out = (new.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(new.as_bytes());
     out.extend_from_slice(&bytes[8 + n..]);
     replace(file, &out);
+}
+
+/// Writes the header entry of tensor `name` in `file` twice (the same key, the same value).
+pub fn repeat_header_entry(file: &Path, name: &str) {
+    rewrite_header(file, |header| {
+        let key = format!("\"{name}\":");
+        let at = header.find(&key).expect("tensor in the header");
+        // The entry's value is an object without nested objects: it ends at the first '}'.
+        let end = at + header[at..].find('}').unwrap() + 1;
+        format!("{},{}{}", &header[..end], &header[at..end], &header[end..])
+    });
 }
 
 /// Makes a FIFO at `path`.
