@@ -252,15 +252,17 @@ fn the_same_build_prices_at_one_run_after_run() {
     //   on the shared 2-core machine had pairs scattered by 20 % (standard deviation of the log
     //   score), a standard error of 3.2 % at 40 pairs, so a rejection needs the estimate 1.6
     //   standard errors plus a whole half-width (2.02 * 3.2 %) below the truth: 3.6 standard
-    //   errors, P < 2e-4 a run, and P < 2e-3 for 10 runs only at that worst noise throughout.
+    //   errors, P < 2e-4 a run, and P < 1e-3 for the 5 runs only at that worst noise throughout.
     //   The interval's own calibration is the simulation in `clock::score::tests`.
     // - Inconclusive is the old "passed with an interval reaching below the floor": no longer a
     //   pass, never a rejection. It needs the pair budget spent with the interval straddling.
     // - The score within [0.8, 1.25]: 7 standard errors at the worst noise above.
-    // - 1.0 outside the 95 % interval: Binomial(10, p) with p at most 0.07 for an interval that
-    //   covers at least 93 % (the simulation's lower edge); P(X >= 5) = 3.6e-4. (The previous
-    //   "at most 3 of 20" failed 1.6 % of the time with a perfect interval.)
-    let runs = 10;
+    // - 1.0 outside the 95 % interval: Binomial(5, p) with p at most 0.07 for an interval that
+    //   covers at least 93 % (the simulation's lower edge); P(X >= 4) = 1.1e-4. (The previous
+    //   "at most 3 of 20" failed 1.6 % of the time with a perfect interval.) The coverage itself
+    //   is measured by that simulation; five pricings here show it holds for a real build on a
+    //   real machine, at half the CI time of ten.
+    let runs = 5;
     let mut misses = 0;
     let mut report = vec![];
     for seed in 0..runs {
@@ -351,7 +353,7 @@ fn the_same_build_prices_at_one_run_after_run() {
         }
     }
     assert!(
-        misses <= 4,
+        misses <= 3,
         "1.0 outside the interval in {misses} of {runs} runs: {report:#?}"
     );
     eprintln!("no-op: 1.0 outside the interval in {misses}/{runs} runs: {report:#?}");
