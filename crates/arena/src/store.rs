@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::bundle::digest;
-use crate::track::is_digest;
+use crate::bundle::{digest, is_digest};
 
 #[derive(Clone)]
 pub struct Store {
