@@ -15,40 +15,8 @@ use std::time::{Duration, Instant};
 use crate::lines::{read_line, Bounded};
 
 use crate::protocol::{
-    Ready, ReplayRequest, Reply, Request, Step, WindowRequest, PROTOCOL, VERSION,
+    ModelSource, Ready, ReplayRequest, Reply, Request, Step, WindowRequest, PROTOCOL, VERSION,
 };
-
-/// Where a worker's model comes from: a checkpoint directory (verified against its MANIFEST), or
-/// a preset's synthetic weights generated in place (a GPU worker's XS 2.1 without 60 GB on disk).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ModelSource {
-    Dir(PathBuf),
-    Synthetic { preset: String, seed: u64 },
-}
-
-impl ModelSource {
-    /// The worker's arguments naming this model.
-    pub fn worker_args(&self) -> Vec<std::ffi::OsString> {
-        match self {
-            ModelSource::Dir(d) => vec!["--model".into(), d.into()],
-            ModelSource::Synthetic { preset, seed } => vec![
-                "--synthetic".into(),
-                preset.into(),
-                "--seed".into(),
-                seed.to_string().into(),
-            ],
-        }
-    }
-}
-
-impl std::fmt::Display for ModelSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ModelSource::Dir(d) => write!(f, "{}", d.display()),
-            ModelSource::Synthetic { preset, seed } => write!(f, "synthetic {preset} seed {seed}"),
-        }
-    }
-}
 
 /// How to start a worker: `BIN worker MODEL-ARGS --backend BACKEND [--flags FLAGS]`.
 #[derive(Debug, Clone)]
@@ -217,7 +185,7 @@ impl Worker {
             cmd.arg("--flags").arg(f);
         }
         if !spec.drafter {
-            cmd.env(crate::serve::DRAFTER_VAR, "0");
+            cmd.env(crate::protocol::DRAFTER_VAR, "0");
         }
         #[cfg(unix)]
         {

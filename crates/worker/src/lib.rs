@@ -7,6 +7,8 @@ pub mod lines;
 pub mod protocol;
 pub mod serve;
 
-pub use client::{Fault, ModelId, ModelSource, NoTick, Spec, Tick, TimedWindow, Worker};
-pub use protocol::{Build, Ready, Reply, Request, Scored, Step, PROTOCOL, VERSION};
+pub use client::{Fault, ModelId, NoTick, Spec, Tick, TimedWindow, Worker};
+pub use protocol::{
+    Build, ModelSource, Ready, Reply, Request, Scored, Step, DRAFTER_VAR, PROTOCOL, VERSION,
+};
 pub use serve::{Backend, WorkerOptions};

@@ -2,12 +2,50 @@
 //! worker's stdin, replies on its stdout. Both sides parse strictly (unknown fields are errors), so
 //! a build speaking another dialect fails loudly instead of being half understood.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 /// The protocol's name, in the `ready` line.
 pub const PROTOCOL: &str = "fastdecode-worker";
 /// Bumped on any change a parent of the previous version could misread.
 pub const VERSION: u32 = 2;
+
+/// Set to `0` by a parent whose windows will not draft with the drafter (serial windows, oracle
+/// drafts, replays): a CUDA worker then loads no GPU drafter, sparing its memory and warm-up.
+pub const DRAFTER_VAR: &str = "FASTDECODE_WORKER_DRAFTER";
+
+/// Where a worker's model comes from: a checkpoint directory (verified against its MANIFEST), or
+/// a preset's synthetic weights generated in place (a GPU worker's XS 2.1 without 60 GB on disk).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    Dir(PathBuf),
+    Synthetic { preset: String, seed: u64 },
+}
+
+impl ModelSource {
+    /// The worker's arguments naming this model.
+    pub fn worker_args(&self) -> Vec<std::ffi::OsString> {
+        match self {
+            ModelSource::Dir(d) => vec!["--model".into(), d.into()],
+            ModelSource::Synthetic { preset, seed } => vec![
+                "--synthetic".into(),
+                preset.into(),
+                "--seed".into(),
+                seed.to_string().into(),
+            ],
+        }
+    }
+}
+
+impl std::fmt::Display for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelSource::Dir(d) => write!(f, "{}", d.display()),
+            ModelSource::Synthetic { preset, seed } => write!(f, "synthetic {preset} seed {seed}"),
+        }
+    }
+}
 
 /// The build a worker (or a golden) came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

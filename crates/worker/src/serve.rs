@@ -17,10 +17,9 @@ use fastdecode_engine::{
 use fastdecode_model::config::MAX_BLOCK_SIZE;
 use fastdecode_model::{manifest, LagunaConfig};
 
-use crate::client::ModelSource;
-
 use crate::protocol::{
-    Build, Ready, ReplayRequest, Reply, Request, Scored, Step, WindowRequest, PROTOCOL, VERSION,
+    Build, ModelSource, Ready, ReplayRequest, Reply, Request, Scored, Step, WindowRequest,
+    DRAFTER_VAR, PROTOCOL, VERSION,
 };
 
 /// Which compute backend serves the requests.
@@ -102,10 +101,6 @@ impl DraftRequest<'_> {
 
 /// A request's target and draft source (none when serial).
 type Decoding<'a> = (&'a mut dyn TargetBackend, Option<Box<dyn DraftSource>>);
-
-/// Set to `0` by a parent whose windows will not draft with the drafter (serial windows, oracle
-/// drafts, replays): a CUDA worker then loads no GPU drafter, sparing its memory and warm-up.
-pub const DRAFTER_VAR: &str = "FASTDECODE_WORKER_DRAFTER";
 
 /// Whether a CUDA worker loads the GPU drafter (`DRAFTER_VAR`).
 fn gpu_drafter_wanted() -> Result<bool> {
