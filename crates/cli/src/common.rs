@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
 
 use fastdecode_engine::model_dir::default_model_dir;
 use fastdecode_gate::Golden;
@@ -251,4 +252,15 @@ pub fn write_file(path: &Path, text: &str) -> Result<()> {
 pub fn draft_source(s: &str) -> std::result::Result<String, String> {
     s.parse::<fastdecode_engine::DraftSpec>()?;
     Ok(s.to_string())
+}
+
+/// A progress bar of `len` steps (pairs, goldens) named `what`, its message after the count.
+pub fn bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(&format!("{what} [{{bar:30}}] {{pos}}/{{len}} {{msg}}"))
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    pb
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
 
 use fastdecode_gate::bisect::{self, Criterion};
@@ -15,20 +15,10 @@ use fastdecode_gate::ScreenParams;
 use fastdecode_worker::{Spec, Worker};
 
 use crate::common::{
-    at_least, between, check_binary, check_ids, check_report_path, draft_source, fraction,
+    at_least, bar, between, check_binary, check_ids, check_report_path, draft_source, fraction,
     load_goldens, non_negative_f32, outputs_apart, parent_of_workers, per_1000, this_binary,
     write_file, WorkerSide, MAX_BLOCK,
 };
-
-fn bar(len: u64, what: &str) -> ProgressBar {
-    let pb = ProgressBar::new(len);
-    pb.set_style(
-        ProgressStyle::with_template(&format!("{what} [{{bar:30}}] {{pos}}/{{len}} {{msg}}"))
-            .expect("static template")
-            .progress_chars("=> "),
-    );
-    pb
-}
 
 #[derive(Subcommand)]
 pub enum GoldenCmd {

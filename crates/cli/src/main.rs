@@ -14,6 +14,7 @@ mod generate;
 mod kernels;
 mod model_cmds;
 mod price;
+mod pricing;
 mod selftest;
 mod timeline;
 mod worker;

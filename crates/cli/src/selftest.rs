@@ -18,8 +18,9 @@ use serde::Serialize;
 use fastdecode_clock::price::{self, PriceResult, Sides};
 use fastdecode_clock::stats::median;
 
+use crate::common::bar;
 use crate::common::{parent_of_workers, this_binary, write_file, WorkerSide};
-use crate::price::{bar, check_side, PricingOpts};
+use crate::pricing::{check_side, PricingOpts};
 
 #[derive(Args)]
 pub struct SelftestArgs {
