@@ -165,35 +165,35 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let url = format!("http://{addr}");
     eprintln!("demo: the service listens on {url}");
     let log = std::fs::File::create(dir.join("runner.log"))?;
-    let mut runner = Command::new(std::env::current_exe()?)
-        .args([
-            "arena",
-            "runner",
-            "--server",
-            &url,
-            "--token",
-            &runner_token,
-            "--kind",
-            "cpu",
-            "--cache",
-        ])
-        .arg(&cache)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting the runner")?;
+    let runner = Runner(
+        Command::new(std::env::current_exe()?)
+            .args([
+                "arena",
+                "runner",
+                "--server",
+                &url,
+                "--token",
+                &runner_token,
+                "--kind",
+                "cpu",
+                "--cache",
+            ])
+            .arg(&cache)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting the runner")?,
+    );
     eprintln!(
         "demo: runner {} (log {})",
-        runner.id(),
+        runner.0.id(),
         dir.join("runner.log").display()
     );
     let result = examples(&url, &solver_token, &solver, &checkout, &dir);
     let (board, unexpected) = match result {
         Ok(b) => b,
         Err(e) => {
-            let _ = runner.kill();
-            let _ = runner.wait();
             return Err(e.context(format!(
                 "the demo stopped; its files stay in {} (the runner's log: runner.log)",
                 dir.display()
@@ -208,8 +208,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         )?;
         let _ = server.join();
     }
-    let _ = runner.kill();
-    let _ = runner.wait();
+    drop(runner);
     // Files of its own making go, unless an example surprised: then its record stays to be read.
     let remove = made && unexpected == 0;
     outln!("{}", ended(&dir, remove, &cache))?;
@@ -221,6 +220,16 @@ pub fn run(a: DemoArgs) -> Result<()> {
         bail!("{unexpected} example(s) did not end as they should (see above)");
     }
     Ok(())
+}
+
+/// The demo's runner process, stopped however the demo ends (an example's error included).
+struct Runner(std::process::Child);
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The demo's last words: its service has stopped, what became of its files and how to serve

@@ -641,9 +641,10 @@ pub fn run(
         {
             res.pairs_with_output_mismatch += 1;
         }
-        // Between pairs, never beside a timed window: the reference judges what differed.
+        // Between pairs, never beside a timed window: the reference judges what differed. The
+        // line reaches a public page mid-pricing, so it names no count of the candidate's outputs.
         if !judge.pending.is_empty() {
-            progress.set_message(format!("judging {} timed output(s)", judge.pending.len()));
+            progress.set_message("judging the candidate's differing timed outputs".to_string());
         }
         let t0 = Instant::now();
         let diverged = judge.judge(&sides.baseline, model, &pool, p.envelope);
