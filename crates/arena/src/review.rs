@@ -758,9 +758,14 @@ mod tests {
 
     #[test]
     fn the_examples_patches_pass_review() {
-        // The exact speed-up (the control) and the wrong token (which the gate, not the review,
-        // must stop) change only ordinary code.
-        for patch in ["speedup.patch", "wrong-token.patch"] {
+        // The exact speed-ups (the controls) and the wrong tokens (which the gate, not the
+        // review, must stop) change only ordinary code, on the CPU path and on the CUDA path.
+        for patch in [
+            "speedup.patch",
+            "wrong-token.patch",
+            "speedup-cuda.patch",
+            "wrong-token-cuda.patch",
+        ] {
             let case = crate::redteam::Case::parse(
                 &format!(
                     "description = \"d\"\ntrack = \"serial-tiny\"\nstage = \"verdict\"\n\
