@@ -29,6 +29,7 @@ pub mod demo;
 pub mod git;
 pub mod http;
 pub mod lease;
+pub mod metrics;
 pub mod notes;
 pub mod pages;
 pub mod plots;

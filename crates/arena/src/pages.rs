@@ -102,7 +102,8 @@ fn short(commit: &str) -> String {
     commit.chars().take(12).collect()
 }
 
-/// A metric's value as the verdict table prints it.
+/// A metric's value for a page: integers as integers, scores and seconds to 4 decimals (6 for
+/// those under 0.1, such as seconds per token), an interval as `[lo, hi]`.
 fn metric(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::Number(n) => n
@@ -110,21 +111,54 @@ fn metric(v: &serde_json::Value) -> String {
             .map(|f| {
                 if f.fract() == 0.0 && f.abs() < 1e15 {
                     format!("{f:.0}")
-                } else {
+                } else if f.abs() < 0.1 {
                     format!("{f:.6}")
+                } else {
+                    format!("{f:.4}")
                 }
             })
             .unwrap_or_else(|| n.to_string()),
         serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Array(a) => a.iter().map(metric).collect::<Vec<_>>().join(", "),
+        serde_json::Value::Array(a) => {
+            format!("[{}]", a.iter().map(metric).collect::<Vec<_>>().join(", "))
+        }
         other => other.to_string(),
     }
 }
 
-fn metrics(v: Option<&serde_json::Value>) -> Vec<(String, String)> {
-    v.and_then(|m| m.as_object())
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), metric(v))).collect())
-        .unwrap_or_default()
+/// One metric of a pricing as a page shows it.
+struct MetricRow {
+    name: String,
+    value: String,
+    /// What it means (`metrics::METRICS`); empty for a key an older record has.
+    meaning: &'static str,
+    /// A number or an interval: set right-aligned in its column, words left.
+    numeric: bool,
+}
+
+/// A pricing's metrics in `metrics::METRICS`' order (a key it does not know, from an older
+/// record, last).
+fn metrics(v: Option<&serde_json::Value>) -> Vec<MetricRow> {
+    let Some(m) = v.and_then(|m| m.as_object()) else {
+        return vec![];
+    };
+    let order = |k: &str| {
+        crate::metrics::METRICS
+            .iter()
+            .position(|x| x.0 == k)
+            .unwrap_or(usize::MAX)
+    };
+    let mut rows: Vec<MetricRow> = m
+        .iter()
+        .map(|(k, v)| MetricRow {
+            name: k.clone(),
+            value: metric(v),
+            meaning: crate::metrics::meaning(k),
+            numeric: v.is_number() || v.is_array(),
+        })
+        .collect();
+    rows.sort_by_key(|r| order(&r.name));
+    rows
 }
 
 struct TrackLine {
@@ -217,7 +251,7 @@ struct TrackPage {
     surface: String,
     best: String,
     base: String,
-    best_metrics: Vec<(String, String)>,
+    best_metrics: Vec<MetricRow>,
     rows: Vec<RowOut>,
     frontier_svg: String,
     queue: Vec<QueueOut>,
@@ -411,8 +445,8 @@ struct SubmissionPage {
     stages: Vec<StageOut>,
     outcome: String,
     failure: Option<(String, String, String)>,
-    metrics: Vec<(String, String)>,
-    confirmation: Vec<(String, String)>,
+    metrics: Vec<MetricRow>,
+    confirmation: Vec<MetricRow>,
     pairs_svg: Option<String>,
     confirmation_pairs_svg: Option<String>,
     pricings: Vec<PricingOut>,
@@ -547,10 +581,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn metrics_print_as_the_verdict_table_does() {
+    fn metrics_print_as_numbers_a_person_reads() {
         assert_eq!(metric(&serde_json::json!(12)), "12");
-        assert_eq!(metric(&serde_json::json!(1.5)), "1.500000");
-        assert_eq!(metric(&serde_json::json!([0.9, 1.1])), "0.900000, 1.100000");
+        assert_eq!(metric(&serde_json::json!(1.5)), "1.5000");
+        assert_eq!(metric(&serde_json::json!(0.0021661)), "0.002166");
+        assert_eq!(
+            metric(&serde_json::json!([0.912345, 1.1])),
+            "[0.9123, 1.1000]"
+        );
         assert_eq!(metric(&serde_json::json!("budget")), "budget");
+    }
+
+    #[test]
+    fn metrics_are_rows_in_the_documented_order_each_explained() {
+        let v = serde_json::json!({"zz_older": 1, "ci95": [0.9, 1.1], "score": 1.0});
+        let rows = metrics(Some(&v));
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["score", "ci95", "zz_older"]);
+        assert!(rows[0].meaning.contains("speed-up") && rows[1].meaning.contains("interval"));
+        assert_eq!(rows[2].meaning, "", "an unknown key has no meaning to show");
+        assert!(rows.iter().all(|r| r.numeric));
+        let words = metrics(Some(&serde_json::json!({"ci_method": "jackknife"})));
+        assert!(!words[0].numeric);
+        assert!(crate::metrics::METRICS.iter().all(|m| m.1.ends_with('.')));
     }
 }

@@ -196,18 +196,39 @@ fn x_axis(s: &mut String, name: &str) {
     );
 }
 
-/// A dashed horizontal reference line labelled at the right, the label moved by `dy` pixels
-/// (to keep two close lines' labels apart).
-fn reference(s: &mut String, f: &Frame, v: f64, color: &str, label: &str, dy: f64) {
-    let y = f.y(v);
-    let _ = writeln!(
-        s,
-        r#"<line x1="{L}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="{color}" stroke-dasharray="5 4"/><text x="{:.1}" y="{:.1}" fill="{color}">{} {v:.3}</text>"#,
-        W - R,
-        W - R + 6.0,
-        y + 4.0 + dy,
-        esc(label)
-    );
+/// Dashed horizontal reference lines (value, colour, name), each labelled at the right with its
+/// value; labels of lines closer than a text line are spread apart (in order, within the plot),
+/// so that "baseline 1.000", "floor 0.950" and a no-op's score never print over each other.
+fn references(s: &mut String, f: &Frame, lines: &[(f64, &str, &str)]) {
+    const LINE: f64 = 14.0;
+    let mut at: Vec<(f64, usize)> = lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (f.y(l.0), i))
+        .collect();
+    at.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut label_y: Vec<f64> = at.iter().map(|a| a.0).collect();
+    for i in 1..label_y.len() {
+        label_y[i] = label_y[i].max(label_y[i - 1] + LINE);
+    }
+    // Pushed below the plot's bottom: shift back up, keeping the spacing.
+    if let Some(&last) = label_y.last() {
+        let over = last - (H - B);
+        if over > 0.0 {
+            label_y.iter_mut().for_each(|y| *y -= over);
+        }
+    }
+    for (&(y, i), ly) in at.iter().zip(label_y) {
+        let (v, color, label) = lines[i];
+        let _ = writeln!(
+            s,
+            r#"<line x1="{L}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="{color}" stroke-dasharray="5 4"/><text class="reference" x="{:.1}" y="{:.1}" fill="{color}">{} {v:.3}</text>"#,
+            W - R,
+            W - R + 6.0,
+            ly + 4.0,
+            esc(label)
+        );
+    }
 }
 
 /// The frontier over time: the record line through the baseline and each promotion (labelled
@@ -264,7 +285,7 @@ pub fn frontier(points: &[FrontierPoint], ranked: &[LeaderboardRow], now_ms: i64
             time_label(t, t1 - t0)
         );
     }
-    reference(&mut s, &f, 1.0, "#444", "baseline", 0.0);
+    references(&mut s, &f, &[(1.0, "#444", "baseline")]);
     for o in &others {
         let _ = writeln!(
             s,
@@ -371,22 +392,9 @@ pub fn pairs(
             H - B + 18.0
         );
     }
-    reference(&mut s, &f, 1.0, "#444", "baseline", 0.0);
-    reference(&mut s, &f, floor, "#c00", "floor", 0.0);
-    if let Some(v) = score {
-        // Near 1.0 (a no-op) the two labels would print over each other.
-        let apart = f.y(v) - f.y(1.0);
-        let dy = if apart.abs() < 14.0 {
-            if apart <= 0.0 {
-                -14.0 - apart
-            } else {
-                14.0 - apart
-            }
-        } else {
-            0.0
-        };
-        reference(&mut s, &f, v, "#06c", "score", dy);
-    }
+    let mut lines = vec![(1.0, "#444", "baseline"), (floor, "#c00", "floor")];
+    lines.extend(score.map(|v| (v, "#06c", "score")));
+    references(&mut s, &f, &lines);
     for (i, p) in pairs.iter().enumerate() {
         let color = if p.accepted { "#06c" } else { "#999" };
         let fill = if p.candidate_first { "white" } else { color };
@@ -518,5 +526,47 @@ mod tests {
         );
         assert!(svg.contains("floor 0.950") && svg.contains("score 1.000"));
         assert!(svg.contains("pair (in the order run)"));
+    }
+
+    /// The y of each reference label (`name value`) in `svg`, in the order drawn.
+    fn label_ys(svg: &str) -> Vec<(String, f64)> {
+        svg.lines()
+            .filter_map(|l| {
+                let t = &l[l.find(r#"<text class="reference""#)?..];
+                let y = t.split(" y=\"").nth(1)?.split('"').next()?.parse().ok()?;
+                let name = t.split('>').nth(1)?.split('<').next()?.to_string();
+                Some((name, y))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reference_labels_never_overlap_even_when_their_lines_nearly_meet() {
+        let pp = |score| PairPoint {
+            score,
+            accepted: true,
+            candidate_first: false,
+        };
+        // Pairs spread from 0.45 to 1.5 put 1.0, the floor and a score between them a few
+        // pixels apart; and the floor at the plot's bottom edge pushes labels upward.
+        for (floor, score) in [(0.95, 0.97), (0.95, 1.0), (0.99, 0.995), (0.45, 0.451)] {
+            let svg = pairs(
+                "t",
+                &[pp(0.45), pp(1.5), pp(0.97)],
+                Some(score),
+                Some([score - 0.01, score + 0.01]),
+                floor,
+            );
+            let mut ys = label_ys(&svg);
+            assert_eq!(ys.len(), 3, "{svg}");
+            ys.sort_by(|a, b| a.1.total_cmp(&b.1));
+            for w in ys.windows(2) {
+                assert!(
+                    w[1].1 - w[0].1 >= 14.0,
+                    "floor {floor}, score {score}: {ys:?}"
+                );
+            }
+            assert!(ys.iter().all(|y| y.1 <= H - B + 4.0 && y.1 >= T), "{ys:?}");
+        }
     }
 }

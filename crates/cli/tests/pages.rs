@@ -142,6 +142,44 @@ impl Browser {
             .len()
     }
 
+    /// The cells `css` selects whose text the page lays out on more than one line (an id
+    /// broken at its hyphen, an interval at its space), each as "text: the lines' tops".
+    fn wrapped_cells(&self, css: &str) -> Vec<String> {
+        let v = self.rt.block_on(self.c().execute(
+            r#"return [...document.querySelectorAll(arguments[0])].flatMap(td => {
+                const r = document.createRange();
+                r.selectNodeContents(td);
+                const tops = [...r.getClientRects()].filter(x => x.width > 0).map(x => x.top);
+                const half = parseFloat(getComputedStyle(td).fontSize) / 2;
+                return tops.length && Math.max(...tops) - Math.min(...tops) > half
+                    ? [td.innerText + ": " + tops.join(" ")] : [];
+            });"#,
+            vec![json!(css)],
+        ));
+        serde_json::from_value(v.unwrap_or_else(|e| panic!("{css}: {e}"))).unwrap()
+    }
+
+    /// The pairs of text elements of each SVG plot under `css` whose boxes overlap, as their
+    /// texts ("baseline 1.000 / floor 0.950").
+    fn overlapping_labels(&self, css: &str) -> Vec<String> {
+        let v = self.rt.block_on(self.c().execute(
+            r#"return [...document.querySelectorAll(arguments[0] + " svg")].flatMap(svg => {
+                const t = [...svg.querySelectorAll("text")].filter(e => e.textContent.trim());
+                const box = t.map(e => e.getBoundingClientRect());
+                const hit = [];
+                for (let i = 0; i < t.length; i++) for (let j = i + 1; j < t.length; j++) {
+                    const a = box[i], b = box[j];
+                    if (a.left < b.right - 1 && b.left < a.right - 1
+                        && a.top < b.bottom - 1 && b.top < a.bottom - 1)
+                        hit.push(t[i].textContent + " / " + t[j].textContent);
+                }
+                return hit;
+            });"#,
+            vec![json!(css)],
+        ));
+        serde_json::from_value(v.unwrap_or_else(|e| panic!("{css}: {e}"))).unwrap()
+    }
+
     /// The whole page as a PNG in docs/screenshots/: the window grown to the page's height.
     fn screenshot(&self, name: &str) -> PathBuf {
         let h = self
@@ -232,6 +270,7 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
             "{rows}"
         );
         assert!(noop_row.starts_with("1 (waiting)"), "{rows}");
+        assert_eq!(b.wrapped_cells("#queue td"), Vec::<String>::new());
         b.screenshot("queue");
 
         // The no-op's page while it waits.
@@ -343,21 +382,52 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
         );
         assert_eq!(b.text("#best"), format!("{:.4}", t.current_best_score));
         assert!(b.text("#rules").contains("Surface"));
+        // Ids, names, scores and intervals each on one line; the plot's labels apart.
+        assert_eq!(
+            b.wrapped_cells("#leaderboard td, #failed td"),
+            Vec::<String>::new()
+        );
+        assert_eq!(b.overlapping_labels("#frontier"), Vec::<String>::new());
         b.screenshot("leaderboard");
 
-        // The speed-up's page: metrics under the original's names, pairs plotted, its code as a
-        // diff; the no-op's diff has no file.
+        // The speed-up's page: metrics under the original's names, each with its meaning,
+        // integers as integers, the interval rounded; pairs plotted; its code as a diff; the
+        // no-op's diff has no file.
         b.goto(&format!("{url}/submissions/{fast}"));
         assert_eq!(b.text("#status"), v.status);
-        let m = b.text("#metrics");
+        let rows: Vec<Vec<String>> = serde_json::from_value(b.js(
+            r##"return [...document.querySelectorAll("#metrics tr.metric")].map(r => [...r.cells].map(c => c.innerText.trim()));"##,
+        ))
+        .unwrap();
+        let row = |name: &str| {
+            rows.iter()
+                .find(|r| r[0] == name)
+                .unwrap_or_else(|| panic!("{name}: {rows:?}"))
+        };
         for name in [
             "ratio_of_means",
             "accepted_pair_count",
             "ci95",
             "baseline_seconds_per_token",
         ] {
-            assert!(m.contains(name), "{name}: {m}");
+            assert!(row(name)[2].len() > 10, "{name} unexplained: {rows:?}");
         }
+        assert!(
+            row("accepted_pair_count")[1].parse::<u32>().is_ok(),
+            "{rows:?}"
+        );
+        let ci = &row("ci95")[1];
+        assert!(
+            ci.starts_with('[')
+                && ci
+                    .split(", ")
+                    .all(|x| x.trim_matches(['[', ']']).len() == 6),
+            "{ci}"
+        );
+        assert_eq!(
+            b.overlapping_labels("#pairs, #confirmation-pairs"),
+            Vec::<String>::new()
+        );
         // Each pricing its own plot: the first's pairs under its title, the confirmation's
         // (when it ran) under its own, never one mixed series.
         let view = a.view(&fast);
@@ -391,6 +461,11 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
         b.goto(&format!("{url}/submissions/{noop}"));
         assert!(!b.text("#code").contains("+++"));
         assert!(b.count("#pairs svg circle.pair") >= 8);
+        // A no-op's score sits on the baseline's line: their labels still apart.
+        assert_eq!(
+            b.overlapping_labels("#pairs, #confirmation-pairs"),
+            Vec::<String>::new()
+        );
 
         // The hostile note: its Markdown rendered, every script gone, none ran.
         b.goto(&format!("{url}/submissions/{hostile}"));

@@ -145,30 +145,7 @@ impl Runner {
             }
         };
         let mut metrics = serde_json::Map::new();
-        for k in [
-            "score",
-            "ci95",
-            "half_width",
-            "floor",
-            "stopping_reason",
-            "pairs_used",
-            "accepted_pair_count",
-            "attempted_pair_count",
-            "elapsed_seconds",
-            "ratio_of_means",
-            "raw_ratio_of_means",
-            "noop_reference",
-            "median",
-            "min",
-            "baseline_seconds_per_token",
-            "candidate_seconds_per_token",
-            "noop_seconds_per_token",
-            "prompt_tokens",
-            "decode_tokens",
-            "block_size",
-            "robust_statistic",
-            "ci_method",
-        ] {
+        for k in crate::metrics::METRICS.iter().map(|m| m.0) {
             if !res[k].is_null() {
                 metrics.insert(k.into(), res[k].clone());
             }
