@@ -284,7 +284,7 @@ enum OneOrMany {
     Many(Vec<i64>),
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 struct RawQuant {
     group_size: Option<usize>,
     bits: Option<usize>,
@@ -532,7 +532,8 @@ fn parse_quant(q: Option<RawQuant>, name: &str) -> Result<Option<Quantization>> 
 }
 
 impl RawLaguna {
-    fn validate(self) -> Result<LagunaConfig> {
+    /// The HF config checked field by field (each error names its field) into the engine's.
+    fn validate(&self) -> Result<LagunaConfig> {
         if let Some(t) = &self.model_type {
             if t != "laguna" {
                 return Err(Error::field(
@@ -556,189 +557,42 @@ impl RawLaguna {
             "num_key_value_heads",
             limits::HEADS,
         )?;
-        let heads = match self.num_attention_heads_per_layer {
-            Some(v) => per_layer(v, n, "num_attention_heads_per_layer")?,
-            None => vec![
-                bounded(
-                    self.num_attention_heads,
-                    "num_attention_heads",
-                    limits::HEADS
-                )?;
-                n
-            ],
-        };
-        for (i, &h) in heads.iter().enumerate() {
-            if h > limits::HEADS {
-                return Err(Error::field(
-                    &format!("num_attention_heads_per_layer[{i}]"),
-                    format!("{h} is above the engine's limit {}", limits::HEADS),
-                ));
-            }
-            if h == 0 || h % kv != 0 {
-                return Err(Error::field(
-                    &format!("num_attention_heads_per_layer[{i}]"),
-                    format!(
-                        "{h} query heads are not a positive multiple of num_key_value_heads {kv}"
-                    ),
-                ));
-            }
-        }
-        let layer_types = per_layer(field(self.layer_types, "layer_types")?, n, "layer_types")?
-            .iter()
-            .enumerate()
-            .map(|(i, s)| parse_layer_type(s, &format!("layer_types[{i}]")))
-            .collect::<Result<Vec<_>>>()?;
-        let mlp_layer_types = match self.mlp_layer_types {
-            Some(v) => per_layer(v, n, "mlp_layer_types")?
-                .iter()
-                .enumerate()
-                .map(|(i, s)| match s.as_str() {
-                    "dense" => Ok(MlpType::Dense),
-                    "sparse" => Ok(MlpType::Sparse),
-                    o => Err(Error::field(
-                        &format!("mlp_layer_types[{i}]"),
-                        format!("unknown mlp type {o:?} (expected dense or sparse)"),
-                    )),
-                })
-                .collect::<Result<Vec<_>>>()?,
-            None => return Err(Error::field("mlp_layer_types", "is missing")),
-        };
-        // transformers' Laguna gates per head only for `true` or "per-head"; any other value
-        // (even "per_head") gives per-element gates there, which this engine does not implement.
-        match &self.gating {
-            None | Some(Value::Bool(true)) => {}
-            Some(Value::String(s)) if s == "per-head" => {}
-            Some(other) => {
-                return Err(Error::field(
-                    "gating",
-                    format!("unsupported gating {other} (only true or \"per-head\": per-head attention gates)"),
-                ))
-            }
-        }
-        if let Some(g) = self.gating_types {
-            let g = per_layer(g, n, "gating_types")?;
-            for (i, s) in g.iter().enumerate() {
-                if s != "per_head" && s != "per-head" {
-                    return Err(Error::field(
-                        &format!("gating_types[{i}]"),
-                        format!("unsupported gating type {s:?} (only per_head)"),
-                    ));
-                }
-            }
-        }
+        let heads = query_heads(
+            self.num_attention_heads_per_layer.clone(),
+            self.num_attention_heads,
+            kv,
+            n,
+        )?;
+        let layer_types = per_layer(
+            field(self.layer_types.clone(), "layer_types")?,
+            n,
+            "layer_types",
+        )?
+        .iter()
+        .enumerate()
+        .map(|(i, s)| parse_layer_type(s, &format!("layer_types[{i}]")))
+        .collect::<Result<Vec<_>>>()?;
+        let mlp_layer_types =
+            mlp_types(field(self.mlp_layer_types.clone(), "mlp_layer_types")?, n)?;
+        check_gating(self.gating.as_ref(), self.gating_types.clone(), n)?;
         let window = positive(self.sliding_window, "sliding_window")?;
-        let (rope_full, rope_sliding) = match self.rope_parameters {
-            Some(rp) => {
-                let get = |key: &str| -> Result<RopeParams> {
-                    match rp.get(key) {
-                        Some(Value::Object(m)) => {
-                            parse_rope(m, &format!("rope_parameters.{key}"), head_dim)
-                        }
-                        Some(_) => Err(Error::field(
-                            &format!("rope_parameters.{key}"),
-                            "must be an object",
-                        )),
-                        None => Err(Error::field(
-                            &format!("rope_parameters.{key}"),
-                            "is missing",
-                        )),
-                    }
-                };
-                // A flat rope_parameters (one rope for every layer) is also accepted.
-                if rp.contains_key("rope_theta") {
-                    let r = parse_rope(&rp, "rope_parameters", head_dim)?;
-                    (r.clone(), r)
-                } else {
-                    (get("full_attention")?, get("sliding_attention")?)
-                }
-            }
-            None => {
-                let theta = field(self.rope_theta, "rope_parameters")?;
-                // The same bound as rope_parameters' own rope_theta (parse_rope).
-                if !(theta > 1.0 && theta.is_finite()) {
-                    return Err(Error::field("rope_theta", "must be a finite number > 1"));
-                }
-                let r = RopeParams {
-                    theta,
-                    partial_rotary_factor: 1.0,
-                    scaling: RopeScaling::Default,
-                };
-                (r.clone(), r)
-            }
-        };
+        let (rope_full, rope_sliding) =
+            ropes(self.rope_parameters.as_ref(), self.rope_theta, head_dim)?;
         let rms_norm_eps = field(self.rms_norm_eps, "rms_norm_eps")?;
         if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
             return Err(Error::field("rms_norm_eps", "must be in (0, 1)"));
         }
-        let any_dense = mlp_layer_types.contains(&MlpType::Dense);
-        let any_sparse = mlp_layer_types.contains(&MlpType::Sparse);
-        let intermediate_size = if any_dense {
+        let intermediate_size = if mlp_layer_types.contains(&MlpType::Dense) {
             bounded(self.intermediate_size, "intermediate_size", limits::WIDTH)?
         } else {
             self.intermediate_size.unwrap_or(0)
         };
-        let (num_experts, top_k, moe_i, shared_i) = if any_sparse {
-            let e = bounded(self.num_experts, "num_experts", limits::EXPERTS)?;
-            let k = positive(self.num_experts_per_tok, "num_experts_per_tok")?;
-            if k > e {
-                return Err(Error::field(
-                    "num_experts_per_tok",
-                    format!("top-k {k} is above num_experts {e}"),
-                ));
-            }
-            (
-                e,
-                k,
-                bounded(
-                    self.moe_intermediate_size,
-                    "moe_intermediate_size",
-                    limits::WIDTH,
-                )?,
-                bounded(
-                    self.shared_expert_intermediate_size,
-                    "shared_expert_intermediate_size",
-                    limits::WIDTH,
-                )?,
-            )
+        let moe = if mlp_layer_types.contains(&MlpType::Sparse) {
+            MoeShape::checked(self, hidden)?
         } else {
-            (0, 0, 0, 0)
+            MoeShape::default()
         };
-        if any_sparse {
-            // NVFP4 groups of 16 run along the input dim of every expert projection.
-            for (name, v) in [
-                ("hidden_size", hidden),
-                ("moe_intermediate_size", moe_i),
-                ("shared_expert_intermediate_size", shared_i),
-            ] {
-                if v % 16 != 0 {
-                    return Err(Error::field(
-                        name,
-                        format!("{v} must be a multiple of 16 (the NVFP4 group size)"),
-                    ));
-                }
-            }
-        }
-        if self.moe_apply_router_weight_on_input == Some(true) {
-            return Err(Error::field(
-                "moe_apply_router_weight_on_input",
-                "true is not supported (Laguna applies routing weights to expert outputs)",
-            ));
-        }
-        let softcap = self.moe_router_logit_softcapping.unwrap_or(0.0);
-        if !(softcap >= 0.0 && softcap.is_finite()) {
-            return Err(Error::field(
-                "moe_router_logit_softcapping",
-                "must be a finite number >= 0",
-            ));
-        }
-        let scaling = self.moe_routed_scaling_factor.unwrap_or(1.0);
-        // The engines scale in f32: a value finite only in f64 would be infinite there.
-        if !(scaling as f32).is_finite() {
-            return Err(Error::field(
-                "moe_routed_scaling_factor",
-                "must be finite (as an f32)",
-            ));
-        }
+        let (softcap, scaling) = router(self)?;
         let max_pos = bounded(
             self.max_position_embeddings,
             "max_position_embeddings",
@@ -748,20 +602,20 @@ impl RawLaguna {
             .bos_token_id
             .map(|b| token_id(b, "bos_token_id", vocab))
             .transpose()?;
-        let eos = match self.eos_token_id {
+        let eos = match &self.eos_token_id {
             None => vec![],
-            Some(OneOrMany::One(e)) => vec![token_id(e, "eos_token_id", vocab)?],
+            Some(OneOrMany::One(e)) => vec![token_id(*e, "eos_token_id", vocab)?],
             Some(OneOrMany::Many(v)) => v
-                .into_iter()
-                .map(|e| token_id(e, "eos_token_id", vocab))
+                .iter()
+                .map(|&e| token_id(e, "eos_token_id", vocab))
                 .collect::<Result<_>>()?,
         };
         let pad = self
             .pad_token_id
             .map(|p| token_id(p, "pad_token_id", vocab))
             .transpose()?;
-        let q1 = parse_quant(self.quantization, "quantization")?;
-        let q2 = parse_quant(self.quantization_config, "quantization_config")?;
+        let q1 = parse_quant(self.quantization.clone(), "quantization")?;
+        let q2 = parse_quant(self.quantization_config.clone(), "quantization_config")?;
         if q1.is_some() && q2.is_some() && q1 != q2 {
             return Err(Error::field(
                 "quantization_config",
@@ -782,10 +636,10 @@ impl RawLaguna {
             rope_sliding,
             rms_norm_eps,
             intermediate_size,
-            num_experts,
-            num_experts_per_tok: top_k,
-            moe_intermediate_size: moe_i,
-            shared_expert_intermediate_size: shared_i,
+            num_experts: moe.experts,
+            num_experts_per_tok: moe.top_k,
+            moe_intermediate_size: moe.intermediate,
+            shared_expert_intermediate_size: moe.shared_intermediate,
             moe_routed_scaling_factor: scaling,
             norm_topk_prob: self.norm_topk_prob.unwrap_or(true),
             moe_router_logit_softcapping: softcap,
@@ -797,6 +651,194 @@ impl RawLaguna {
             quantization: q1.or(q2),
         })
     }
+}
+
+/// Each layer's query heads: `num_attention_heads_per_layer`, or `num_attention_heads` for
+/// every layer; each a positive multiple of the `kv` heads, within the engine's limit.
+fn query_heads(
+    per_layer_heads: Option<Vec<usize>>,
+    all_layers: Option<usize>,
+    kv: usize,
+    n: usize,
+) -> Result<Vec<usize>> {
+    let heads = match per_layer_heads {
+        Some(v) => per_layer(v, n, "num_attention_heads_per_layer")?,
+        None => vec![bounded(all_layers, "num_attention_heads", limits::HEADS)?; n],
+    };
+    for (i, &h) in heads.iter().enumerate() {
+        if h > limits::HEADS {
+            return Err(Error::field(
+                &format!("num_attention_heads_per_layer[{i}]"),
+                format!("{h} is above the engine's limit {}", limits::HEADS),
+            ));
+        }
+        if h == 0 || h % kv != 0 {
+            return Err(Error::field(
+                &format!("num_attention_heads_per_layer[{i}]"),
+                format!("{h} query heads are not a positive multiple of num_key_value_heads {kv}"),
+            ));
+        }
+    }
+    Ok(heads)
+}
+
+/// `mlp_layer_types`: one `dense` or `sparse` per layer.
+fn mlp_types(v: Vec<String>, n: usize) -> Result<Vec<MlpType>> {
+    per_layer(v, n, "mlp_layer_types")?
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match s.as_str() {
+            "dense" => Ok(MlpType::Dense),
+            "sparse" => Ok(MlpType::Sparse),
+            o => Err(Error::field(
+                &format!("mlp_layer_types[{i}]"),
+                format!("unknown mlp type {o:?} (expected dense or sparse)"),
+            )),
+        })
+        .collect()
+}
+
+/// Per-head attention gates are all this engine implements.
+fn check_gating(gating: Option<&Value>, gating_types: Option<Vec<String>>, n: usize) -> Result<()> {
+    // transformers' Laguna gates per head only for `true` or "per-head"; any other value
+    // (even "per_head") gives per-element gates there, which this engine does not implement.
+    match gating {
+        None | Some(Value::Bool(true)) => {}
+        Some(Value::String(s)) if s == "per-head" => {}
+        Some(other) => {
+            return Err(Error::field(
+                "gating",
+                format!(
+                "unsupported gating {other} (only true or \"per-head\": per-head attention gates)"
+            ),
+            ))
+        }
+    }
+    if let Some(g) = gating_types {
+        let g = per_layer(g, n, "gating_types")?;
+        for (i, s) in g.iter().enumerate() {
+            if s != "per_head" && s != "per-head" {
+                return Err(Error::field(
+                    &format!("gating_types[{i}]"),
+                    format!("unsupported gating type {s:?} (only per_head)"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The full- and sliding-attention layers' rotary embeddings: `rope_parameters` per layer type
+/// (or flat, one for both), else a plain `rope_theta`.
+fn ropes(
+    rope_parameters: Option<&Map<String, Value>>,
+    rope_theta: Option<f64>,
+    head_dim: usize,
+) -> Result<(RopeParams, RopeParams)> {
+    let Some(rp) = rope_parameters else {
+        let theta = field(rope_theta, "rope_parameters")?;
+        // The same bound as rope_parameters' own rope_theta (parse_rope).
+        if !(theta > 1.0 && theta.is_finite()) {
+            return Err(Error::field("rope_theta", "must be a finite number > 1"));
+        }
+        let r = RopeParams {
+            theta,
+            partial_rotary_factor: 1.0,
+            scaling: RopeScaling::Default,
+        };
+        return Ok((r.clone(), r));
+    };
+    // A flat rope_parameters (one rope for every layer) is also accepted.
+    if rp.contains_key("rope_theta") {
+        let r = parse_rope(rp, "rope_parameters", head_dim)?;
+        return Ok((r.clone(), r));
+    }
+    let get = |key: &str| -> Result<RopeParams> {
+        let name = format!("rope_parameters.{key}");
+        match rp.get(key) {
+            Some(Value::Object(m)) => parse_rope(m, &name, head_dim),
+            Some(_) => Err(Error::field(&name, "must be an object")),
+            None => Err(Error::field(&name, "is missing")),
+        }
+    };
+    Ok((get("full_attention")?, get("sliding_attention")?))
+}
+
+/// The experts' shape (all zero in a model without sparse layers).
+#[derive(Default)]
+struct MoeShape {
+    experts: usize,
+    top_k: usize,
+    intermediate: usize,
+    shared_intermediate: usize,
+}
+
+impl MoeShape {
+    fn checked(c: &RawLaguna, hidden: usize) -> Result<MoeShape> {
+        let experts = bounded(c.num_experts, "num_experts", limits::EXPERTS)?;
+        let top_k = positive(c.num_experts_per_tok, "num_experts_per_tok")?;
+        if top_k > experts {
+            return Err(Error::field(
+                "num_experts_per_tok",
+                format!("top-k {top_k} is above num_experts {experts}"),
+            ));
+        }
+        let intermediate = bounded(
+            c.moe_intermediate_size,
+            "moe_intermediate_size",
+            limits::WIDTH,
+        )?;
+        let shared_intermediate = bounded(
+            c.shared_expert_intermediate_size,
+            "shared_expert_intermediate_size",
+            limits::WIDTH,
+        )?;
+        // NVFP4 groups of 16 run along the input dim of every expert projection.
+        for (name, v) in [
+            ("hidden_size", hidden),
+            ("moe_intermediate_size", intermediate),
+            ("shared_expert_intermediate_size", shared_intermediate),
+        ] {
+            if v % 16 != 0 {
+                return Err(Error::field(
+                    name,
+                    format!("{v} must be a multiple of 16 (the NVFP4 group size)"),
+                ));
+            }
+        }
+        Ok(MoeShape {
+            experts,
+            top_k,
+            intermediate,
+            shared_intermediate,
+        })
+    }
+}
+
+/// The router's logit soft-cap (0: none) and the routed experts' scaling factor.
+fn router(c: &RawLaguna) -> Result<(f64, f64)> {
+    if c.moe_apply_router_weight_on_input == Some(true) {
+        return Err(Error::field(
+            "moe_apply_router_weight_on_input",
+            "true is not supported (Laguna applies routing weights to expert outputs)",
+        ));
+    }
+    let softcap = c.moe_router_logit_softcapping.unwrap_or(0.0);
+    if !(softcap >= 0.0 && softcap.is_finite()) {
+        return Err(Error::field(
+            "moe_router_logit_softcapping",
+            "must be a finite number >= 0",
+        ));
+    }
+    let scaling = c.moe_routed_scaling_factor.unwrap_or(1.0);
+    // The engines scale in f32: a value finite only in f64 would be infinite there.
+    if !(scaling as f32).is_finite() {
+        return Err(Error::field(
+            "moe_routed_scaling_factor",
+            "must be finite (as an f32)",
+        ));
+    }
+    Ok((softcap, scaling))
 }
 
 /// The DFlash drafter configuration (`dflash-config.json` / the drafter's `config.json`).
