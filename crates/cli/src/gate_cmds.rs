@@ -106,6 +106,15 @@ pub fn golden(cmd: GoldenCmd) -> Result<()> {
             model.source
         );
     }
+    // An n-gram longer than the continuation never occurs in it: the repetition screen would
+    // pass every golden while seeming to check it.
+    if a.ngram > a.tokens {
+        bail!(
+            "--ngram {} is longer than --tokens {}: no n-gram of the continuation could repeat",
+            a.ngram,
+            a.tokens
+        );
+    }
     // The goldens are written into a staging directory beside --out, renamed into place only
     // when all of them are made: --out never holds a mix of new and old goldens.
     if let Some(dir) = model.dir() {
@@ -342,6 +351,14 @@ pub fn bisect(a: BisectArgs) -> Result<()> {
         }
         outputs_apart(&[("--json", p)], &inputs)?;
         check_report_path(p, &model, "--json")?;
+    }
+    // `--flags ,` splits into empty names, which a worker reads as no flag at all: the search
+    // would end "no culprit" having searched nothing.
+    if let Some(f) = a.flags.as_ref().filter(|f| f.iter().any(|x| x.trim().is_empty())) {
+        bail!(
+            "--flags {:?}: an empty flag name (name flags separated by commas)",
+            f.join(",")
+        );
     }
     let goldens = load_goldens(&a.golden)?;
     let bin = match &a.candidate {

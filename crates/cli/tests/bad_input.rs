@@ -1166,6 +1166,11 @@ fn cases() -> Vec<Case> {
             &["--tokens", "max_position_embeddings"],
         ),
         case(
+            "golden --ngram longer than --tokens",
+            "golden make --model {M} --out {D}/g --ngram 1000000",
+            &["--ngram 1000000", "--tokens 64"],
+        ),
+        case(
             "golden --out in the model",
             "golden make --model {M} --out {M}/goldens",
             &["--out", "inside the model directory"],
@@ -1434,6 +1439,11 @@ fn cases() -> Vec<Case> {
             |d| file(d, "f", b"x"),
             "bisect --model {M} --golden {G} --json {D}/f/b.json",
             &["--json", "f"],
+        ),
+        case(
+            "bisect --flags with an empty name",
+            "bisect --model {M} --golden {G} --flags ,",
+            &["--flags", "empty flag name"],
         ),
         case(
             "bisect missing candidate",
