@@ -67,6 +67,19 @@ impl StateArgs {
         std::fs::create_dir_all(&data).with_context(|| format!("--data {}", data.display()))?;
         Db::open(&sqlite_url(&data)).await
     }
+
+    /// The database of an arena that must already exist (an operator's act on one of its
+    /// submissions): a mistyped --data is named, never made into a new, empty arena.
+    pub async fn existing_db(&self) -> Result<Db> {
+        let data = self.data();
+        if self.database.is_none() && !data.join("arena.db").is_file() {
+            bail!(
+                "--data {}: no arena there (no arena.db; `fastdecode arena serve --data` makes one)",
+                data.display()
+            );
+        }
+        self.db().await
+    }
 }
 
 #[derive(Args)]
@@ -528,7 +541,7 @@ async fn admin(c: AdminCmd) -> Result<()> {
             if reason.is_some_and(|r| r.is_empty() || r.len() > 2000) {
                 bail!("--reason: 1 to 2000 characters");
             }
-            let db = a.state.db().await?;
+            let db = a.state.existing_db().await?;
             if !crate::record::mark_cheat(&db, &a.id, reason).await? {
                 bail!("{}: no such submission", a.id);
             }
@@ -538,7 +551,7 @@ async fn admin(c: AdminCmd) -> Result<()> {
             }
         }
         AdminCmd::Cancel(a) => {
-            let stage = crate::cancel::cancel(&a.state.db().await?, &a.id).await?;
+            let stage = crate::cancel::cancel(&a.state.existing_db().await?, &a.id).await?;
             outln!(
                 "{}: cancelled at {stage}; a runner holding it stops at its next heartbeat",
                 a.id

@@ -354,7 +354,11 @@ pub fn bisect(a: BisectArgs) -> Result<()> {
     }
     // `--flags ,` splits into empty names, which a worker reads as no flag at all: the search
     // would end "no culprit" having searched nothing.
-    if let Some(f) = a.flags.as_ref().filter(|f| f.iter().any(|x| x.trim().is_empty())) {
+    if let Some(f) = a
+        .flags
+        .as_ref()
+        .filter(|f| f.iter().any(|x| x.trim().is_empty()))
+    {
         bail!(
             "--flags {:?}: an empty flag name (name flags separated by commas)",
             f.join(",")

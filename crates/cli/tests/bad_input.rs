@@ -2772,6 +2772,16 @@ fn cases() -> Vec<Case> {
         ),
         case("cheat without --reason", "arena admin cheat 1 --data {D}/data", &["--reason"]),
         case(
+            "cheat with no arena at --data",
+            "arena admin cheat s-0000000000000000 --reason r --data {D}/data",
+            &["--data", "no arena there"],
+        ),
+        case(
+            "cancel with no arena at --data",
+            "arena admin cancel s-0000000000000000 --data {D}/data",
+            &["--data", "no arena there"],
+        ),
+        case(
             "redteam missing corpus",
             "arena redteam --server http://127.0.0.1:1 --token a.b --cases {D}/none",
             &["none"],
