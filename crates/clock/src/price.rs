@@ -460,16 +460,6 @@ pub fn run(
         Role::Candidate => &sides.candidate,
         Role::Noop => &sides.noop,
     };
-    // The baseline decodes serially; on the DFlash track the candidate and the no-op draft with
-    // the track's source, an oracle's drafts realised here from the baseline's tokens.
-    let request = |role: Role, prompt: &[u32], truth: &[u32]| {
-        if dflash && role != Role::Baseline {
-            let block = (p.block_size, p.draft.as_str());
-            WindowRequest::dflash(prompt, p.decode_tokens, block, truth, p.seed, model.vocab)
-        } else {
-            Ok(WindowRequest::serial(prompt, p.decode_tokens))
-        }
-    };
     let fail = |mut res: PriceResult, f: Fault, culprit: Role| {
         res.verdict = f.category();
         res.detail = Some(f.to_string());
@@ -489,7 +479,6 @@ pub fn run(
 
     // The noise measurement and the calibration, in one baseline worker, never scored.
     progress.set_message("measuring noise");
-    let vocab = model.vocab;
     let tolerance = r.target_half_width.map_or(DEFAULT_TOLERANCE, |h| h / 2.0);
     let Calibration {
         pool,
@@ -503,6 +492,14 @@ pub fn run(
     let expected_window = Duration::from_secs_f64(res.noise.as_ref().expect("set").median_seconds);
     let mut expected: HashMap<Role, Duration> =
         roles.iter().map(|&r| (r, expected_window)).collect();
+    let inputs = PhaseInputs {
+        p,
+        model,
+        telemetry: &telemetry,
+        pool: &pool,
+        truth: &truth,
+        tolerance,
+    };
 
     progress.set_length(r.max_pairs as u64);
     let mut judge = Judge {
@@ -553,86 +550,37 @@ pub fn run(
                 last.as_ref(),
                 p.time_budget_seconds - start.elapsed().as_secs_f64(),
             ));
-            let quiet = quiesce(&telemetry, &p.quiet);
-            res.spent.quiet_waits += quiet.waited_seconds;
-            if !quiet.quiet && p.require_quiet {
+            let drafts = dflash && role != Role::Baseline && p.draft == "drafter";
+            let spec = drafting(spec_of(role), drafts);
+            let expected = expected
+                .get_mut(&role)
+                .expect("every role has an expected window");
+            let phase = run_phase(
+                &inputs,
+                &spec,
+                role,
+                &prompt_order,
+                expected,
+                &mut judge,
+                &mut res,
+            )?;
+            let PhaseRun {
+                phase,
+                robust,
+                mean,
+            } = attempt!(phase, role);
+            if !phase.quiet.quiet && p.require_quiet {
                 pair.accepted = false;
                 pair.rejected_because = Some("not_quiescent".into());
             }
-            let t0 = Instant::now();
-            let drafts = dflash && role != Role::Baseline && p.draft == "drafter";
-            let spec = drafting(spec_of(role), drafts);
-            let mut w = attempt!(Worker::spawn(&spec, vocab, &model.digest), role);
-            let spawn_seconds = t0.elapsed().as_secs_f64();
-            res.spent.start_ups += spawn_seconds;
-            match role {
-                Role::Baseline => {}
-                Role::Candidate => {
-                    res.candidate.build = Some(w.ready.build.clone());
-                    res.candidate.flags = w.ready.flags.clone();
-                }
-                Role::Noop => {
-                    if let Some(n) = res.noop.as_mut() {
-                        n.build = Some(w.ready.build.clone());
-                    }
-                }
-            }
-            let pid = w.pid();
-            let mut windows = vec![];
-            for (i, &ix) in prompt_order.iter().enumerate() {
-                let mut sampler = Sampler::new(&telemetry, expected[&role], p.stall_seconds);
-                sampler.begin(pid);
-                let req = request(role, &pool[ix], &truth[ix])?;
-                let t = attempt!(w.window(req, &mut sampler), role);
-                res.spent.windows += whole(&t);
-                let tele = sampler.finish(pid);
-                if role == Role::Candidate {
-                    judge.note(ix, &t.tokens, &truth[ix]);
-                }
-                expected.insert(role, Duration::from_secs_f64(whole(&t)));
-                let disturbed = noise::waited(whole(&t), tele.runqueue_wait_seconds, tolerance);
-                windows.push((
-                    whole(&t),
-                    WindowRecord {
-                        prompt: ix,
-                        warmup: i < p.warmup_windows,
-                        disturbed,
-                        window_seconds: whole(&t),
-                        seeded_seconds: t.prefill_seconds,
-                        tokens_match_baseline: (role != Role::Baseline)
-                            .then(|| t.tokens == truth[ix]),
-                        telemetry: tele,
-                    },
-                ));
-            }
-            w.shutdown();
-            let scored = &windows[p.warmup_windows..];
-            let all: Vec<f64> = scored.iter().map(|(t, _)| *t).collect();
-            let clean = scored.iter().filter(|(_, r)| !r.disturbed).count();
-            if clean == 0 && busy_streak < KEEP_AFTER_DISTURBED && !last_chances {
+            if phase.undisturbed_windows == 0 && busy_streak < KEEP_AFTER_DISTURBED && !last_chances
+            {
                 pair.accepted = false;
                 pair.rejected_because
                     .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
             }
-            // The minimum is over every scored window: a disturbed window can only be slower,
-            // so leaving it out can only raise the minimum. The clean count only decides
-            // whether the phase was disturbed throughout.
-            let (rob, avg) = (noise::robust(&all), noise::means(&all));
-            let records: Vec<WindowRecord> = windows.into_iter().map(|(_, r)| r).collect();
-            let mismatch = records
-                .iter()
-                .any(|w| w.tokens_match_baseline == Some(false));
-            figures.insert(role, (rob, avg));
-            pair.phases.push(Phase {
-                role,
-                quiet,
-                spawn_seconds,
-                undisturbed_windows: clean,
-                min_window_seconds: rob.window_seconds,
-                mean_window_seconds: avg.window_seconds,
-                tokens_match_baseline: (role != Role::Baseline).then_some(!mismatch),
-                windows: records,
-            });
+            figures.insert(role, (robust, mean));
+            pair.phases.push(phase);
         }
         if pair
             .phases
@@ -713,6 +661,137 @@ pub fn run(
     res.stopping_reason = Some(stop);
     res.elapsed_seconds = start.elapsed().as_secs_f64();
     Ok(conclude(res, p, &robust_pairs, &mean_pairs, last))
+}
+
+/// What every phase of a pricing reads: its parameters, the model, the machine's telemetry, the
+/// prompt pool with the baseline's tokens for each, and the disturbed-window tolerance.
+struct PhaseInputs<'a> {
+    p: &'a PriceParams,
+    model: &'a ModelId,
+    telemetry: &'a Telemetry,
+    pool: &'a [Vec<u32>],
+    truth: &'a [Vec<u32>],
+    tolerance: f64,
+}
+
+impl PhaseInputs<'_> {
+    /// The window `role` runs on prompt `ix`: the baseline decodes serially; on the DFlash track
+    /// the candidate and the no-op draft with the track's source, an oracle's drafts realised
+    /// here from the baseline's tokens.
+    fn request(&self, role: Role, ix: usize) -> Result<WindowRequest> {
+        let p = self.p;
+        let (prompt, truth) = (&self.pool[ix], &self.truth[ix]);
+        if p.track == Track::Dflash && role != Role::Baseline {
+            let block = (p.block_size, p.draft.as_str());
+            WindowRequest::dflash(
+                prompt,
+                p.decode_tokens,
+                block,
+                truth,
+                p.seed,
+                self.model.vocab,
+            )
+        } else {
+            Ok(WindowRequest::serial(prompt, p.decode_tokens))
+        }
+    }
+}
+
+/// A phase's record and its figures: the robust statistic (what the score uses) and the mean.
+struct PhaseRun {
+    phase: Phase,
+    robust: Figures,
+    mean: Figures,
+}
+
+/// One phase of a pair: after waiting for a quiet machine, `role`'s fresh worker runs the
+/// pair's prompts in `order` (warm-up windows first), each window sampled for disturbance and
+/// stalls against the role's `expected` window (updated as it goes). Its time goes to
+/// `res.spent`, the worker's build to `res`, and the candidate's outputs to `judge`. Returns the
+/// phase's record with its robust and mean figures, or the worker's fault.
+fn run_phase(
+    inputs: &PhaseInputs,
+    spec: &Spec,
+    role: Role,
+    order: &[usize],
+    expected: &mut Duration,
+    judge: &mut Judge,
+    res: &mut PriceResult,
+) -> Result<Result<PhaseRun, Fault>> {
+    let (p, model) = (inputs.p, inputs.model);
+    let quiet = quiesce(inputs.telemetry, &p.quiet);
+    res.spent.quiet_waits += quiet.waited_seconds;
+    let t0 = Instant::now();
+    let mut w = match Worker::spawn(spec, model.vocab, &model.digest) {
+        Ok(w) => w,
+        Err(f) => return Ok(Err(f)),
+    };
+    let spawn_seconds = t0.elapsed().as_secs_f64();
+    res.spent.start_ups += spawn_seconds;
+    match role {
+        Role::Baseline => {}
+        Role::Candidate => {
+            res.candidate.build = Some(w.ready.build.clone());
+            res.candidate.flags = w.ready.flags.clone();
+        }
+        Role::Noop => {
+            if let Some(n) = res.noop.as_mut() {
+                n.build = Some(w.ready.build.clone());
+            }
+        }
+    }
+    let pid = w.pid();
+    let mut windows = vec![];
+    for (i, &ix) in order.iter().enumerate() {
+        let mut sampler = Sampler::new(inputs.telemetry, *expected, p.stall_seconds);
+        sampler.begin(pid);
+        let t = match w.window(inputs.request(role, ix)?, &mut sampler) {
+            Ok(t) => t,
+            Err(f) => return Ok(Err(f)),
+        };
+        res.spent.windows += whole(&t);
+        let tele = sampler.finish(pid);
+        let truth = &inputs.truth[ix];
+        if role == Role::Candidate {
+            judge.note(ix, &t.tokens, truth);
+        }
+        *expected = Duration::from_secs_f64(whole(&t));
+        let disturbed = noise::waited(whole(&t), tele.runqueue_wait_seconds, inputs.tolerance);
+        windows.push(WindowRecord {
+            prompt: ix,
+            warmup: i < p.warmup_windows,
+            disturbed,
+            window_seconds: whole(&t),
+            seeded_seconds: t.prefill_seconds,
+            tokens_match_baseline: (role != Role::Baseline).then(|| t.tokens == *truth),
+            telemetry: tele,
+        });
+    }
+    w.shutdown();
+    let scored = &windows[p.warmup_windows..];
+    // The minimum is over every scored window: a disturbed window can only be slower, so
+    // leaving it out can only raise the minimum. The clean count only decides whether the phase
+    // was disturbed throughout.
+    let all: Vec<f64> = scored.iter().map(|w| w.window_seconds).collect();
+    let (rob, avg) = (noise::robust(&all), noise::means(&all));
+    let mismatch = windows
+        .iter()
+        .any(|w| w.tokens_match_baseline == Some(false));
+    let phase = Phase {
+        role,
+        quiet,
+        spawn_seconds,
+        undisturbed_windows: scored.iter().filter(|w| !w.disturbed).count(),
+        min_window_seconds: rob.window_seconds,
+        mean_window_seconds: avg.window_seconds,
+        tokens_match_baseline: (role != Role::Baseline).then_some(!mismatch),
+        windows,
+    };
+    Ok(Ok(PhaseRun {
+        phase,
+        robust: rob,
+        mean: avg,
+    }))
 }
 
 /// The progress line while a pair's phase runs: which, the interval so far (once there is one)
