@@ -291,7 +291,7 @@ pub fn table(v: &SubmissionView) -> String {
         }
         if let Some(m) = verdict["metrics"].as_object() {
             for (k, val) in m {
-                row(&mut t, k, metric_text(val));
+                row(&mut t, k, crate::metrics::text(val));
             }
         }
         if let Some(w) = verdict["not_promoted"].as_str() {
@@ -302,30 +302,6 @@ pub fn table(v: &SubmissionView) -> String {
         }
     }
     t
-}
-
-/// A metric as a person reads it: a count as an integer (`30`, though it came as `30.0`),
-/// any other number to four significant digits, an interval as `[1.823, 2.152]`.
-fn metric_text(v: &serde_json::Value) -> String {
-    use serde_json::Value;
-    match v {
-        Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
-        Value::Number(n) => {
-            let f = n.as_f64().unwrap_or(f64::NAN);
-            if f.fract() == 0.0 && f.abs() < 1e15 {
-                format!("{f:.0}")
-            } else {
-                let magnitude = f.abs().log10().floor() as i64;
-                format!("{f:.*}", (3 - magnitude).clamp(0, 12) as usize)
-            }
-        }
-        Value::Array(items) => format!(
-            "[{}]",
-            items.iter().map(metric_text).collect::<Vec<_>>().join(", ")
-        ),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
 }
 
 pub fn status(server: &str, id: &str, json: bool) -> Result<bool> {
@@ -363,8 +339,7 @@ pub fn status(server: &str, id: &str, json: bool) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::{metric_text, Said};
-    use serde_json::json;
+    use super::Said;
 
     #[test]
     fn a_progress_line_is_said_when_its_words_change_not_its_time() {
@@ -376,24 +351,5 @@ mod tests {
         // Words unchanged for 15 s are said again, so a long phase still shows it is alive.
         said.at = Some(std::time::Instant::now() - std::time::Duration::from_secs(16));
         assert!(said.worth_saying("2 of at most 30 pairs; pair 3 Baseline (31 s)"));
-    }
-
-    #[test]
-    fn metrics_read_as_counts_and_rounded_figures() {
-        for (value, text) in [
-            (json!(30), "30"),
-            (json!(30.0), "30"),
-            (json!(1.823430539285372), "1.823"),
-            (json!(0.000123456), "0.0001235"),
-            (json!(2345.67), "2346"),
-            (json!(-0.5), "-0.5000"),
-            (
-                json!([1.823430539285372, 2.152118391512025]),
-                "[1.823, 2.152]",
-            ),
-            (json!("ratio"), "ratio"),
-        ] {
-            assert_eq!(metric_text(&value), text, "{value}");
-        }
     }
 }

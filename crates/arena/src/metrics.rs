@@ -1,6 +1,6 @@
 //! The metrics a pricing keeps on the record (the clock's result, under the original challenge's
-//! names), each with what it means: the runner copies these keys, the pages show them as a table
-//! with the meaning beside each value.
+//! names), each with what it means, and how a person reads one: the runner copies these keys,
+//! `submit`'s table and the pages print them with `text`, the pages with the meaning beside.
 
 /// (key in the clock's result, what it means), in the order shown.
 pub const METRICS: &[(&str, &str)] = &[
@@ -28,8 +28,57 @@ pub const METRICS: &[(&str, &str)] = &[
     ("ci_method", "How the interval is computed."),
 ];
 
-/// What the metric `key` means; an empty string for a key this version does not know (an older
-/// record's).
-pub fn meaning(key: &str) -> &'static str {
-    METRICS.iter().find(|m| m.0 == key).map_or("", |m| m.1)
+/// A metric as a person reads it, in `submit`'s table and on the pages: a count as an integer
+/// (`30`, though it came as `30.0`), any other number to four significant digits, an interval as
+/// `[1.823, 2.152]`.
+pub fn text(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
+        Value::Number(n) => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            if f.fract() == 0.0 && f.abs() < 1e15 {
+                format!("{f:.0}")
+            } else {
+                let magnitude = f.abs().log10().floor() as i64;
+                format!("{f:.*}", (3 - magnitude).clamp(0, 12) as usize)
+            }
+        }
+        Value::Array(items) => format!(
+            "[{}]",
+            items.iter().map(text).collect::<Vec<_>>().join(", ")
+        ),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn metrics_read_as_counts_and_rounded_figures() {
+        for (value, want) in [
+            (json!(30), "30"),
+            (json!(30.0), "30"),
+            (json!(1.823430539285372), "1.823"),
+            (json!(0.000123456), "0.0001235"),
+            (json!(2345.67), "2346"),
+            (json!(-0.5), "-0.5000"),
+            (
+                json!([1.823430539285372, 2.152118391512025]),
+                "[1.823, 2.152]",
+            ),
+            (json!("ratio"), "ratio"),
+        ] {
+            assert_eq!(text(&value), want, "{value}");
+        }
+    }
+
+    #[test]
+    fn every_metric_is_explained_in_a_sentence() {
+        assert!(METRICS.iter().all(|m| m.1.ends_with('.')));
+    }
 }
