@@ -159,6 +159,18 @@ pub enum AdminCmd {
     /// against the solver's daily cap), and the runner holding it stops the stage at its next
     /// heartbeat.
     Cancel(CancelArgs),
+    /// Print a submission's stage rows with what the runners kept private for the operator
+    /// (a failed build's log tail, the clock's own account of a failed pricing), one JSON
+    /// object a line.
+    Stages(StagesArgs),
+}
+
+#[derive(Args)]
+pub struct StagesArgs {
+    /// The submission's id.
+    pub id: String,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Args)]
@@ -548,6 +560,15 @@ async fn admin(c: AdminCmd) -> Result<()> {
             match reason {
                 Some(r) => outln!("{}: marked as a cheat ({r}); out of the ranking", a.id)?,
                 None => outln!("{}: the cheat mark is removed", a.id)?,
+            }
+        }
+        AdminCmd::Stages(a) => {
+            let db = a.state.existing_db().await?;
+            let Some(rows) = crate::stages::private(&db, &a.id).await? else {
+                bail!("{}: no such submission", a.id);
+            };
+            for r in rows {
+                outln!("{r}")?;
             }
         }
         AdminCmd::Cancel(a) => {

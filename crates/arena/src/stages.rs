@@ -189,6 +189,33 @@ pub async fn results(
     Ok(out)
 }
 
+/// Every stage row of `submission`, in order, with its private result (`null` where the runner
+/// kept none), as an operator sees them: `None` when there is no such submission.
+pub async fn private(db: &Db, submission: &str) -> Result<Option<Vec<serde_json::Value>>> {
+    let known = sqlx::query("SELECT id FROM submissions WHERE id = $1")
+        .bind(submission)
+        .fetch_optional(&db.pool)
+        .await?;
+    if known.is_none() {
+        return Ok(None);
+    }
+    let results = sqlx::query("SELECT result FROM stages WHERE submission = $1 ORDER BY id")
+        .bind(submission)
+        .fetch_all(&db.pool)
+        .await?;
+    let rows = list(db, submission).await?.into_iter().zip(results);
+    let mut out = vec![];
+    for (view, r) in rows {
+        let result: Option<String> = r.try_get("result")?;
+        let mut v = serde_json::to_value(view)?;
+        v["result"] = result
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or(serde_json::Value::Null);
+        out.push(v);
+    }
+    Ok(Some(out))
+}
+
 /// Every stage row of `submission`, in order, as the public sees them.
 pub async fn list(db: &Db, submission: &str) -> Result<Vec<StageView>> {
     let rows = sqlx::query(

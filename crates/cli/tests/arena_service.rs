@@ -210,10 +210,10 @@ fn an_inconclusive_pricing_is_priced_again_with_both_rows_kept(db: Database) {
     assert_eq!(prices, 2);
 }
 
-/// `fastdecode arena admin cancel` with this arena's state: (success, stdout, stderr).
-fn cancel(a: &Arena, id: &str) -> (bool, String, String) {
+/// `fastdecode arena admin COMMAND ID` with this arena's state: (success, stdout, stderr).
+fn admin(a: &Arena, command: &str, id: &str) -> (bool, String, String) {
     let o = Command::new(BIN)
-        .args(["arena", "admin", "cancel", id])
+        .args(["arena", "admin", command, id])
         .args(a.state())
         .output()
         .unwrap();
@@ -274,7 +274,7 @@ fn a_cancel_stops_the_runner_pricing_the_job(db: Database) {
             .filter(|d| d.contains(" of at most 2000 pairs; "))
     });
     assert!(progress.ends_with(" s)"), "{progress}");
-    let (ok, out, err) = cancel(&a, &id);
+    let (ok, out, err) = admin(&a, "cancel", &id);
     assert!(ok, "{err}");
     assert!(out.contains(&format!("{id}: cancelled at price")), "{out}");
     let stopped = format!("runner: {id} price: the lease was lost; the stage was stopped");
@@ -298,16 +298,18 @@ fn a_cancel_stops_the_runner_pricing_the_job(db: Database) {
     assert_eq!(v.verdict.unwrap()["category"], "policy:off_surface");
     assert_eq!(v.stages[0].runner.as_deref(), Some("r1"));
     // A finished or unknown submission cannot be cancelled: an error naming it.
-    let (ok, _, err) = cancel(&a, &id);
+    let (ok, _, err) = admin(&a, "cancel", &id);
     assert!(
         !ok && err.contains(&id) && err.contains("already finished"),
         "{err}"
     );
-    let (ok, _, err) = cancel(&a, "s-0000000000000000");
-    assert!(
-        !ok && err.contains("s-0000000000000000: no such submission"),
-        "{err}"
-    );
+    for command in ["cancel", "stages"] {
+        let (ok, _, err) = admin(&a, command, "s-0000000000000000");
+        assert!(
+            !ok && err.contains("s-0000000000000000: no such submission"),
+            "{command}: {err}"
+        );
+    }
     // The runner itself stayed up throughout.
     let mut runner = runner;
     assert!(runner.0.try_wait().unwrap().is_none(), "the runner exited");

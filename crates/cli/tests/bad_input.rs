@@ -2782,6 +2782,11 @@ fn cases() -> Vec<Case> {
             &["--data", "no arena there"],
         ),
         case(
+            "stages with no arena at --data",
+            "arena admin stages s-0000000000000000 --data {D}/data",
+            &["--data", "no arena there"],
+        ),
+        case(
             "redteam missing corpus",
             "arena redteam --server http://127.0.0.1:1 --token a.b --cases {D}/none",
             &["none"],

@@ -67,6 +67,26 @@ fn every_cheat_is_stopped_where_its_case_says_and_the_controls_pass() {
         .map(|r| r["case"].as_str().unwrap())
         .collect();
     assert_eq!(passed, ["control-noop", "control-speedup"]);
+    // What the solver sees of a failure on the hidden pool is one category; the operator's
+    // record keeps the clock's own account of it (`arena admin stages`).
+    let shapes = rows
+        .iter()
+        .find(|r| r["case"] == "price-argument-shapes")
+        .unwrap();
+    let mut args = vec!["arena", "admin", "stages"];
+    args.push(shapes["submission"].as_str().unwrap());
+    let state = a.state();
+    args.extend(state.iter().map(String::as_str));
+    let private: Vec<Value> = fd(&args)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let price = private.iter().find(|r| r["stage"] == "price").unwrap();
+    assert_eq!(price["outcome"], "price:hidden_prompt", "{price}");
+    assert_eq!(price["result"]["culprit"], "candidate", "{price}");
+    let verdict = price["result"]["verdict"].as_str().unwrap();
+    assert!(verdict.starts_with("violation:"), "{price}");
+    assert!(price["result"]["clock_detail"].is_string(), "{price}");
     // Nothing crashed the service or the runner.
     assert!(runner.0.try_wait().unwrap().is_none(), "the runner died");
     let service = a.service.as_mut().unwrap();

@@ -188,7 +188,17 @@ impl Runner {
                 json!({"metrics": metrics, "pool_index": index, "pairs": pairs}),
             ));
         }
-        Ok(priced_failure(&verdict, res["culprit"].as_str(), detail))
+        // The clock's own account stays in the stage's private result, for the operator: what
+        // the solver sees of a candidate's failure on the hidden pool is one fixed category.
+        Ok(Outcome {
+            result: json!({
+                "verdict": verdict,
+                "culprit": res["culprit"],
+                "clock_detail": res["detail"],
+                "pool_index": index,
+            }),
+            ..priced_failure(&verdict, res["culprit"].as_str(), detail)
+        })
     }
 }
 
