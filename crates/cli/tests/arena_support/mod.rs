@@ -39,7 +39,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use fastdecode_arena::api::{encode_bundle, Accepted, NewSubmission, SubmissionView, TrackView};
+use fastdecode_arena::api::{
+    encode_bundle, Accepted, NewSubmission, SubmissionList, SubmissionView, TrackView,
+};
 use fastdecode_arena::bundle::{pack, Content};
 use fastdecode_arena::http::Api;
 use fastdecode_arena::track::Track;
@@ -51,6 +53,12 @@ pub static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// The longest any wait here may take (a first build of the baseline on a busy 2-core machine
 /// included) before the test fails naming what it waited for.
 pub const PATIENCE: Duration = Duration::from_secs(1500);
+
+/// Where every arena of a test run appends its stages' times when it is dropped, one JSON line
+/// a stage (`tools/ci/summary.py --stages` sums them by stage at the end of the run).
+pub fn stage_times_file() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("arena-stages.jsonl")
+}
 
 pub fn checkout() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -99,6 +107,14 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.service.is_some() {
+            let _ = self.record_stage_times();
+        }
     }
 }
 
@@ -191,6 +207,9 @@ pub struct Arena {
     pub dir: tempfile::TempDir,
     /// `--database` (none: the SQLite file in the data directory).
     pub database: Option<String>,
+    /// The service's port: the one it chose on its first start (`--listen 127.0.0.1:0`, so no
+    /// other process can take it between a test's choosing and the service's binding), kept by
+    /// a restart, as the runners' `--server` names it.
     pub port: u16,
     pub lease_seconds: u64,
     pub service: Option<Proc>,
@@ -253,9 +272,21 @@ impl Arena {
             t.clock.max_pairs = 40;
             t.clock.time_budget = 300.0;
             // Other tests' builds may share the machine: quiet means "not saturated" here.
-            t.clock.extra_args = ["--quiet-cpu", "1.0", "--quiet-wait", "1"]
-                .map(String::from)
-                .to_vec();
+            // Four noise windows, not sixteen, and one warm-up window a phase, not two: a
+            // window of this model takes a quarter of a second, its worker starts in half of
+            // one, and no test here asserts on the noise record (the clock's own tests do).
+            t.clock.extra_args = [
+                "--quiet-cpu",
+                "1.0",
+                "--quiet-wait",
+                "1",
+                "--noise-windows",
+                "4",
+                "--warmup-windows",
+                "1",
+            ]
+            .map(String::from)
+            .to_vec();
             t.caps.failures_per_day = 3;
             t.build.cargo_args = quick_build(&t.build.cargo_args);
             edit(&mut t);
@@ -272,15 +303,10 @@ impl Arena {
             add.extend(["--database", db.as_str()]);
         }
         let solver = fd(&add);
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let mut a = Arena {
             dir,
             database,
-            port,
+            port: 0,
             lease_seconds,
             service: None,
             solver,
@@ -309,7 +335,7 @@ impl Arena {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// Starts `arena serve` and waits for its listening line.
+    /// Starts `arena serve` and waits for its listening line (which names its port).
     pub fn start_service(&mut self) {
         let mut c = Command::new(BIN)
             .args([
@@ -332,7 +358,10 @@ impl Arena {
         let mut err = BufReader::new(c.stderr.take().unwrap());
         let mut line = String::new();
         err.read_line(&mut line).unwrap();
-        assert!(line.contains("listening on"), "the service said: {line}");
+        let port = line
+            .split_once("listening on http://127.0.0.1:")
+            .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok());
+        self.port = port.unwrap_or_else(|| panic!("the service said: {line}"));
         std::thread::spawn(move || {
             let mut rest = String::new();
             while err.read_line(&mut rest).is_ok_and(|n| n > 0) {}
@@ -445,6 +474,38 @@ impl Arena {
             .collect();
         eprintln!("{id}: {}", took.join(", "));
         v
+    }
+
+    /// Appends every finished stage of this arena's submissions to `stage_times_file()`: which
+    /// test, track, stage, outcome, seconds and the runner's public detail ("built in 41 s").
+    fn record_stage_times(&self) -> Option<()> {
+        use std::io::Write;
+        let api = self.api();
+        let list: SubmissionList = api.get_json("/api/submissions?per_page=200").ok()?;
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let mut lines = String::new();
+        for s in list.submissions {
+            let v: SubmissionView = api.get_json(&format!("/api/submissions/{}", s.id)).ok()?;
+            for st in v.stages {
+                let Some(end) = st.ended_ms else { continue };
+                let row = serde_json::json!({
+                    "test": test,
+                    "track": v.track,
+                    "stage": st.stage,
+                    "outcome": st.outcome,
+                    "seconds": (end - st.started_ms) as f64 / 1e3,
+                    "detail": st.detail,
+                });
+                lines += &format!("{row}\n");
+            }
+        }
+        // One write of whole lines with O_APPEND: two arenas ending at once do not interleave.
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(stage_times_file())
+            .ok()?;
+        f.write_all(lines.as_bytes()).ok()
     }
 
     /// A solver's working tree at the track's current base with `patch` (tracks/examples/)
