@@ -13,7 +13,7 @@
 #   Its URL reaches the tests as FASTDECODE_TEST_POSTGRES; they fail, never skip, without it.
 #
 # Arguments, when given, replace `--workspace --features fastdecode-cli/fault-injection` as what
-# `cargo test` is told (e.g. `tools/test.sh -p fastdecode-cli --test arena`).
+# `cargo test` is told, in one run (e.g. `tools/test.sh -p fastdecode-cli --test arena`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,6 +80,38 @@ export FASTDECODE_TEST_POSTGRES="postgres://postgres@127.0.0.1:$port/arena"
 # in target/test-timings.json).
 runner=CARGO_TARGET_$(rustc -vV | sed -n 's/^host: //p' | tr 'a-z-' 'A-Z_')_RUNNER
 export "$runner=$PWD/tools/ci/timed-runner.sh"
-[ $# -gt 0 ] || set -- --workspace --features fastdecode-cli/fault-injection
+summary=(python3 tools/ci/summary.py --json target/test-timings.json
+    --stages target/tmp/arena-stages.jsonl)
 mkdir -p target
-cargo test "$@" 2>&1 | python3 tools/ci/summary.py --json target/test-timings.json
+if [ $# -gt 0 ]; then
+    cargo test "$@" 2>&1 | "${summary[@]}"
+    exit
+fi
+
+# The whole workspace: built once, then its test binaries in two lanes side by side
+# (tools/ci/lanes.py), as jobs: each binary that takes minutes alone, longest first, then
+# every other test target with the libraries' and binaries' own tests, then the doc tests.
+# Most of a long binary's time is spent waiting on what it started (builds in the sandbox,
+# pricings, a browser), so the two lanes keep both cores busy; every test holds under that
+# load (issue 47: its bound is by construction or it does not depend on timing).
+all=(--workspace --features fastdecode-cli/fault-injection)
+long=(arena redteam faults pages)
+rest=()
+for t in $(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+names = {t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if "test" in t["kind"]}
+print("\n".join(sorted(names)))'); do
+    case " ${long[*]} " in
+    *" $t "*) ;;
+    *) rest+=(--test "$t") ;;
+    esac
+done
+jobs=()
+for t in "${long[@]}"; do
+    jobs+=("$t=cargo test ${all[*]} --test $t")
+done
+jobs+=("rest=cargo test ${all[*]} --lib --bins ${rest[*]}" "doc=cargo test ${all[*]} --doc")
+{
+    cargo test "${all[@]}" --no-run
+    python3 tools/ci/lanes.py --lanes 2 "${jobs[@]}"
+} 2>&1 | "${summary[@]}"

@@ -8,14 +8,19 @@ the tests that cost the most wall time, and one line:
 the previous test's end in its binary (or the binary's start) to its own: what it added to the
 run, whether its binary's tests ran in turns (the arena's hold a lock) or side by side; libtest's
 own figure (`--report-time`, which tools/test.sh asks for) follows it, and counts time spent
-waiting for a turn. With `--json FILE` the same figures go into FILE as well. The exit status is
-0; the caller takes cargo's own (pipefail).
+waiting for a turn. Lines tagged `[JOB] ` (tools/ci/lanes.py: jobs side by side) are followed
+job by job; a binary's wall time is then its own, overlapping other jobs'. With `--stages FILE` (removed at the start) it also sums the arena stages
+the end-to-end tests' arenas appended there, one JSON line a stage (crates/cli/tests/
+arena_support): time by stage, and the longest stages with their test. With `--json FILE` the
+same figures go into FILE as well. The exit status is 0; the caller takes cargo's own (pipefail).
 
     cargo test -- -Zunstable-options --report-time 2>&1 | tools/ci/summary.py
 """
 
 import argparse
+import collections
 import json
+import os
 import re
 import sys
 import time
@@ -24,6 +29,7 @@ RUNNING = re.compile(r"^\s+(Running|Doc-tests) (?:unittests )?(\S+)(?: \((\S+)\)
 RESULT = re.compile(
     r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored; .*finished in ([\d.]+)s"
 )
+JOB = re.compile(r"^\[(\S+)\] ")
 TIMED = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)(?: <([\d.]+)s>)?")
 
 
@@ -40,7 +46,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--slowest", type=int, default=15, help="how many tests to list")
+    ap.add_argument("--stages", help="the arenas' stage times (JSON lines) to sum")
     args = ap.parse_args()
+    if args.stages and os.path.exists(args.stages):
+        os.remove(args.stages)
 
     t0 = time.monotonic()
     build_s = None
@@ -48,29 +57,34 @@ def main() -> None:
     tests = []  # (binary, test, wall seconds added, libtest's seconds or None)
     counts = {"passed": 0, "failed": 0, "ignored": 0}
     failed = []
-    current, started, last = None, None, t0
+    # Each job's running binary (tools/ci/lanes.py tags a job's lines `[NAME] `): the row of
+    # `binaries` it fills, when it started, and when its last test ended.
+    jobs = {}
     for line in sys.stdin:
         sys.stdout.write(line)
         sys.stdout.flush()
         now = time.monotonic()
-        if m := RUNNING.match(line):
+        job, text = "", line
+        if m := JOB.match(line):
+            job, text = m.group(1), line[m.end() :]
+        state = jobs.setdefault(job, {"row": None, "started": now, "last": now})
+        if m := RUNNING.match(text):
             if build_s is None:
                 build_s = now - t0
-            current, started = binary_name(m), now
-            last = now
-            binaries.append([current, 0.0])
-        elif m := RESULT.match(line):
+            binaries.append([binary_name(m), 0.0])
+            state.update(row=binaries[-1], started=now, last=now)
+        elif (m := RESULT.match(text)) and state["row"] is not None:
             for key, g in zip(("passed", "failed", "ignored"), m.groups()):
                 counts[key] += int(g)
-            if current is not None:
-                binaries[-1][1] = now - started
-        elif m := TIMED.match(line):
+            state["row"][1] = now - state["started"]
+        elif (m := TIMED.match(text)) and state["row"] is not None:
+            current = state["row"][0]
             if m.group(2) == "FAILED":
                 failed.append(f"{current}: {m.group(1)}")
             if m.group(2) != "ignored":
                 own = float(m.group(3)) if m.group(3) else None
-                tests.append((current, m.group(1), now - last, own))
-                last = now
+                tests.append((current, m.group(1), now - state["last"], own))
+                state["last"] = now
     total = time.monotonic() - t0
 
     out = sys.stdout
@@ -84,6 +98,8 @@ def main() -> None:
             short = binary.split(" ")[0]
             mine = f"{own:8.1f} s" if own is not None else " " * 10
             print(f"{s:8.1f} s {mine}  {short} {name}", file=out)
+    stages = read_stages(args.stages)
+    print_stages(stages, args.slowest)
     for f in failed:
         print(f"FAILED {f}", file=out)
     print(
@@ -104,10 +120,37 @@ def main() -> None:
                         for b, t, s, own in tests
                     ],
                     "failed": failed,
+                    "stages": stages,
                 },
                 f,
                 indent=1,
             )
+
+
+def read_stages(path):
+    """The stage rows the arenas appended (none without --stages or when no arena ran)."""
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def print_stages(rows, slowest: int) -> None:
+    """Arena time by stage (rows, seconds in all, mean, longest), then the longest rows."""
+    if not rows:
+        return
+    by = collections.defaultdict(list)
+    for r in rows:
+        by[r["stage"]].append(r["seconds"])
+    print("-- the arenas' stages (rows, seconds in all, mean, longest) --")
+    for stage, s in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{sum(s):8.1f} s  {stage:<9} {len(s):4d} rows  {sum(s) / len(s):6.1f} s  {max(s):6.1f} s")
+    print(f"-- the {slowest} longest stages --")
+    for r in sorted(rows, key=lambda r: -r["seconds"])[:slowest]:
+        test = r["test"].rsplit("::", 2)
+        test = "::".join(test[-2:]) if len(test) > 1 else test[0]
+        detail = (r.get("detail") or "")[:70]
+        print(f"{r['seconds']:8.1f} s  {r['stage']:<8} {r['outcome'] or '':<12} {test}: {detail}")
 
 
 if __name__ == "__main__":
