@@ -18,9 +18,9 @@ use serde_json::Value;
 fn every_cheat_is_stopped_where_its_case_says_and_the_controls_pass() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // The corpus fails on purpose once a case: the solver's daily cap must let it. The timed
-    // window reaches past the goldens' last position (32 + 64 = 96), as a real track's does
-    // (512 + 128), so a build that behaves differently only there (price-argument-shapes) has
-    // somewhere to do it.
+    // window (128 + 16 tokens) reaches past the goldens' last position (32 + 64 = 96), as a
+    // real track's does (512 + 128), so a build that behaves differently only there
+    // (price-argument-shapes, from position 96 on, its prefill included) has somewhere to do it.
     let mut a = Arena::on_tracks(Database::Sqlite, 30, &[TRACK, "dflash-tiny"], |t| {
         quick_clock(t);
         t.caps.failures_per_day = 1000;
