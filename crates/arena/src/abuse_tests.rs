@@ -18,7 +18,8 @@ use sqlx::Row;
 use crate::api::{encode_bundle, NewSubmission, Report};
 use crate::caps::{self, CANCELLED};
 use crate::lease::{self, Leased};
-use crate::server::{intake, AppState, Service};
+use crate::server::intake;
+use crate::service::{AppState, Service};
 use crate::testdb::{base, service, On};
 use crate::{cancel, notes, pages, stages, verdict};
 
@@ -32,7 +33,7 @@ async fn arena(dir: &std::path::Path, on: On, cap: u32) -> (AppState, String) {
         base(&s.db, t).await;
     }
     s.tracks.get_mut(TRACK).unwrap().caps.failures_per_day = cap;
-    let token = crate::cli::add_token(&s.db, "solvers", "alice", "", |_| Ok(()))
+    let token = crate::state::add_token(&s.db, "solvers", "alice", "", |_| Ok(()))
         .await
         .unwrap();
     (Arc::new(s), token)
@@ -218,7 +219,7 @@ async fn unfinished_submissions_count_against_the_cap(on: On) {
     );
     // A key already used still answers with its submission; another solver is not capped.
     assert_eq!(post(&s, &alice, "k0").await.0, StatusCode::OK);
-    let bob = crate::cli::add_token(&s.db, "solvers", "bob", "", |_| Ok(()))
+    let bob = crate::state::add_token(&s.db, "solvers", "bob", "", |_| Ok(()))
         .await
         .unwrap();
     id_of(&post(&s, &bob, "b0").await);
@@ -783,10 +784,10 @@ async fn every_api_error_is_json_and_the_token_comes_first() {
     use tower::ServiceExt;
     let dir = tempfile::tempdir().unwrap();
     let (s, solver) = arena(dir.path(), On::Sqlite, 10).await;
-    let runner = crate::cli::add_token(&s.db, "runners", "r1", "cpu", |_| Ok(()))
+    let runner = crate::state::add_token(&s.db, "runners", "r1", "cpu", |_| Ok(()))
         .await
         .unwrap();
-    let gpu = crate::cli::add_token(&s.db, "runners", "g1", "cuda", |_| Ok(()))
+    let gpu = crate::state::add_token(&s.db, "runners", "g1", "cuda", |_| Ok(()))
         .await
         .unwrap();
     let app = crate::server::router(s.clone());

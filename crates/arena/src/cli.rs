@@ -1,16 +1,17 @@
 //! The arguments of `fastdecode arena …` and `fastdecode submit`, and what each command does.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
-use crate::db::{now_ms, sqlite_url, Db};
-use crate::server::Service;
+use crate::db::now_ms;
+use crate::demo::DemoArgs;
+use crate::state::{add_token, home, new_hidden, open_service, StateArgs};
 use crate::store::Store;
-use crate::track::{check_name, Hidden};
-use crate::{client, runner, server, tokens, track};
+use crate::track::check_name;
+use crate::{client, runner, server, service, track};
 
 #[derive(Subcommand)]
 pub enum ArenaCmd {
@@ -30,56 +31,6 @@ pub enum ArenaCmd {
     /// against a service and print what stopped each; exit 0 only when every case ended as its
     /// file says.
     Redteam(RedteamArgs),
-}
-
-/// Where the service keeps its state.
-#[derive(Args, Clone)]
-pub struct StateArgs {
-    /// Database URL: sqlite://FILE or postgres://USER:PASSWORD@HOST/DB (default: an SQLite file
-    /// in --data, created and migrated on first use).
-    #[arg(long)]
-    pub database: Option<String>,
-    /// The service's directory: the default database, the artifact store, the hidden store
-    /// (default: $FASTDECODE_HOME/arena or ~/.cache/fastdecode/arena).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-}
-
-impl StateArgs {
-    pub fn data(&self) -> PathBuf {
-        self.data.clone().unwrap_or_else(|| {
-            std::env::var_os("FASTDECODE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/fastdecode"))
-                })
-                .unwrap_or_else(|| std::env::temp_dir().join("fastdecode"))
-                .join("arena")
-        })
-    }
-
-    pub async fn db(&self) -> Result<Db> {
-        // A --database URL needs nothing of --data: a mistyped one leaves no directory behind.
-        if let Some(url) = &self.database {
-            return Db::open(url).await;
-        }
-        let data = self.data();
-        std::fs::create_dir_all(&data).with_context(|| format!("--data {}", data.display()))?;
-        Db::open(&sqlite_url(&data)).await
-    }
-
-    /// The database of an arena that must already exist (an operator's act on one of its
-    /// submissions): a mistyped --data is named, never made into a new, empty arena.
-    pub async fn existing_db(&self) -> Result<Db> {
-        let data = self.data();
-        if self.database.is_none() && !data.join("arena.db").is_file() {
-            bail!(
-                "--data {}: no arena there (no arena.db; `fastdecode arena serve --data` makes one)",
-                data.display()
-            );
-        }
-        self.db().await
-    }
 }
 
 #[derive(Args)]
@@ -244,25 +195,6 @@ pub struct HiddenNewArgs {
 }
 
 #[derive(Args)]
-pub struct DemoArgs {
-    /// Directory of the demo's arena (repository clone, database, stores, logs), kept when the
-    /// demo ends (default: a new temporary directory, removed when it ends).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// The fastdecode checkout whose tracks and examples it uses (default: the one this binary
-    /// was built from).
-    #[arg(long)]
-    pub repo: Option<PathBuf>,
-    /// The runner's cache, kept between demos so later ones rebuild only what changed
-    /// (default: $FASTDECODE_HOME/arena-demo-runner).
-    #[arg(long)]
-    pub cache: Option<PathBuf>,
-    /// Stop after the leaderboard instead of serving the record until ctrl-c.
-    #[arg(long)]
-    pub exit: bool,
-}
-
-#[derive(Args)]
 pub struct RedteamArgs {
     /// The service's URL.
     #[arg(long)]
@@ -392,38 +324,9 @@ fn redteam(a: RedteamArgs) -> Result<()> {
     Ok(())
 }
 
-/// `$FASTDECODE_HOME`, or `~/.cache/fastdecode`.
-pub fn home() -> PathBuf {
-    std::env::var_os("FASTDECODE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/fastdecode")))
-        .unwrap_or_else(|| std::env::temp_dir().join("fastdecode"))
-}
-
-/// Opens everything the service needs and checks the tracks against the repository.
-pub async fn service(
-    state: &StateArgs,
-    repo: &Path,
-    tracks: &Path,
-    lease_seconds: u64,
-) -> Result<Service> {
-    let repo = std::path::absolute(repo).with_context(|| format!("--repo {}", repo.display()))?;
-    let tracks = track::load_dir(tracks)?;
-    let db = state.db().await?;
-    let store = Store::new(&state.data());
-    server::prepare(&db, &tracks, &store, &repo).await?;
-    Ok(Service {
-        db,
-        tracks,
-        store,
-        repo,
-        lease_ms: lease_seconds as i64 * 1000,
-    })
-}
-
 async fn serve(a: ServeArgs) -> Result<()> {
     let tracks = a.tracks.clone().unwrap_or_else(|| a.repo.join("tracks"));
-    let s = service(&a.state, &a.repo, &tracks, a.lease_seconds).await?;
+    let s = open_service(&a.state, &a.repo, &tracks, a.lease_seconds).await?;
     let names: Vec<String> = s.tracks.keys().cloned().collect();
     server::serve(s, &a.listen, |addr| {
         eprintln!(
@@ -432,53 +335,6 @@ async fn serve(a: ServeArgs) -> Result<()> {
         );
     })
     .await
-}
-
-/// Adds a solver or runner and returns its token. The token is handed to `deliver` before the
-/// row is committed: a token that could not be delivered (stdout full or closed) leaves no
-/// account behind that nobody can use, and the same name can be added again.
-pub async fn add_token(
-    db: &Db,
-    table: &str,
-    name: &str,
-    kind: &str,
-    deliver: impl FnOnce(&str) -> Result<()>,
-) -> Result<String> {
-    check_name(name, "NAME")?;
-    let (token, hash) = tokens::issue(name);
-    let q = match table {
-        "solvers" => {
-            sqlx::query("INSERT INTO solvers (id, secret_hash, created_ms) VALUES ($1, $2, $3)")
-                .bind(name)
-                .bind(hash)
-                .bind(now_ms())
-        }
-        _ => sqlx::query(
-            "INSERT INTO runners (id, secret_hash, kind, created_ms) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(name)
-        .bind(hash)
-        .bind(kind)
-        .bind(now_ms()),
-    };
-    let mut tx = db.write().await?;
-    q.execute(&mut *tx).await.map_err(|e| match &e {
-        sqlx::Error::Database(d) if d.is_unique_violation() => anyhow!("{name}: already exists"),
-        _ => anyhow::Error::new(e).context(format!("adding {name}")),
-    })?;
-    deliver(&token)?;
-    tx.commit().await?;
-    Ok(token)
-}
-
-/// Writes new hidden material into the store of `data`; its digest.
-pub fn new_hidden(data: &Path, pool: usize) -> Result<String> {
-    let h = Hidden {
-        golden_seeds: vec![rand::random::<u64>() >> 16],
-        pool_seeds: (0..pool).map(|_| rand::random::<u64>() >> 16).collect(),
-    };
-    h.validate()?;
-    Store::new(data).put_hidden(serde_json::to_string(&h)?.as_bytes())
 }
 
 async fn admin(c: AdminCmd) -> Result<()> {
@@ -525,7 +381,7 @@ async fn admin(c: AdminCmd) -> Result<()> {
             let db = a.state.db().await?;
             let store = Store::new(&a.state.data());
             for t in tracks.values() {
-                let base = server::current_base(&db, &t.name).await.ok();
+                let base = service::current_base(&db, &t.name).await.ok();
                 let hidden = if store.hidden(&t.goldens.hidden)?.is_some() {
                     "present"
                 } else {

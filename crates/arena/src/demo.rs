@@ -9,12 +9,13 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use clap::Args;
 
 use crate::api::{SubmissionList, SubmissionView, TrackView};
-use crate::cli::{add_token, home, new_hidden, service, DemoArgs, StateArgs};
 use crate::client;
 use crate::git;
 use crate::http::Api;
+use crate::state::{add_token, home, new_hidden, open_service, StateArgs};
 use crate::track::Track;
 
 const TRACK: &str = "serial-tiny";
@@ -73,6 +74,25 @@ fn demo_track(checkout: &Path, hidden: &str) -> Result<Track> {
     ];
     t.validate()?;
     Ok(t)
+}
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Directory of the demo's arena (repository clone, database, stores, logs), kept when the
+    /// demo ends (default: a new temporary directory, removed when it ends).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// The fastdecode checkout whose tracks and examples it uses (default: the one this binary
+    /// was built from).
+    #[arg(long)]
+    pub repo: Option<PathBuf>,
+    /// The runner's cache, kept between demos so later ones rebuild only what changed
+    /// (default: $FASTDECODE_HOME/arena-demo-runner).
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// Stop after the leaderboard instead of serving the record until ctrl-c.
+    #[arg(long)]
+    pub exit: bool,
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
@@ -142,7 +162,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let (solver_token, runner_token, svc) = rt.block_on(async {
-        let svc = service(&state, &repo, &tracks, 30).await?;
+        let svc = open_service(&state, &repo, &tracks, 30).await?;
         let s = add_token(&svc.db, "solvers", "demo-solver", "", |_| Ok(())).await?;
         let r = add_token(&svc.db, "runners", "demo-runner", "cpu", |_| Ok(())).await?;
         anyhow::Ok((s, r, svc))

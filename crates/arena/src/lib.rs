@@ -1,6 +1,6 @@
 //! The arena: a submission service, its runners and the pipeline that judges solvers' changes
-//! (`docs/spec/arena.md`). The service (`server`) owns the database (`db`), the tracks
-//! (`track`), the queue and the record; runners (`runner`) lease jobs (`lease`) and run a
+//! (`docs/spec/arena.md`). The service (`service`: what it holds; `server`: its routes) owns the
+//! database (`db`), the tracks (`track`), the queue and the record; runners (`runner`) lease jobs (`lease`) and run a
 //! submission's stages (`stages`: `policy`, `review`, `build`, then the existing gate and clock
 //! driven as `fastdecode gate` / `fastdecode price`); the service writes the verdict
 //! (`verdict`) and promotes winners (`promotion`). `caps` is what counts against a solver's
@@ -41,7 +41,9 @@ pub mod review;
 pub mod runner;
 pub mod sandbox;
 pub mod server;
+pub mod service;
 pub mod stages;
+pub mod state;
 pub mod store;
 #[cfg(test)]
 mod testdb;

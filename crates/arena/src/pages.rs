@@ -14,7 +14,7 @@ use axum::response::{Html, IntoResponse, Response};
 use crate::api::{StageView, SubmissionView, TrackView};
 use crate::db::now_ms;
 use crate::plots::{self, datetime, datetime_seconds};
-use crate::server::AppState;
+use crate::service::AppState;
 use crate::{notes, record};
 
 /// What a page may load: its own script and nothing from elsewhere; no inline script, so

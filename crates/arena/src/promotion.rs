@@ -15,7 +15,7 @@ use sqlx::Row;
 
 use crate::bundle::{self, Kind};
 use crate::db::new_id;
-use crate::server::Service;
+use crate::service::Service;
 use crate::store::Store;
 use crate::track::Track;
 use crate::{git, stages};

@@ -14,7 +14,7 @@ use crate::api::{
     SubmissionSummary, SubmissionView, TrackView,
 };
 use crate::db::{now_ms, Db};
-use crate::server::{current_base, Service};
+use crate::service::{current_base, Service};
 use crate::store::Store;
 use crate::{lease, promotion, stages};
 

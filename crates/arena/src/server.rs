@@ -10,7 +10,6 @@
 //! `GET /api/hidden/{digest}`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -25,57 +24,13 @@ use base64::Engine;
 use sqlx::Row;
 
 use crate::api::{
-    Accepted, BuildRecord, ErrorBody, Heartbeat, Job, LeaseRequest, NewSubmission, Report,
-    ReportReply, SubmissionList, SubmissionView, TrackView,
+    Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, NewSubmission, Report, ReportReply,
+    SubmissionList, SubmissionView, TrackView,
 };
-use crate::db::{new_id, now_ms, Db};
-use crate::store::Store;
+use crate::db::{new_id, now_ms};
+use crate::service::{current_base, ApiError, ApiResult, AppState, Service};
 use crate::track::Track;
 use crate::{bundle, caps, lease, notes, pages, record, stages, tokens, verdict};
-
-pub struct Service {
-    pub db: Db,
-    pub tracks: BTreeMap<String, Track>,
-    pub store: Store,
-    pub repo: PathBuf,
-    pub lease_ms: i64,
-}
-
-pub type AppState = Arc<Service>;
-
-/// An HTTP error with a one-line reason.
-pub struct ApiError(pub StatusCode, pub String, pub Option<u64>);
-
-impl ApiError {
-    pub fn new(code: StatusCode, msg: impl Into<String>) -> ApiError {
-        ApiError(code, msg.into(), None)
-    }
-}
-
-impl From<anyhow::Error> for ApiError {
-    fn from(e: anyhow::Error) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
-    }
-}
-
-impl From<sqlx::Error> for ApiError {
-    fn from(e: sqlx::Error) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("database: {e}"))
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut r = (self.0, Json(ErrorBody { error: self.1 })).into_response();
-        if let Some(s) = self.2 {
-            r.headers_mut()
-                .insert("retry-after", s.to_string().parse().expect("digits"));
-        }
-        r
-    }
-}
-
-type ApiResult<T> = std::result::Result<T, ApiError>;
 
 fn bearer(h: &HeaderMap) -> ApiResult<(String, String)> {
     let v = h
@@ -236,23 +191,6 @@ async fn nowhere(uri: Uri) -> Response {
     } else {
         pages::not_found(format!("There is nothing at {}.", uri.path()))
     }
-}
-
-/// The track's current base commit and best score (the last promotion, or the baseline).
-pub async fn current_base(db: &Db, track: &str) -> Result<(String, f64, Option<String>)> {
-    let r = sqlx::query(
-        "SELECT base_commit, score, submission FROM promotions WHERE track = $1 \
-         ORDER BY seq DESC LIMIT 1",
-    )
-    .bind(track)
-    .fetch_optional(&db.pool)
-    .await?
-    .context("a track without its baseline row")?;
-    Ok((
-        r.try_get("base_commit")?,
-        r.try_get("score")?,
-        r.try_get("submission")?,
-    ))
 }
 
 async fn list_tracks(State(s): State<AppState>) -> ApiResult<Json<Vec<TrackView>>> {
@@ -650,45 +588,6 @@ async fn get_hidden(
             format!("{d}: not in the hidden store"),
         )
     })
-}
-
-/// Loads the tracks into the database (their baseline row) and checks what each needs.
-pub async fn prepare(
-    db: &Db,
-    tracks: &BTreeMap<String, Track>,
-    store: &Store,
-    repo: &std::path::Path,
-) -> Result<()> {
-    for t in tracks.values() {
-        let resolved = crate::git::resolve(repo, &t.baseline)
-            .with_context(|| format!("track {}: baseline", t.name))?;
-        if resolved != t.baseline {
-            anyhow::bail!(
-                "track {}: baseline {} resolves to {resolved}",
-                t.name,
-                t.baseline
-            );
-        }
-        if store.hidden(&t.goldens.hidden)?.is_none() {
-            anyhow::bail!(
-                "track {}: its hidden material {} is not in the hidden store {} \
-                 (make it with `fastdecode arena admin hidden new` and name it in the track file)",
-                t.name,
-                t.goldens.hidden,
-                store.root.join("hidden").display()
-            );
-        }
-        sqlx::query(
-            "INSERT INTO promotions (track, seq, submission, base_commit, score, created_ms) \
-             VALUES ($1, 0, NULL, $2, 1.0, $3) ON CONFLICT (track, seq) DO NOTHING",
-        )
-        .bind(&t.name)
-        .bind(&t.baseline)
-        .bind(now_ms())
-        .execute(&db.pool)
-        .await?;
-    }
-    Ok(())
 }
 
 /// Serves until ctrl-c / SIGTERM; `on_listen` gets the bound address.

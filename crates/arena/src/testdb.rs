@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::db::Db;
-use crate::server::Service;
+use crate::service::Service;
 use crate::store::Store;
 
 /// Where a test's records live.
@@ -43,7 +43,7 @@ pub async fn service(dir: &Path, on: On) -> Service {
     }
 }
 
-/// The baseline row of `track` (what `server::prepare` adds from the track file).
+/// The baseline row of `track` (what `service::prepare` adds from the track file).
 pub async fn base(db: &Db, track: &str) {
     sqlx::query(
         "INSERT INTO promotions (track, seq, submission, base_commit, score, created_ms) \

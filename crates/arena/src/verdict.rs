@@ -12,7 +12,7 @@ use sqlx::Row;
 use crate::api::Report;
 use crate::caps::Blame;
 use crate::db::now_ms;
-use crate::server::{current_base, ApiError, Service};
+use crate::service::{current_base, ApiError, Service};
 use crate::{lease, promotion, stages};
 
 /// The lower end of a pricing's interval, from its private result.
