@@ -3,7 +3,7 @@
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use half::bf16;
 
-use crate::device::{launch_cfg, Gpu};
+use crate::device::{launch_cfg, Gpu, MMA_COUNTERS, MMA_PARTIAL_FLOATS};
 use crate::error::{check, Result};
 use crate::ops::MAX_ROWS;
 
@@ -12,12 +12,6 @@ const STAGE_MAX_BYTES: usize = 200 * 1024;
 /// The chunks (8 columns each) of x' a grouped multi-row GEMV stages at once: common.cuh's
 /// `GEMV_KB`.
 pub(crate) const GEMV_KB: usize = 256;
-
-/// The tensor-core GEMV's scratch (`Gpu::gemv_partial`, `Gpu::gemv_counters`): 32 MiB of
-/// per-slice sums (XS 2.1's lm_head in two slices of 16 rows takes 12.8 MB) and a counter per
-/// 16-output tile of up to a million outputs.
-pub(crate) const MMA_PARTIAL_FLOATS: usize = 8 << 20;
-pub(crate) const MMA_COUNTERS: usize = 1 << 16;
 
 /// Slices of the tensor-core GEMV's input and columns per slice: at most 1024 columns (16
 /// rows' staged terms, 96 KiB of shared memory), at least 512 where the input is that wide, and

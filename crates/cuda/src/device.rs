@@ -23,6 +23,12 @@ pub(crate) fn launch_cfg(
     }
 }
 
+/// The tensor-core GEMV's scratch (`Gpu::gemv_partial`, `Gpu::gemv_counters`): 32 MiB of
+/// per-slice sums (XS 2.1's lm_head in two slices of 16 rows takes 12.8 MB) and a counter per
+/// 16-output tile of up to a million outputs.
+pub(crate) const MMA_PARTIAL_FLOATS: usize = 8 << 20;
+pub(crate) const MMA_COUNTERS: usize = 1 << 16;
+
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -46,7 +52,7 @@ pub struct Gpu {
     /// (`FASTDECODE_GEMV_HALVES`, on by default; `dense.rs`).
     pub gemv_halves: std::sync::atomic::AtomicBool,
     /// The expert GEMVs of `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`).
-    pub moe_kernel: crate::ops::MoeKernel,
+    pub moe_kernel: crate::knobs::MoeKernel,
     /// A multi-row attention's splits merged by a kernel of their own (`attend_merge`) rather
     /// than by each (row, kv head)'s last block (`FASTDECODE_ATT_MERGE`; tests switch it).
     pub att_merge_kernel: std::sync::atomic::AtomicBool,
@@ -59,23 +65,6 @@ pub struct Gpu {
     /// them only after its wait for its predecessor, so launches never share them.
     pub(crate) gemv_partial: cudarc::driver::CudaSlice<f32>,
     pub(crate) gemv_counters: cudarc::driver::CudaSlice<u32>,
-}
-
-/// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
-pub(crate) fn include_dir() -> Result<PathBuf> {
-    let mut tried = vec![];
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(v) = std::env::var_os(var) {
-            tried.push(PathBuf::from(v).join("include"));
-        }
-    }
-    tried.push(PathBuf::from("/usr/local/cuda/include"));
-    for d in &tried {
-        if d.join("cuda_bf16.h").is_file() {
-            return Ok(d.clone());
-        }
-    }
-    Err(CudaError::NoHeaders(tried))
 }
 
 pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
@@ -105,7 +94,7 @@ impl Gpu {
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(CudaError::NoNvrtc);
         }
-        let include = include_dir()?;
+        let include = crate::nvrtc::include_dir()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::NoDevice(e.to_string()))?;
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_for(major, minor)?;
@@ -134,8 +123,8 @@ impl Gpu {
                 )?;
             }
         }
-        let gemv_partial = stream.alloc_zeros::<f32>(crate::dense::MMA_PARTIAL_FLOATS)?;
-        let gemv_counters = stream.alloc_zeros::<u32>(crate::dense::MMA_COUNTERS)?;
+        let gemv_partial = stream.alloc_zeros::<f32>(MMA_PARTIAL_FLOATS)?;
+        let gemv_counters = stream.alloc_zeros::<u32>(MMA_COUNTERS)?;
         Ok(Gpu {
             ctx,
             stream,

@@ -164,7 +164,7 @@ pub fn compile_all(arch: &str, out: &Path) -> Result<Vec<Compiled>> {
     if !unsafe { sys::is_culib_present() } {
         return Err(CudaError::NoNvrtc);
     }
-    let include = crate::device::include_dir()?;
+    let include = include_dir()?;
     let opts = options();
     std::thread::scope(|s| {
         let jobs: Vec<_> = MODULES
@@ -191,6 +191,23 @@ pub fn compile_all(arch: &str, out: &Path) -> Result<Vec<Compiled>> {
             .map(|j| j.join().expect("a compile thread panicked"))
             .collect()
     })
+}
+
+/// The CUDA include directory: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
+pub(crate) fn include_dir() -> Result<PathBuf> {
+    let mut tried = vec![];
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(v) = std::env::var_os(var) {
+            tried.push(PathBuf::from(v).join("include"));
+        }
+    }
+    tried.push(PathBuf::from("/usr/local/cuda/include"));
+    for d in &tried {
+        if d.join("cuda_bf16.h").is_file() {
+            return Ok(d.clone());
+        }
+    }
+    Err(CudaError::NoHeaders(tried))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use half::bf16;
 
 use crate::device::{launch_cfg, Gpu};
 use crate::error::{CudaError, Result};
+use crate::knobs::MoeKernel;
 
 /// Key ranges per (row, kv head) of `attend_decode` (`ATT_SPLITS` in attention.cu).
 pub const ATT_SPLITS: usize = 32;
@@ -14,31 +15,6 @@ pub(crate) const ATT_WARPS: usize = 8;
 /// Output rows per block of the expert GEMVs (`MOE_OB`, `DOWN_OB` in moe.cu).
 pub(crate) const MOE_OB: usize = 4;
 pub(crate) const DOWN_OB: usize = 8;
-/// The expert GEMVs behind `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`, knobs.rs):
-/// the tensor-core kernels, whose gate/up warps take 2 (`mma2`, the default) or 4 (`mma4`) chunks
-/// of 128 input columns (down: 4), or the f32 ones (`f32`); shapes past what the tensor-core
-/// blocks cover fall back to f32. Each gives a row the same bits whatever the launch's row count,
-/// but not the others' bits. On the H200 (XS 2.1, BENCHMARKS, thirteenth measurement) `mma2`
-/// took the 8-row verify from 3.80 to 3.51 serial steps (DFlash at K = 4 1.37× → 1.47×) and the
-/// serial step from 2.252 to 2.245 ms; `mma4` the serial step to 2.218 and the verify nowhere.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MoeKernel {
-    F32,
-    Mma2,
-    Mma4,
-}
-
-impl MoeKernel {
-    /// Input columns per warp of the tensor-core gate/up kernel (none for f32).
-    fn slice(self) -> Option<usize> {
-        match self {
-            MoeKernel::F32 => None,
-            MoeKernel::Mma2 => Some(256),
-            MoeKernel::Mma4 => Some(512),
-        }
-    }
-}
-
 /// Rows one decode-kernel launch carries (the GEMVs keep one accumulator per row in registers).
 pub const MAX_ROWS: usize = 16;
 

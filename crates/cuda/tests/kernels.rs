@@ -479,7 +479,8 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn moe_kernels_match_cpu_and_are_batch_invariant() {
-    use fastdecode_cuda::ops::{MoeKernel, MoeShape, MAX_ROWS};
+    use fastdecode_cuda::knobs::MoeKernel;
+    use fastdecode_cuda::ops::{MoeShape, MAX_ROWS};
     let g = gpu();
     // (experts, top-k, hidden, intermediate, shared intermediate): awkward small sizes with more
     // experts than a warp and biases that make every selection key negative; then the XS 2.1
