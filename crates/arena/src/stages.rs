@@ -199,42 +199,43 @@ pub async fn private(db: &Db, submission: &str) -> Result<Option<Vec<serde_json:
     if known.is_none() {
         return Ok(None);
     }
-    let results = sqlx::query("SELECT result FROM stages WHERE submission = $1 ORDER BY id")
+    let rows = sqlx::query(&format!("{STAGE_ROWS}, result {FROM_STAGES}"))
         .bind(submission)
         .fetch_all(&db.pool)
         .await?;
-    let rows = list(db, submission).await?.into_iter().zip(results);
-    let mut out = vec![];
-    for (view, r) in rows {
-        let result: Option<String> = r.try_get("result")?;
-        let mut v = serde_json::to_value(view)?;
-        v["result"] = result
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or(serde_json::Value::Null);
-        out.push(v);
-    }
-    Ok(Some(out))
+    rows.iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(view(r)?)?;
+            let result: Option<String> = r.try_get("result")?;
+            v["result"] = result
+                .and_then(|s| serde_json::from_str(&s).ok())
+                .unwrap_or(serde_json::Value::Null);
+            Ok(v)
+        })
+        .collect::<Result<_>>()
+        .map(Some)
 }
 
 /// Every stage row of `submission`, in order, as the public sees them.
 pub async fn list(db: &Db, submission: &str) -> Result<Vec<StageView>> {
-    let rows = sqlx::query(
-        "SELECT stage, runner, started_ms, ended_ms, outcome, detail FROM stages \
-         WHERE submission = $1 ORDER BY id",
-    )
-    .bind(submission)
-    .fetch_all(&db.pool)
-    .await?;
-    rows.into_iter()
-        .map(|r| {
-            Ok(StageView {
-                stage: r.try_get("stage")?,
-                runner: r.try_get("runner")?,
-                started_ms: r.try_get("started_ms")?,
-                ended_ms: r.try_get("ended_ms")?,
-                outcome: r.try_get("outcome")?,
-                detail: r.try_get("detail")?,
-            })
-        })
-        .collect()
+    let rows = sqlx::query(&format!("{STAGE_ROWS} {FROM_STAGES}"))
+        .bind(submission)
+        .fetch_all(&db.pool)
+        .await?;
+    rows.iter().map(view).collect()
+}
+
+/// The public columns of a stage row (`private` adds its result) and where they come from.
+const STAGE_ROWS: &str = "SELECT stage, runner, started_ms, ended_ms, outcome, detail";
+const FROM_STAGES: &str = "FROM stages WHERE submission = $1 ORDER BY id";
+
+fn view(r: &sqlx::any::AnyRow) -> Result<StageView> {
+    Ok(StageView {
+        stage: r.try_get("stage")?,
+        runner: r.try_get("runner")?,
+        started_ms: r.try_get("started_ms")?,
+        ended_ms: r.try_get("ended_ms")?,
+        outcome: r.try_get("outcome")?,
+        detail: r.try_get("detail")?,
+    })
 }
