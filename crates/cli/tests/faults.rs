@@ -173,6 +173,16 @@ fn gate_reports_crashed_hung_and_lying_workers() {
 /// The pricing aims at a 3 % half-width (10 to 40 pairs of 2 + 3 windows of 32 + 32 tokens):
 /// what the assertions below need, at a few seconds a pricing on a quiet machine.
 fn price(candidate: &str, fault: &str, extra: &[&str]) -> (bool, serde_json::Value) {
+    price_on(None, candidate, fault, extra)
+}
+
+/// `price`, with the pricing and every process it starts confined to `cpu` when one is given.
+fn price_on(
+    cpu: Option<usize>,
+    candidate: &str,
+    fault: &str,
+    extra: &[&str],
+) -> (bool, serde_json::Value) {
     let f = fixture();
     let dir = tempfile::tempdir().unwrap();
     // Other test binaries and developers may share this machine: quiet means "not saturated"
@@ -186,7 +196,15 @@ fn price(candidate: &str, fault: &str, extra: &[&str]) -> (bool, serde_json::Val
         ("--quiet-cpu", "1.0"),
         ("--quiet-wait", "1"),
     ];
-    let o = Command::new(BIN)
+    let mut c = Command::new(BIN);
+    if let Some(cpu) = cpu {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: between fork and exec, only the affinity system call runs.
+        unsafe {
+            c.pre_exec(move || pin_to(cpu));
+        }
+    }
+    let o = c
         .args([
             "price",
             "--baseline",
@@ -707,7 +725,7 @@ fn a_hung_worker_times_out_when_no_sampler_watches() {
 }
 
 /// The clock observes a sandboxed worker (the arena's sandbox: the worker is a grandchild of
-/// what `price` spawns, in its own PID namespace): with both cores kept busy beside it, its
+/// what `price` spawns, in its own PID namespace): with its core kept busy beside it, its
 /// windows are seen waiting on a run queue and marked disturbed, and a busy window longer than
 /// the stall guard is not taken for a stall. Reading only the spawned process (the idle
 /// `bwrap` above the worker), every window showed no CPU and no wait, none was ever disturbed,
@@ -727,24 +745,29 @@ fn the_clock_sees_a_sandboxed_worker() {
             &dir.path().join("candidate"),
         )
         .unwrap();
-    // Two spinners for the whole pricing: every window shares the cores with them.
+    // One spinner for the whole pricing, on the one core the pricing and its workers are
+    // confined to: every window shares that core with it (half of it, as CFS shares), and the
+    // machine's other core stays the other tests'. (Two spinners on both cores took the whole
+    // machine for the test's two to three minutes under CI's lanes.)
+    let cpu = first_allowed_cpu();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let spinners: Vec<_> = (0..2)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::hint::black_box(0u64);
-                }
-            })
+    let spinner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            pin_to(cpu).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::black_box(0u64);
+            }
         })
-        .collect();
+    };
     // The stall guard at 1 s: a worker that progresses is never that long without the CPU
     // (its run time, from schedstat, in nanoseconds) unless hundreds of threads are runnable
     // (CFS serves each of N within about N × 3 ms). At 0.2 s it fired in a CI run where the
-    // other lane's builds and pricings shared the cores with these spinners (the worker had a
-    // quarter of a core). A window of 2400 tokens runs longer than the guard whatever the load.
-    let (_, r) = price(
+    // other lane's builds and pricings shared the cores with two spinners (the worker had a
+    // quarter of a core). A window of 2400 tokens takes 2 s alone (0.86 ms a token), so it
+    // runs longer than the guard whatever the load.
+    let (_, r) = price_on(
+        Some(cpu),
         wrapper.to_str().unwrap(),
         "",
         &[
@@ -763,9 +786,7 @@ fn the_clock_sees_a_sandboxed_worker() {
         ],
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for s in spinners {
-        s.join().unwrap();
-    }
+    spinner.join().unwrap();
     assert_ne!(r["verdict"], "infra:worker_stalled", "{r}");
     let windows: Vec<&serde_json::Value> = r["pairs"]
         .as_array()
@@ -787,6 +808,29 @@ fn the_clock_sees_a_sandboxed_worker() {
     }
     assert!(
         windows.iter().any(|w| w["disturbed"] == true),
-        "no sandboxed window was seen disturbed beside two spinners: {r}"
+        "no sandboxed window was seen disturbed beside a spinner on its core: {r}"
     );
+}
+
+/// The first CPU this process may run on.
+fn first_allowed_cpu() -> usize {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the call fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut set) }, 0);
+    (0..libc::CPU_SETSIZE as usize)
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .expect("some CPU is allowed")
+}
+
+/// Confines the calling thread (and what it starts afterwards) to `cpu`.
+fn pin_to(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is an empty set, given one CPU before the call reads it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    match unsafe { libc::sched_setaffinity(0, size, &set) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
