@@ -9,7 +9,8 @@ the previous test's end in its binary (or the binary's start) to its own: what i
 run, whether its binary's tests ran in turns (the arena's hold a lock) or side by side; libtest's
 own figure (`--report-time`, which tools/test.sh asks for) follows it, and counts time spent
 waiting for a turn. Lines tagged `[JOB] ` (tools/ci/lanes.py: jobs side by side) are followed
-job by job; a binary's wall time is then its own, overlapping other jobs'. With `--stages FILE` (removed at the start) it also sums the arena stages
+job by job; a binary's wall time is then its own, overlapping other jobs', and lanes.py's line
+on how busy the machine was is repeated with the figures. With `--stages FILE` (removed at the start) it also sums the arena stages
 the end-to-end tests' arenas appended there, one JSON line a stage (crates/cli/tests/
 arena_support): time by stage, and the longest stages with their test. With `--json FILE` the
 same figures go into FILE as well. The exit status is 0; the caller takes cargo's own (pipefail).
@@ -30,6 +31,7 @@ RESULT = re.compile(
     r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored; .*finished in ([\d.]+)s"
 )
 JOB = re.compile(r"^\[(\S+)\] ")
+BUSY = re.compile(r"^lanes\.py: the machine .*")
 TIMED = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)(?: <([\d.]+)s>)?")
 
 
@@ -60,6 +62,7 @@ def main() -> None:
     # Each job's running binary (tools/ci/lanes.py tags a job's lines `[NAME] `): the row of
     # `binaries` it fills, when it started, and when its last test ended.
     jobs = {}
+    busy = None  # tools/ci/lanes.py's line on how busy the machine was
     for line in sys.stdin:
         sys.stdout.write(line)
         sys.stdout.flush()
@@ -68,7 +71,9 @@ def main() -> None:
         if m := JOB.match(line):
             job, text = m.group(1), line[m.end() :]
         state = jobs.setdefault(job, {"row": None, "started": now, "last": now})
-        if m := RUNNING.match(text):
+        if BUSY.match(text):
+            busy = text.strip()
+        elif m := RUNNING.match(text):
             if build_s is None:
                 build_s = now - t0
             binaries.append([binary_name(m), 0.0])
@@ -90,6 +95,8 @@ def main() -> None:
     out = sys.stdout
     print("\n== where the time went ==", file=out)
     print(f"{build_s or total:8.1f} s  build (start to the first test binary)", file=out)
+    if busy:
+        print(busy, file=out)
     for name, s in sorted(binaries, key=lambda b: -b[1]):
         print(f"{s:8.1f} s  {name}", file=out)
     if tests:
@@ -114,6 +121,7 @@ def main() -> None:
                     "total_s": round(total, 1),
                     "build_s": round(build_s or total, 1),
                     "counts": counts,
+                    "busy": busy,
                     "binaries": [{"name": n, "s": round(s, 1)} for n, s in binaries],
                     "tests": [
                         {"binary": b, "test": t, "wall_s": round(s, 2), "libtest_s": own}

@@ -196,13 +196,34 @@ fn hot_dependencies() -> Vec<String> {
 /// R^−6.75: it reaches 1e-6 (`infra:inconclusive`) only if some window ran 7.7 times slower
 /// than it would alone. A no-op cannot be promoted by chance (it changes no file; a wider
 /// interval only lowers its lower end below the best). Its window decodes 16 tokens, not 32:
-/// half the time a pair, and nothing these tests assert depends on its length.
+/// half the time a pair, and nothing these tests assert depends on its length. Two scored
+/// windows a phase ([`few_windows`]): the bound above holds for any number.
 pub fn quick_clock(t: &mut Track) {
     t.clock.min_pairs = 4;
     t.clock.max_pairs = 6;
     t.clock.target_ci = 0.2;
     t.clock.floor = 1e-6;
     t.window.decode_tokens = 16;
+    few_windows(t);
+}
+
+/// Two scored windows a phase and two noise windows, for a test that asserts no precision
+/// beyond what its own bound works out. The clock would size a phase's windows from the noise:
+/// on this machine, under load, as many as fit in the phase's start-up (3-5 windows of 0.2 s
+/// beside a 0.5 s start), time that narrows the interval, which these tests do not need. A
+/// no-op of 4 pairs took 10.3 s instead of 14.1 s alone.
+pub fn few_windows(t: &mut Track) {
+    set_clock_arg(t, "--windows", "2");
+    set_clock_arg(t, "--noise-windows", "2");
+}
+
+/// Sets the track's `fastdecode price` option `flag` to `value` (replacing it when present).
+pub fn set_clock_arg(t: &mut Track, flag: &str, value: &str) {
+    let args = &mut t.clock.extra_args;
+    match args.iter().position(|a| a == flag) {
+        Some(i) => args[i + 1] = value.to_string(),
+        None => args.extend([flag.to_string(), value.to_string()]),
+    }
 }
 
 pub struct Arena {
