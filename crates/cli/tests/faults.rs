@@ -3,8 +3,10 @@
 //! `FASTDECODE_FAULT`. Each fault must come back as what it is, never as a score; and the same
 //! build priced against itself must pass, run after run.
 //!
-//! Every test here spawns timed worker processes, so they take turns (`LOCK`): on a 2-core CI
-//! machine, two pricing runs at once would only measure each other.
+//! Every test here spawns timed worker processes, so they take turns (`LOCK`): two of this
+//! binary's pricings at once would only measure each other. Another test binary runs beside
+//! them in CI's other lane (tools/test.sh), so each bound below is stated at the noisiest
+//! scatter measured on this machine under that load, or does not depend on timing.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
