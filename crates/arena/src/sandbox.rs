@@ -279,7 +279,6 @@ impl Sandbox {
         env: &[(&str, &OsStr)],
         at: &Path,
     ) -> Result<PathBuf> {
-        use std::os::unix::fs::PermissionsExt;
         let mut all = mounts.to_vec();
         all.push(Mount::same(candidate));
         let mut line = quote(self.bwrap.as_os_str());
@@ -304,8 +303,7 @@ impl Sandbox {
         let script = format!(
             "#!/bin/sh\n# The candidate, sandboxed (fastdecode arena runner).\nexec {line}\n"
         );
-        crate::store::write_atomic(at, script.as_bytes())?;
-        std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o755))?;
+        crate::store::write_atomic_mode(at, script.as_bytes(), 0o755)?;
         Ok(at.to_path_buf())
     }
 

@@ -61,17 +61,41 @@ pub fn read_regular_text(path: &Path) -> Result<String> {
         .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))
 }
 
-/// Writes `bytes` to `path` through a unique temporary name beside it.
+/// Writes `bytes` to `path` through a unique temporary name beside it (owner-only, as the
+/// temporary file is made: what else the file may be is [`write_atomic_mode`]'s).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_mode(path, bytes, 0o600)
+}
+
+/// Writes `bytes` to `path` with permissions `mode`: the temporary file beside it gets its
+/// mode and is closed before it is renamed into place, so whoever opens or runs `path` finds it
+/// whole, with its mode, and open for writing by nobody (an executable still open for writing
+/// cannot be run: ETXTBSY).
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let dir = path.parent().context("a file in a directory")?;
     std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     let mut tmp =
         tempfile::NamedTempFile::new_in(dir).with_context(|| dir.display().to_string())?;
     std::io::Write::write_all(&mut tmp, bytes).with_context(|| path.display().to_string())?;
-    tmp.persist(path)
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .with_context(|| path.display().to_string())?;
+    tmp.into_temp_path()
+        .persist(path)
         .map_err(|e| e.error)
         .with_context(|| path.display().to_string())?;
     Ok(())
+}
+
+/// Keeps `bytes` at `path`, named by their digest, with `mode`, unless a file is there already:
+/// what a digest names never changes, and a file another process may be running (a runner's
+/// cache is shared) is never replaced under it.
+pub fn keep_by_digest(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    if path.is_file() {
+        return Ok(());
+    }
+    write_atomic_mode(path, bytes, mode)
 }
 
 impl Store {
@@ -139,6 +163,35 @@ mod tests {
     fn fifo(p: &Path) {
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    }
+
+    /// A runner's cached binary may be running in another runner's worker: it is written
+    /// whole with its mode before it appears, and never replaced once there. (Replaced by a
+    /// reproducible build of another submission through an owner-only temporary file, a worker
+    /// of the sandbox's user starting meanwhile failed: "setpriv: failed to execute …:
+    /// Permission denied".)
+    #[test]
+    fn a_kept_artifact_appears_with_its_mode_and_is_never_replaced() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("artifacts/sha256-x");
+        keep_by_digest(&p, b"#!/bin/sh\n", 0o755).unwrap();
+        let first = std::fs::metadata(&p).unwrap();
+        assert_eq!(first.permissions().mode() & 0o777, 0o755);
+        keep_by_digest(&p, b"#!/bin/sh\n", 0o755).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().ino(), first.ino());
+        // Nothing is left beside it: the temporary name went with the rename.
+        assert_eq!(
+            std::fs::read_dir(d.path().join("artifacts"))
+                .unwrap()
+                .count(),
+            1
+        );
+        // A plain write keeps its owner-only mode.
+        let secret = d.path().join("secret");
+        write_atomic(&secret, b"s").unwrap();
+        let mode = std::fs::metadata(&secret).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

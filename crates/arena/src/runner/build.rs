@@ -14,7 +14,7 @@ use crate::builder::{self, BuildDir};
 use crate::bundle::digest;
 use crate::child::{self, Ended, Limits};
 use crate::sandbox::BuildMounts;
-use crate::store::write_atomic;
+use crate::store::{keep_by_digest, write_atomic};
 use crate::track::Track;
 
 /// Why a build made no binary.
@@ -212,7 +212,13 @@ impl Runner {
     fn store(&self, key: &str, bin: Vec<u8>) -> Result<BuildRecord> {
         let d = digest(&bin);
         let index = self.dir("built")?.join(key.replacen(':', "-", 1));
-        write_atomic(&self.dir("artifacts")?.join(d.replacen(':', "-", 1)), &bin)?;
+        // A reproducible build gives another submission's binary (a no-op re-priced on the
+        // base it equals), which a worker of another runner may be running from this cache.
+        keep_by_digest(
+            &self.dir("artifacts")?.join(d.replacen(':', "-", 1)),
+            &bin,
+            super::artifact_mode(true),
+        )?;
         self.api.put_bytes(&format!("/api/artifacts/{d}"), bin)?;
         write_atomic(&index, d.as_bytes())?;
         Ok(BuildRecord {

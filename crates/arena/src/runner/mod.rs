@@ -32,7 +32,7 @@ use crate::child::{self, Ended, Limits};
 use crate::http::Api;
 use crate::sandbox::Sandbox;
 use crate::stages;
-use crate::store::write_atomic;
+use crate::store::{keep_by_digest, write_atomic};
 use crate::track::{Hidden, Track};
 use progress::Progress;
 
@@ -139,9 +139,10 @@ impl Runner {
         Ok(dst)
     }
 
-    /// An artifact's bytes' local copy, fetched once and checked against its digest.
+    /// An artifact's bytes' local copy, fetched once and checked against its digest. The cache
+    /// is shared by the runners of a machine: a copy there is never replaced or changed, as
+    /// another runner's worker may be running it.
     fn artifact(&self, d: &str, executable: bool) -> Result<PathBuf> {
-        use std::os::unix::fs::PermissionsExt;
         let p = self.dir("artifacts")?.join(d.replacen(':', "-", 1));
         if !p.is_file() {
             let bytes = self
@@ -151,10 +152,8 @@ impl Runner {
             if digest(&bytes) != d {
                 bail!("artifact {d}: the service sent other bytes");
             }
-            write_atomic(&p, &bytes)?;
+            keep_by_digest(&p, &bytes, artifact_mode(executable))?;
         }
-        let mode = if executable { 0o755 } else { 0o644 };
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))?;
         Ok(p)
     }
 
@@ -273,6 +272,15 @@ impl Runner {
     fn binaries(&self, job: &Job) -> Result<(PathBuf, PathBuf)> {
         let (cand, base) = built_binaries(job)?;
         Ok((self.artifact(cand, true)?, self.artifact(base, true)?))
+    }
+}
+
+/// A cached artifact's permissions: a binary runs as the sandbox's user, a bundle is read.
+fn artifact_mode(executable: bool) -> u32 {
+    if executable {
+        0o755
+    } else {
+        0o644
     }
 }
 
