@@ -496,7 +496,21 @@ impl Arena {
             })
             .collect();
         eprintln!("{id}: {}", took.join(", "));
+        self.show_failure(&v);
         v
+    }
+
+    /// What the runner kept private for the operator (the clock's account of a pricing, a
+    /// worker's last words) about a failed submission, printed for the test's output (shown
+    /// when it fails): the arena's directory, removed with the test, would take it.
+    fn show_failure(&self, v: &SubmissionView) {
+        if v.status != "failed" {
+            return;
+        }
+        let mut args = vec!["arena", "admin", "stages", v.id.as_str()];
+        let state = self.state();
+        args.extend(state.iter().map(String::as_str));
+        eprintln!("{}, as the operator sees it:\n{}", v.id, fd(&args));
     }
 
     /// Appends every finished stage of this arena's submissions to `stage_times_file()`: which
@@ -604,6 +618,7 @@ impl Arena {
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
         let v: SubmissionView =
             serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+        self.show_failure(&v);
         (o.status.success(), v, err)
     }
 }
