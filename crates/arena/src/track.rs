@@ -10,7 +10,8 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::bundle::is_digest;
+/// Every field of a track checked (`Track::validate`).
+mod validate;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,23 +100,6 @@ pub struct Clock {
     #[serde(default)]
     pub extra_args: Vec<String>,
 }
-
-/// The `fastdecode price` options a track's `clock.extra_args` may pass.
-const CLOCK_TUNING: &[&str] = &[
-    "--noise-windows",
-    "--warmup-windows",
-    "--windows",
-    "--quiet-cpu",
-    "--quiet-gpu-util",
-    "--quiet-gpu-temp",
-    "--quiet-wait",
-    "--require-quiet",
-    "--stall",
-    "--outlier-factor",
-    "--max-speedup",
-    "--envelope",
-    "--budget",
-];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -256,205 +240,12 @@ pub fn check_name(s: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn is_commit(s: &str) -> bool {
-    s.len() == 40
-        && s.bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-}
-
 impl Track {
     pub fn parse(text: &str, file: &Path) -> Result<Track> {
         let t: Track = toml::from_str(text).with_context(|| file.display().to_string())?;
         t.validate()
             .with_context(|| format!("{}: track {}", file.display(), t.name))?;
         Ok(t)
-    }
-
-    /// Every field checked, naming the field at fault.
-    pub fn validate(&self) -> Result<()> {
-        check_name(&self.name, "name")?;
-        if !["serial", "dflash"].contains(&self.clock_track.as_str()) {
-            bail!("clock_track {:?}: serial or dflash", self.clock_track);
-        }
-        if !["cpu", "cuda"].contains(&self.runner_kind.as_str()) {
-            bail!("runner_kind {:?}: cpu or cuda", self.runner_kind);
-        }
-        if self.surface.is_empty() {
-            bail!("surface: no path globs");
-        }
-        for g in &self.surface {
-            glob::Pattern::new(g).with_context(|| format!("surface: glob {g:?}"))?;
-            // A wildcard in the first component reaches the whole tree (Cargo.toml, the
-            // tracks, build scripts): a surface starts at a named directory or file.
-            let first = g.split('/').next().unwrap_or_default();
-            if first.is_empty() || first.contains(['*', '?', '[']) {
-                bail!(
-                    "surface: glob {g:?} must start with a directory or file name, not a wildcard"
-                );
-            }
-            if g.starts_with('/') || g.split('/').any(|c| c == "..") {
-                bail!("surface: glob {g:?} must be relative, without '..'");
-            }
-        }
-        if !is_commit(&self.baseline) {
-            bail!("baseline {:?}: a full 40-digit commit hash", self.baseline);
-        }
-        if !["always", "after_promotion", "never"].contains(&self.publish_code.as_str()) {
-            bail!(
-                "publish_code {:?}: always, after_promotion or never",
-                self.publish_code
-            );
-        }
-        match (&self.model.dir, &self.model.synthetic) {
-            (Some(d), None) => {
-                if d.starts_with('/') || d.split('/').any(|c| c == "..") {
-                    bail!("model.dir {d:?}: a path inside the baseline tree");
-                }
-                match &self.model.digest {
-                    Some(x) if is_digest(x) => {}
-                    _ => bail!("model.digest: a model directory needs its sha256:… digest"),
-                }
-            }
-            (None, Some(_)) if self.model.backend == "cuda" => {}
-            (None, Some(p)) => bail!("model.synthetic {p:?}: synthetic weights need backend cuda"),
-            _ => bail!("model: give exactly one of dir and synthetic"),
-        }
-        if !["cpu", "cuda"].contains(&self.model.backend.as_str()) {
-            bail!("model.backend {:?}: cpu or cuda", self.model.backend);
-        }
-        if !is_digest(&self.goldens.hidden) {
-            bail!(
-                "goldens.hidden {:?}: a sha256:… digest",
-                self.goldens.hidden
-            );
-        }
-        for (v, f) in [
-            (self.goldens.public_count, "goldens.public_count"),
-            (self.goldens.hidden_count, "goldens.hidden_count"),
-            (self.goldens.prompt_tokens, "goldens.prompt_tokens"),
-            (self.goldens.tokens, "goldens.tokens"),
-            (
-                self.goldens.attempts_per_golden,
-                "goldens.attempts_per_golden",
-            ),
-            (self.window.prompt_tokens, "window.prompt_tokens"),
-            (self.window.decode_tokens, "window.decode_tokens"),
-        ] {
-            if v == 0 {
-                bail!("{f}: must be at least 1");
-            }
-        }
-        for (prompt, made, f) in [
-            (self.goldens.prompt_tokens, self.goldens.tokens, "goldens"),
-            (
-                self.window.prompt_tokens,
-                self.window.decode_tokens,
-                "window",
-            ),
-        ] {
-            if prompt.saturating_add(made) > MAX_TOKENS {
-                bail!(
-                    "{f}.prompt_tokens {prompt} + its tokens {made}: at most {MAX_TOKENS} in all"
-                );
-            }
-        }
-        if !(1..=16).contains(&self.goldens.block_size) {
-            bail!("goldens.block_size {}: 1 to 16", self.goldens.block_size);
-        }
-        if self.clock_track == "dflash" && !(2..=16).contains(&self.window.block_size) {
-            bail!(
-                "window.block_size {}: 2 to 16 on a dflash track",
-                self.window.block_size
-            );
-        }
-        let c = &self.clock;
-        if !(c.floor.is_finite() && c.floor > 0.0) {
-            bail!("clock.floor {}: a positive number", c.floor);
-        }
-        if !(c.target_ci > 0.0 && c.target_ci < 1.0) {
-            bail!("clock.target_ci {}: in (0, 1)", c.target_ci);
-        }
-        if c.min_pairs < 4 || c.max_pairs < c.min_pairs {
-            bail!(
-                "clock.min_pairs {} / max_pairs {}: at least 4, and max at least min",
-                c.min_pairs,
-                c.max_pairs
-            );
-        }
-        if !(c.time_budget.is_finite() && c.time_budget > 0.0) {
-            bail!("clock.time_budget {}: positive seconds", c.time_budget);
-        }
-        // Only the clock's tuning: the runner names the builds, the model, the window, the
-        // precision and where the result goes, and a track must not move any of them.
-        for a in &c.extra_args {
-            let option = a.split('=').next().unwrap_or_default();
-            if option.starts_with('-') && !CLOCK_TUNING.contains(&option) {
-                bail!(
-                    "clock.extra_args {a:?}: only the clock's tuning ({}) may be passed",
-                    CLOCK_TUNING.join(", ")
-                );
-            }
-        }
-        if self.caps.file_bytes == 0 || self.caps.total_bytes < self.caps.file_bytes {
-            bail!("caps: file_bytes must be positive and at most total_bytes");
-        }
-        if self.caps.failures_per_day == 0 {
-            bail!("caps.failures_per_day 0: at least 1 (0 would refuse every submission)");
-        }
-        if self.caps.free_infra_per_day > 1000 {
-            bail!(
-                "caps.free_infra_per_day {}: at most 1000",
-                self.caps.free_infra_per_day
-            );
-        }
-        if !(self.promotion.margin.is_finite() && self.promotion.margin >= 0.0) {
-            bail!("promotion.margin {}: a number >= 0", self.promotion.margin);
-        }
-        if self.build.cargo_args.is_empty() || self.build.binary.is_empty() {
-            bail!("build: cargo_args and binary are required");
-        }
-        // The build's outputs stay in the build's own target directory, where the builder
-        // looks for the binary and cleans up: no argument may send them anywhere else.
-        if !Path::new(&self.build.binary)
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)))
-        {
-            bail!(
-                "build.binary {:?}: a path inside the build's target directory",
-                self.build.binary
-            );
-        }
-        let args = &self.build.cargo_args;
-        for (i, a) in args.iter().enumerate() {
-            let option = a.split('=').next().unwrap_or_default();
-            let places = [
-                "--target-dir",
-                "--out-dir",
-                "--artifact-dir",
-                "--manifest-path",
-            ];
-            let config_moves = option == "--config"
-                && args.get(i + 1).is_some_and(|v| v.contains("target-dir"))
-                || a.starts_with("--config=") && a.contains("target-dir");
-            if places.contains(&option) || config_moves {
-                bail!("build.cargo_args {a:?}: the build's outputs are placed by the builder");
-            }
-        }
-        if self.caps.artifact_bytes == 0 || self.caps.build_disk_bytes < self.caps.artifact_bytes {
-            bail!("caps: artifact_bytes must be positive and at most build_disk_bytes");
-        }
-        let d = &self.deadlines;
-        for (v, f) in [
-            (d.build, "deadlines.build"),
-            (d.kernels, "deadlines.kernels"),
-            (d.gate, "deadlines.gate"),
-            (d.price_grace, "deadlines.price_grace"),
-        ] {
-            if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
-                bail!("{f} {v}: seconds in (0, 86400]");
-            }
-        }
-        Ok(())
     }
 
     /// Whether `path` is on the editable surface.
