@@ -13,6 +13,7 @@ use crate::api::Report;
 use crate::caps::Blame;
 use crate::db::now_ms;
 use crate::service::{current_base, ApiError, Service};
+use crate::track::Track;
 use crate::{lease, promotion, stages};
 
 /// The lower end of a pricing's interval, from its private result.
@@ -27,7 +28,13 @@ pub async fn on_report(
     kind: &str,
     rep: &Report,
 ) -> Result<Option<(String, String)>, ApiError> {
-    let now = now_ms();
+    let r = Reporting {
+        s,
+        runner,
+        kind,
+        rep,
+        now: now_ms(),
+    };
     let mut tx = s.db.write().await?;
     if !lease::holds(
         &mut tx,
@@ -43,178 +50,231 @@ pub async fn on_report(
             "the lease is lost (expired and taken by another runner, finished, or cancelled)",
         ));
     }
-    let again = stages::runs_again(&mut tx, &rep.submission, &rep.stage, &rep.outcome).await?;
-    let detail = if again {
-        format!("{}; inconclusive once: this stage runs again", rep.detail)
-    } else {
-        rep.detail.clone()
-    };
-    stages::finish(
-        &mut tx,
-        &rep.submission,
-        &rep.stage,
-        &rep.outcome,
-        &detail,
-        &rep.result,
-        now,
-    )
-    .await?;
-    if rep.stage == stages::BUILD && rep.outcome == "ok" {
-        for b in rep.result["builds"].as_array().into_iter().flatten() {
-            let (Some(k), Some(a)) = (b["build_key"].as_str(), b["artifact"].as_str()) else {
-                continue;
-            };
-            sqlx::query(
-                "INSERT INTO builds (build_key, artifact, created_ms) VALUES ($1, $2, $3) \
-                 ON CONFLICT (build_key) DO NOTHING",
-            )
-            .bind(k)
-            .bind(a)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        }
-    }
-    let row = sqlx::query("SELECT track FROM submissions WHERE id = $1")
-        .bind(&rep.submission)
-        .fetch_one(&mut *tx)
-        .await?;
-    let track_name: String = row.try_get("track")?;
-    let track = s
-        .tracks
-        .get(&track_name)
-        .with_context(|| format!("track {track_name} is no longer loaded"))?;
+    let again = r.finish_stage(&mut tx).await?;
+    let track = r.track(&mut tx).await?;
     if again {
         let k = stages::kind(&rep.stage, track);
-        lease::advance(&mut tx, &rep.submission, &rep.stage, &k, None, now).await?;
+        lease::advance(&mut tx, &rep.submission, &rep.stage, &k, None, r.now).await?;
         tx.commit().await?;
         return Ok(None);
     }
-    // A confirmation that cannot confirm (inconclusive twice, a crashed worker) leaves a passed
-    // submission held, not failed: its first pricing stands.
-    let unconfirmed = rep.stage == stages::CONFIRM && rep.outcome != "ok";
-    if rep.outcome != "ok" && !unconfirmed {
+    if rep.outcome != "ok" && !r.unconfirmed() {
         let blame = Blame::of(&rep.outcome, rep.candidate_caused);
         let failure = (
             rep.stage.as_str(),
             rep.outcome.as_str(),
             rep.detail.as_str(),
         );
-        fail(&mut tx, &rep.submission, failure, blame, now).await?;
+        fail(&mut tx, &rep.submission, failure, blame, r.now).await?;
         tx.commit().await?;
         return Ok(None);
     }
-    let mut kept = None;
-    match stages::next(&rep.stage, track).filter(|_| !unconfirmed) {
+    let kept = match stages::next(&rep.stage, track).filter(|_| !r.unconfirmed()) {
         Some(next) => {
             let next_kind = stages::kind(next, track);
-            let can = next_kind == kind || (rep.builder && next_kind == stages::BUILDER);
-            lease::advance(
-                &mut tx,
-                &rep.submission,
-                next,
-                &next_kind,
-                can.then_some((runner, s.lease_ms)),
-                now,
-            )
-            .await?;
-            if can {
-                kept = Some((rep.lease_id.clone(), next.to_string()));
-            }
+            let keep = next_kind == kind || (rep.builder && next_kind == stages::BUILDER);
+            r.hand_on(&mut tx, next, &next_kind, keep).await?
         }
-        None => {
-            let (_, best, _) = current_base(&s.db, &track.name).await?;
-            let bar = best * (1.0 + track.promotion.margin);
-            let results = stages::results(&s.db, &rep.submission).await?;
-            let price = if rep.stage == stages::PRICE {
-                &rep.result
-            } else {
-                results.get(stages::PRICE).unwrap_or(&Value::Null)
-            };
-            let clears = |r: &Value| ci_low(r).is_some_and(|lo| lo > bar);
-            if rep.stage == stages::PRICE && clears(price) {
-                let k = stages::kind(stages::CONFIRM, track);
-                let can = k == kind;
-                lease::advance(
-                    &mut tx,
-                    &rep.submission,
-                    stages::CONFIRM,
-                    &k,
-                    can.then_some((runner, s.lease_ms)),
-                    now,
-                )
-                .await?;
-                if can {
-                    kept = Some((rep.lease_id.clone(), stages::CONFIRM.to_string()));
-                }
-            } else {
-                let confirmed = rep.stage == stages::CONFIRM && clears(&rep.result);
-                let mut v = json!({
-                    "status": "held",
-                    "score": price["metrics"]["score"],
-                    "ci95": price["metrics"]["ci95"],
-                    "metrics": price["metrics"],
-                });
-                if rep.stage == stages::CONFIRM {
-                    v["confirmation"] = rep.result["metrics"].clone();
-                }
-                let why = if confirmed {
-                    match promotion::promote(s, &mut tx, track, &rep.submission, &v, now).await? {
-                        Ok(commit) => {
-                            v["status"] = json!("promoted");
-                            v["base_commit"] = json!(commit);
-                            format!("promoted: the new base of {} is {commit}", track.name)
-                        }
-                        Err(why) => {
-                            v["not_promoted"] = json!(why);
-                            format!("passed, held: {why}")
-                        }
-                    }
-                } else if rep.stage == stages::CONFIRM {
-                    let w = if unconfirmed {
-                        format!(
-                            "passed, held: the confirmation pricing ended {}",
-                            rep.outcome
-                        )
-                    } else {
-                        format!(
-                            "passed, held: the confirmation pricing's interval does not clear \
-                             the current best {best:.4} by the margin {}",
-                            track.promotion.margin
-                        )
-                    };
-                    v["not_promoted"] = json!(w);
-                    w
-                } else {
-                    format!("passed, held: the interval does not clear the current best {best:.4}")
-                };
-                let status = v["status"].as_str().unwrap_or("held").to_string();
-                sqlx::query(
-                    "UPDATE submissions SET status = $1, score = $2, verdict = $3, \
-                     finished_ms = $4 WHERE id = $5",
-                )
-                .bind(&status)
-                .bind(price["metrics"]["score"].as_f64())
-                .bind(v.to_string())
-                .bind(now)
-                .bind(&rep.submission)
-                .execute(&mut *tx)
-                .await?;
-                stages::record(
-                    &mut tx,
-                    &rep.submission,
-                    stages::VERDICT,
-                    &status,
-                    &why,
-                    now,
-                )
-                .await?;
-                lease::end(&mut tx, &rep.submission).await?;
-            }
-        }
-    }
+        None => r.after_pricing(&mut tx, track).await?,
+    };
     tx.commit().await?;
     Ok(kept)
+}
+
+/// A runner's report being recorded: the service, the runner and its kind, the report, and
+/// when it came.
+struct Reporting<'a> {
+    s: &'a Service,
+    runner: &'a str,
+    kind: &'a str,
+    rep: &'a Report,
+    now: i64,
+}
+
+impl<'a> Reporting<'a> {
+    /// A confirmation that cannot confirm (inconclusive twice, a crashed worker) leaves a passed
+    /// submission held, not failed: its first pricing stands.
+    fn unconfirmed(&self) -> bool {
+        self.rep.stage == stages::CONFIRM && self.rep.outcome != "ok"
+    }
+
+    /// Closes the reported stage's row, and registers the builds a build stage made. Returns
+    /// whether the stage runs again (a pricing inconclusive once).
+    async fn finish_stage(&self, tx: &mut sqlx::AnyConnection) -> Result<bool, ApiError> {
+        let rep = self.rep;
+        let again = stages::runs_again(tx, &rep.submission, &rep.stage, &rep.outcome).await?;
+        let detail = if again {
+            format!("{}; inconclusive once: this stage runs again", rep.detail)
+        } else {
+            rep.detail.clone()
+        };
+        stages::finish(
+            tx,
+            &rep.submission,
+            &rep.stage,
+            &rep.outcome,
+            &detail,
+            &rep.result,
+            self.now,
+        )
+        .await?;
+        if rep.stage == stages::BUILD && rep.outcome == "ok" {
+            for b in rep.result["builds"].as_array().into_iter().flatten() {
+                let (Some(k), Some(a)) = (b["build_key"].as_str(), b["artifact"].as_str()) else {
+                    continue;
+                };
+                sqlx::query(
+                    "INSERT INTO builds (build_key, artifact, created_ms) VALUES ($1, $2, $3) \
+                     ON CONFLICT (build_key) DO NOTHING",
+                )
+                .bind(k)
+                .bind(a)
+                .bind(self.now)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        Ok(again)
+    }
+
+    /// The track of the reported submission.
+    async fn track(&self, tx: &mut sqlx::AnyConnection) -> Result<&'a Track, ApiError> {
+        let row = sqlx::query("SELECT track FROM submissions WHERE id = $1")
+            .bind(&self.rep.submission)
+            .fetch_one(&mut *tx)
+            .await?;
+        let track_name: String = row.try_get("track")?;
+        Ok(self
+            .s
+            .tracks
+            .get(&track_name)
+            .with_context(|| format!("track {track_name} is no longer loaded"))?)
+    }
+
+    /// Moves the job on to `stage`, which runners of `stage_kind` run; the reporting runner
+    /// keeps the job, under its lease, when `keep`. Returns the (lease, stage) it keeps.
+    async fn hand_on(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        stage: &str,
+        stage_kind: &str,
+        keep: bool,
+    ) -> Result<Option<(String, String)>, ApiError> {
+        lease::advance(
+            tx,
+            &self.rep.submission,
+            stage,
+            stage_kind,
+            keep.then_some((self.runner, self.s.lease_ms)),
+            self.now,
+        )
+        .await?;
+        Ok(keep.then(|| (self.rep.lease_id.clone(), stage.to_string())))
+    }
+
+    /// The pipeline's end, after a pricing: a first pricing whose interval clears the current
+    /// best by the track's margin goes on to its confirmation; else the verdict is written
+    /// (`pass`).
+    async fn after_pricing(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        track: &Track,
+    ) -> Result<Option<(String, String)>, ApiError> {
+        let rep = self.rep;
+        let (_, best, _) = current_base(&self.s.db, &track.name).await?;
+        let bar = best * (1.0 + track.promotion.margin);
+        let results = stages::results(&self.s.db, &rep.submission).await?;
+        let price = if rep.stage == stages::PRICE {
+            &rep.result
+        } else {
+            results.get(stages::PRICE).unwrap_or(&Value::Null)
+        };
+        let clears = |r: &Value| ci_low(r).is_some_and(|lo| lo > bar);
+        if rep.stage == stages::PRICE && clears(price) {
+            let k = stages::kind(stages::CONFIRM, track);
+            let keep = k == self.kind;
+            return self.hand_on(tx, stages::CONFIRM, &k, keep).await;
+        }
+        let confirmed = rep.stage == stages::CONFIRM && clears(&rep.result);
+        self.pass(tx, track, price, best, confirmed).await?;
+        Ok(None)
+    }
+
+    /// Writes the verdict of a submission that passed, priced by `price`: promoted when its
+    /// confirmation cleared the current `best` and the promotion went through, else held, with
+    /// why.
+    async fn pass(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        track: &Track,
+        price: &Value,
+        best: f64,
+        confirmed: bool,
+    ) -> Result<(), ApiError> {
+        let rep = self.rep;
+        let mut v = json!({
+            "status": "held",
+            "score": price["metrics"]["score"],
+            "ci95": price["metrics"]["ci95"],
+            "metrics": price["metrics"],
+        });
+        if rep.stage == stages::CONFIRM {
+            v["confirmation"] = rep.result["metrics"].clone();
+        }
+        let why = if confirmed {
+            match promotion::promote(self.s, tx, track, &rep.submission, &v, self.now).await? {
+                Ok(commit) => {
+                    v["status"] = json!("promoted");
+                    v["base_commit"] = json!(commit);
+                    format!("promoted: the new base of {} is {commit}", track.name)
+                }
+                Err(why) => {
+                    v["not_promoted"] = json!(why);
+                    format!("passed, held: {why}")
+                }
+            }
+        } else if rep.stage == stages::CONFIRM {
+            let w = if self.unconfirmed() {
+                format!(
+                    "passed, held: the confirmation pricing ended {}",
+                    rep.outcome
+                )
+            } else {
+                format!(
+                    "passed, held: the confirmation pricing's interval does not clear \
+                     the current best {best:.4} by the margin {}",
+                    track.promotion.margin
+                )
+            };
+            v["not_promoted"] = json!(w);
+            w
+        } else {
+            format!("passed, held: the interval does not clear the current best {best:.4}")
+        };
+        let status = v["status"].as_str().unwrap_or("held").to_string();
+        sqlx::query(
+            "UPDATE submissions SET status = $1, score = $2, verdict = $3, \
+             finished_ms = $4 WHERE id = $5",
+        )
+        .bind(&status)
+        .bind(price["metrics"]["score"].as_f64())
+        .bind(v.to_string())
+        .bind(self.now)
+        .bind(&rep.submission)
+        .execute(&mut *tx)
+        .await?;
+        stages::record(
+            tx,
+            &rep.submission,
+            stages::VERDICT,
+            &status,
+            &why,
+            self.now,
+        )
+        .await?;
+        lease::end(tx, &rep.submission).await?;
+        Ok(())
+    }
 }
 
 /// Ends `submission` as failed at (stage, category, public detail), whose failure it is for the
