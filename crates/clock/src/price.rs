@@ -319,6 +319,7 @@ pub struct TimedFidelity {
 /// take a near-tie), so every distinct differing output is judged once, on the candidate's own
 /// chain, by a live process of the baseline with the gate's rule and envelope, and the near-ties
 /// count against the gate's budget over all the candidate's distinct timed tokens.
+#[derive(Default)]
 struct Judge {
     seen: HashSet<(usize, Vec<u32>)>,
     pending: Vec<(usize, Vec<u32>)>,
@@ -420,12 +421,59 @@ fn whole(t: &TimedWindow) -> f64 {
     t.prefill_seconds + t.decode_seconds
 }
 
+/// Prices `sides.candidate` against the baseline (on the DFlash track, against the no-op): the
+/// parameters checked, the noise measured and the pool calibrated, pairs until the stopping
+/// rule ends them, then the verdict.
 pub fn run(
     sides: &Sides,
     model: &ModelId,
     p: &PriceParams,
     progress: &indicatif::ProgressBar,
 ) -> Result<PriceResult> {
+    check_params(p)?;
+    let start = Instant::now();
+    let telemetry = Telemetry::new();
+    let mut res = PriceResult::new(p, model, sides, telemetry.has_gpu());
+    // The noise measurement and the calibration, in one baseline worker, never scored.
+    progress.set_message("measuring noise");
+    let tolerance = p
+        .rule
+        .target_half_width
+        .map_or(DEFAULT_TOLERANCE, |h| h / 2.0);
+    let calibration = match calibrate(&sides.baseline, model, p, tolerance, &mut res)? {
+        Ok(c) => c,
+        Err(f) => {
+            end_with_fault(&mut res, f, Role::Baseline, start);
+            return Ok(res);
+        }
+    };
+    res.spent.noise_and_pool = start.elapsed().as_secs_f64();
+    let inputs = PhaseInputs {
+        p,
+        model,
+        telemetry: &telemetry,
+        pool: &calibration.pool,
+        truth: &calibration.truth,
+        tolerance,
+    };
+    let mut pricing = Pricing::new(sides, inputs, progress, start, calibration.pool_serial, res);
+    progress.set_length(p.rule.max_pairs as u64);
+    let stop = loop {
+        if pricing.attempts >= p.max_attempts {
+            break Stop::AttemptBudget;
+        }
+        if let PairEnd::PricingOver = pricing.pair()? {
+            return Ok(pricing.res);
+        }
+        if let Some(stop) = pricing.stopping() {
+            break stop;
+        }
+    };
+    Ok(pricing.finish(stop))
+}
+
+/// What a pricing must be asked for before anything runs.
+fn check_params(p: &PriceParams) -> Result<()> {
     let r = &p.rule;
     anyhow::ensure!(
         r.min_pairs >= 4 && r.max_pairs >= r.min_pairs,
@@ -443,95 +491,122 @@ pub fn run(
         p.noise_windows >= 2,
         "the noise measurement needs 2 windows"
     );
-    let start = Instant::now();
-    let telemetry = Telemetry::new();
-    let dflash = p.track == Track::Dflash;
-    let mut res = PriceResult::new(p, model, sides, telemetry.has_gpu());
-    // The first role runs first in a pair that is not `candidate_first`. The DFlash score is the
-    // no-op's window over the candidate's: the baseline's serial window cancels out of it, so a
-    // serial phase in every pair would buy only the record's raw ratio (a third of a DFlash
-    // pricing's GPU time); the record takes that from the pool's serial windows below.
-    let roles: Vec<Role> = match p.track {
-        Track::Serial => vec![Role::Baseline, Role::Candidate],
-        Track::Dflash => vec![Role::Noop, Role::Candidate],
-    };
-    let spec_of = |r: Role| match r {
-        Role::Baseline => &sides.baseline,
-        Role::Candidate => &sides.candidate,
-        Role::Noop => &sides.noop,
-    };
-    let fail = |mut res: PriceResult, f: Fault, culprit: Role| {
-        res.verdict = f.category();
-        res.detail = Some(f.to_string());
-        res.culprit = Some(culprit);
-        res.elapsed_seconds = start.elapsed().as_secs_f64();
-        Ok(res)
-    };
-    // A worker's fault ends the pricing, blamed on the side whose worker it was.
-    macro_rules! attempt {
-        ($e:expr, $culprit:expr) => {
-            match $e {
-                Ok(v) => v,
-                Err(f) => return fail(res, f, $culprit),
-            }
+    Ok(())
+}
+
+/// Ends a pricing on a worker's fault, blamed on the side whose worker it was.
+fn end_with_fault(res: &mut PriceResult, f: Fault, culprit: Role, start: Instant) {
+    res.verdict = f.category();
+    res.detail = Some(f.to_string());
+    res.culprit = Some(culprit);
+    res.elapsed_seconds = start.elapsed().as_secs_f64();
+}
+
+/// How a pair attempt ended: recorded (accepted or not), or the pricing is over with its verdict
+/// written (a worker's fault, or a timed output outside the envelope).
+enum PairEnd {
+    Recorded,
+    PricingOver,
+}
+
+/// A pricing's pairs under way, from the calibration to the verdict.
+struct Pricing<'a> {
+    sides: &'a Sides,
+    inputs: PhaseInputs<'a>,
+    progress: &'a indicatif::ProgressBar,
+    start: Instant,
+    /// The first role runs first in a pair that is not `candidate_first`.
+    roles: Vec<Role>,
+    /// The baseline's serial figures of the pool (robust, mean): its side of the pairs on the
+    /// DFlash track, which time no baseline phase.
+    pool_serial: (Figures, Figures),
+    /// Each role's expected window (the noise's median, then the role's last window), against
+    /// which its next window is sampled for stalls.
+    expected: HashMap<Role, Duration>,
+    judge: Judge,
+    /// The accepted pairs' figures: the phases' minima (what the score uses) and their means.
+    robust_pairs: Vec<PairFigures>,
+    mean_pairs: Vec<PairFigures>,
+    /// The interval over the accepted pairs, once there are `min_pairs` of them.
+    last: Option<Interval>,
+    /// Pair attempts so far (re-runs of unaccepted pairs included).
+    attempts: usize,
+    /// Consecutive pairs with a phase that had no undisturbed window.
+    busy_streak: usize,
+    res: PriceResult,
+}
+
+impl<'a> Pricing<'a> {
+    fn new(
+        sides: &'a Sides,
+        inputs: PhaseInputs<'a>,
+        progress: &'a indicatif::ProgressBar,
+        start: Instant,
+        pool_serial: (Figures, Figures),
+        res: PriceResult,
+    ) -> Pricing<'a> {
+        // The DFlash score is the no-op's window over the candidate's: the baseline's serial
+        // window cancels out of it, so a serial phase in every pair would buy only the record's
+        // raw ratio (a third of a DFlash pricing's GPU time); the record takes that from the
+        // pool's serial windows (`calibrate`).
+        let roles: Vec<Role> = match inputs.p.track {
+            Track::Serial => vec![Role::Baseline, Role::Candidate],
+            Track::Dflash => vec![Role::Noop, Role::Candidate],
         };
+        let expected_window =
+            Duration::from_secs_f64(res.noise.as_ref().expect("set").median_seconds);
+        let expected = roles.iter().map(|&r| (r, expected_window)).collect();
+        Pricing {
+            sides,
+            inputs,
+            progress,
+            start,
+            roles,
+            pool_serial,
+            expected,
+            judge: Judge::default(),
+            robust_pairs: vec![],
+            mean_pairs: vec![],
+            last: None,
+            attempts: 0,
+            busy_streak: 0,
+            res,
+        }
     }
 
-    // The noise measurement and the calibration, in one baseline worker, never scored.
-    progress.set_message("measuring noise");
-    let tolerance = r.target_half_width.map_or(DEFAULT_TOLERANCE, |h| h / 2.0);
-    let Calibration {
-        pool,
-        truth,
-        pool_serial,
-    } = match calibrate(&sides.baseline, model, p, tolerance, &mut res)? {
-        Ok(c) => c,
-        Err(f) => return fail(res, f, Role::Baseline),
-    };
-    res.spent.noise_and_pool = start.elapsed().as_secs_f64();
-    let expected_window = Duration::from_secs_f64(res.noise.as_ref().expect("set").median_seconds);
-    let mut expected: HashMap<Role, Duration> =
-        roles.iter().map(|&r| (r, expected_window)).collect();
-    let inputs = PhaseInputs {
-        p,
-        model,
-        telemetry: &telemetry,
-        pool: &pool,
-        truth: &truth,
-        tolerance,
-    };
-
-    progress.set_length(r.max_pairs as u64);
-    let mut judge = Judge {
-        seen: HashSet::new(),
-        pending: vec![],
-        report: TimedFidelity::default(),
-    };
-    let mut robust_pairs: Vec<PairFigures> = vec![];
-    let mut mean_pairs: Vec<PairFigures> = vec![];
-    let mut last: Option<Interval> = None;
-    let mut attempt = 0;
-    // Consecutive pairs with a phase that had no undisturbed window.
-    let mut busy_streak = 0;
-    let stop = loop {
-        if attempt >= p.max_attempts {
-            break Stop::AttemptBudget;
+    fn spec_of(&self, role: Role) -> &'a Spec {
+        match role {
+            Role::Baseline => &self.sides.baseline,
+            Role::Candidate => &self.sides.candidate,
+            Role::Noop => &self.sides.noop,
         }
+    }
+
+    /// Ends the pricing on a worker's fault (`end_with_fault`).
+    fn fault(&mut self, f: Fault, culprit: Role) -> PairEnd {
+        end_with_fault(&mut self.res, f, culprit, self.start);
+        PairEnd::PricingOver
+    }
+
+    /// One pair attempt: its phases in this pair's order, the judging of the candidate's
+    /// differing outputs, the outlier guard, then its record.
+    fn pair(&mut self) -> Result<PairEnd> {
+        let (p, attempt) = (self.inputs.p, self.attempts);
         // The order alternates by accepted pair, so an even count of accepted pairs is balanced
         // even when a pair had to be re-run.
-        let candidate_first = robust_pairs.len() % 2 == 1;
-        let mut order = roles.clone();
+        let candidate_first = self.robust_pairs.len() % 2 == 1;
+        let mut order = self.roles.clone();
         if candidate_first {
             order.reverse();
         }
-        let mut prompt_order: Vec<usize> = (0..pool.len()).collect();
+        let mut prompt_order: Vec<usize> = (0..self.inputs.pool.len()).collect();
         prompt_order.shuffle(&mut ChaCha8Rng::seed_from_u64(
             p.seed.wrapping_add(1 + attempt as u64),
         ));
         let mut pair = Pair {
             attempt,
             candidate_first,
-            prompt_order: prompt_order.clone(),
+            prompt_order,
             phases: vec![],
             accepted: true,
             rejected_because: None,
@@ -542,89 +617,135 @@ pub fn run(
         // Re-running a disturbed or outlying pair would leave too few attempts for the pairs
         // still needed: keep it (the interval carries the noise).
         let last_chances =
-            p.max_attempts - attempt <= r.min_pairs.saturating_sub(robust_pairs.len());
+            p.max_attempts - attempt <= p.rule.min_pairs.saturating_sub(self.robust_pairs.len());
         for role in order {
-            progress.set_message(pair_message(
-                robust_pairs.len() + 1,
-                role,
-                last.as_ref(),
-                p.time_budget_seconds - start.elapsed().as_secs_f64(),
-            ));
-            let drafts = dflash && role != Role::Baseline && p.draft == "drafter";
-            let spec = drafting(spec_of(role), drafts);
-            let expected = expected
-                .get_mut(&role)
-                .expect("every role has an expected window");
-            let phase = run_phase(
-                &inputs,
-                &spec,
-                role,
-                &prompt_order,
-                expected,
-                &mut judge,
-                &mut res,
-            )?;
-            let PhaseRun {
-                phase,
-                robust,
-                mean,
-            } = attempt!(phase, role);
-            if !phase.quiet.quiet && p.require_quiet {
-                pair.accepted = false;
-                pair.rejected_because = Some("not_quiescent".into());
-            }
-            if phase.undisturbed_windows == 0 && busy_streak < KEEP_AFTER_DISTURBED && !last_chances
-            {
-                pair.accepted = false;
-                pair.rejected_because
-                    .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
-            }
-            figures.insert(role, (robust, mean));
-            pair.phases.push(phase);
+            match self.phase(role, &mut pair, last_chances)? {
+                Ok(f) => figures.insert(role, f),
+                Err(f) => return Ok(self.fault(f, role)),
+            };
         }
         if pair
             .phases
             .iter()
             .any(|ph| ph.tokens_match_baseline == Some(false))
         {
-            res.pairs_with_output_mismatch += 1;
+            self.res.pairs_with_output_mismatch += 1;
         }
-        // Between pairs, never beside a timed window: the reference judges what differed. The
-        // line reaches a public page mid-pricing, so it names no count of the candidate's outputs.
-        if !judge.pending.is_empty() {
-            progress.set_message("judging the candidate's differing timed outputs".to_string());
-        }
-        let t0 = Instant::now();
-        let diverged = judge.judge(&sides.baseline, model, &pool, p.envelope);
-        res.spent.judging += t0.elapsed().as_secs_f64();
-        res.timed_fidelity = judge.report.clone();
-        // The judge is the baseline's worker: its fault is the baseline's.
-        if let Some(detail) = attempt!(diverged, Role::Baseline) {
-            res.pairs.push(pair);
-            res.attempted_pair_count = attempt + 1;
-            res.culprit = Some(Role::Candidate);
-            res.verdict = "violation:timed_fidelity_divergence".into();
-            res.detail = Some(detail);
-            res.elapsed_seconds = start.elapsed().as_secs_f64();
-            return Ok(res);
+        match self.judge_timed_outputs() {
+            Ok(None) => {}
+            Ok(Some(detail)) => {
+                self.res.pairs.push(pair);
+                self.res.attempted_pair_count = attempt + 1;
+                self.res.culprit = Some(Role::Candidate);
+                self.res.verdict = "violation:timed_fidelity_divergence".into();
+                self.res.detail = Some(detail);
+                self.res.elapsed_seconds = self.start.elapsed().as_secs_f64();
+                return Ok(PairEnd::PricingOver);
+            }
+            // The judge is the baseline's worker: its fault is the baseline's.
+            Err(f) => return Ok(self.fault(f, Role::Baseline)),
         }
         // The outlier guard: a phase whose best window is far slower than its role's median
         // was disturbed throughout (a stall of the machine, not of the build); its pair is
         // re-run while attempts remain.
         if pair.accepted
-            && robust_pairs.len() >= 3
+            && self.robust_pairs.len() >= 3
             && !last_chances
-            && outlying(&pair, &res.pairs, p.outlier_factor)
+            && outlying(&pair, &self.res.pairs, p.outlier_factor)
         {
             pair.accepted = false;
             pair.rejected_because
                 .get_or_insert_with(|| "outlier".into());
         }
+        self.record(pair, &figures);
+        Ok(PairEnd::Recorded)
+    }
+
+    /// `role`'s phase of `pair`, added to it. The pair is not accepted when the phase started on
+    /// a machine that never quieted (and quiet is required), or when none of its windows ran
+    /// undisturbed (unless the pair must be kept: `KEEP_AFTER_DISTURBED`, `last_chances`).
+    /// Returns the phase's figures (robust, mean), or its worker's fault.
+    fn phase(
+        &mut self,
+        role: Role,
+        pair: &mut Pair,
+        last_chances: bool,
+    ) -> Result<Result<(Figures, Figures), Fault>> {
+        let p = self.inputs.p;
+        self.progress.set_message(pair_message(
+            self.robust_pairs.len() + 1,
+            role,
+            self.last.as_ref(),
+            p.time_budget_seconds - self.start.elapsed().as_secs_f64(),
+        ));
+        let drafts = p.track == Track::Dflash && role != Role::Baseline && p.draft == "drafter";
+        let spec = drafting(self.spec_of(role), drafts);
+        let expected = self
+            .expected
+            .get_mut(&role)
+            .expect("every role has an expected window");
+        let run = run_phase(
+            &self.inputs,
+            &spec,
+            role,
+            &pair.prompt_order,
+            expected,
+            &mut self.judge,
+            &mut self.res,
+        )?;
+        let PhaseRun {
+            phase,
+            robust,
+            mean,
+        } = match run {
+            Ok(r) => r,
+            Err(f) => return Ok(Err(f)),
+        };
+        if !phase.quiet.quiet && p.require_quiet {
+            pair.accepted = false;
+            pair.rejected_because = Some("not_quiescent".into());
+        }
+        if phase.undisturbed_windows == 0
+            && self.busy_streak < KEEP_AFTER_DISTURBED
+            && !last_chances
+        {
+            pair.accepted = false;
+            pair.rejected_because
+                .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
+        }
+        pair.phases.push(phase);
+        Ok(Ok((robust, mean)))
+    }
+
+    /// Between pairs, never beside a timed window: the reference judges what differed. The
+    /// detail of a timed output outside the envelope, or the reference worker's fault.
+    fn judge_timed_outputs(&mut self) -> Result<Option<String>, Fault> {
+        // The line reaches a public page mid-pricing, so it names no count of the candidate's
+        // outputs.
+        if !self.judge.pending.is_empty() {
+            self.progress
+                .set_message("judging the candidate's differing timed outputs".to_string());
+        }
+        let (p, model) = (self.inputs.p, self.inputs.model);
+        let t0 = Instant::now();
+        let diverged = self
+            .judge
+            .judge(&self.sides.baseline, model, self.inputs.pool, p.envelope);
+        self.res.spent.judging += t0.elapsed().as_secs_f64();
+        self.res.timed_fidelity = self.judge.report.clone();
+        diverged
+    }
+
+    /// Scores `pair` from its phases' `figures`, adds an accepted pair's figures to the tally,
+    /// and records it.
+    fn record(&mut self, mut pair: Pair, figures: &HashMap<Role, (Figures, Figures)>) {
+        let track = self.inputs.p.track;
         let of = |role: Role, robust: bool| {
             figures
                 .get(&role)
                 .map(|(r, m)| if robust { *r } else { *m })
         };
+        let pool_serial = self.pool_serial;
         let get = |robust: bool| PairFigures {
             baseline: of(Role::Baseline, robust).unwrap_or(if robust {
                 pool_serial.0
@@ -635,32 +756,47 @@ pub fn run(
             noop: of(Role::Noop, robust),
         };
         let (rob, avg) = (get(true), get(false));
-        pair.score = Some(score::score(p.track, &[rob], &[0]).score);
-        pair.mean_score = Some(score::score(p.track, &[avg], &[0]).score);
+        pair.score = Some(score::score(track, &[rob], &[0]).score);
+        pair.mean_score = Some(score::score(track, &[avg], &[0]).score);
         if pair.accepted {
-            robust_pairs.push(rob);
-            mean_pairs.push(avg);
-            res.accepted_pair_count += 1;
-            progress.inc(1);
+            self.robust_pairs.push(rob);
+            self.mean_pairs.push(avg);
+            self.res.accepted_pair_count += 1;
+            self.progress.inc(1);
         }
         let disturbed = pair.phases.iter().any(|ph| ph.undisturbed_windows == 0);
-        busy_streak = if disturbed { busy_streak + 1 } else { 0 };
-        res.pairs.push(pair);
-        attempt += 1;
-        if robust_pairs.len() >= r.min_pairs {
-            let iv = score::interval(p.track, &robust_pairs, r.min_pairs);
-            last = Some(iv);
-            let out_of_time = start.elapsed().as_secs_f64() >= p.time_budget_seconds;
-            if let Some(s) = r.check(robust_pairs.len(), &iv, out_of_time) {
-                break s;
-            }
+        self.busy_streak = if disturbed { self.busy_streak + 1 } else { 0 };
+        self.res.pairs.push(pair);
+        self.attempts += 1;
+    }
+
+    /// The stopping rule after a recorded pair: once `min_pairs` are accepted, the interval over
+    /// them, and whether it, the pair budget or the time budget ends the pricing.
+    fn stopping(&mut self) -> Option<Stop> {
+        let (p, r) = (self.inputs.p, &self.inputs.p.rule);
+        if self.robust_pairs.len() < r.min_pairs {
+            return None;
         }
-    };
-    res.attempted_pair_count = attempt;
-    res.pairs_used = robust_pairs.len();
-    res.stopping_reason = Some(stop);
-    res.elapsed_seconds = start.elapsed().as_secs_f64();
-    Ok(conclude(res, p, &robust_pairs, &mean_pairs, last))
+        let iv = score::interval(p.track, &self.robust_pairs, r.min_pairs);
+        self.last = Some(iv);
+        let out_of_time = self.start.elapsed().as_secs_f64() >= p.time_budget_seconds;
+        r.check(self.robust_pairs.len(), &iv, out_of_time)
+    }
+
+    /// The result once the pairs stopped for `stop`: the verdict from the accepted pairs.
+    fn finish(mut self, stop: Stop) -> PriceResult {
+        self.res.attempted_pair_count = self.attempts;
+        self.res.pairs_used = self.robust_pairs.len();
+        self.res.stopping_reason = Some(stop);
+        self.res.elapsed_seconds = self.start.elapsed().as_secs_f64();
+        conclude(
+            self.res,
+            self.inputs.p,
+            &self.robust_pairs,
+            &self.mean_pairs,
+            self.last,
+        )
+    }
 }
 
 /// What every phase of a pricing reads: its parameters, the model, the machine's telemetry, the
