@@ -190,31 +190,9 @@ impl Totals {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    if let Some(t) = &a.trace {
-        let mut inputs: Vec<(&str, &Path)> = vec![];
-        if let Some(p) = &a.prompts {
-            inputs.push(("--prompts", p));
-        }
-        if let Some(m) = &a.model {
-            inputs.push(("model directory", m));
-        }
-        crate::common::outputs_apart(&[("--trace", t)], &inputs)?;
-    }
+    check_trace_apart(&a)?;
     if a.backend == Backend::Cuda {
-        return crate::cuda_bench::run(crate::cuda_bench::CudaBenchArgs {
-            model: a.model.as_deref(),
-            synthetic: a.synthetic.as_deref(),
-            seed: a.seed,
-            prompt_tokens: a.prompt_tokens,
-            decode_tokens: a.decode_tokens,
-            repeats: a.repeats.max(5),
-            json: a.json,
-            profile: a.profile,
-            trace: a.trace.clone(),
-            trace_rows: a.trace_rows.into(),
-            block_sizes: a.block_sizes.clone().unwrap_or_default(),
-            draft: a.draft,
-        });
+        return run_cuda(&a);
     }
     if a.synthetic.is_some() {
         bail!("--synthetic needs --backend cuda (the CPU backend reads a model directory; make one with `fastdecode synth`)");
@@ -226,6 +204,60 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => default_model_dir()?,
     };
+    let model = load(&a, &dir)?;
+    let ps = checked_prompts(&a, &model, &dir)?;
+    let ks = block_sizes(&a, &model)?;
+    let timing = Timing {
+        a: &a,
+        model: &model,
+        prompts: &ps,
+        progress: progress_bar((ps.len() * a.repeats * (1 + ks.len())) as u64),
+    };
+    // Serial first: its tokens are the oracle's truth and the exactness reference.
+    let serial = timing.serial()?;
+    let dflash_rows = ks
+        .iter()
+        .map(|&k| timing.dflash(k, &serial))
+        .collect::<Result<Vec<_>>>()?;
+    timing.progress.finish_and_clear();
+    report(&a, &dir, &ps, serial, &dflash_rows)
+}
+
+/// The --trace file must not be one of the inputs.
+fn check_trace_apart(a: &BenchArgs) -> Result<()> {
+    if let Some(t) = &a.trace {
+        let mut inputs: Vec<(&str, &Path)> = vec![];
+        if let Some(p) = &a.prompts {
+            inputs.push(("--prompts", p));
+        }
+        if let Some(m) = &a.model {
+            inputs.push(("model directory", m));
+        }
+        crate::common::outputs_apart(&[("--trace", t)], &inputs)?;
+    }
+    Ok(())
+}
+
+/// The CUDA backend's bench (`cuda_bench`), with at least 5 repeats.
+fn run_cuda(a: &BenchArgs) -> Result<()> {
+    crate::cuda_bench::run(crate::cuda_bench::CudaBenchArgs {
+        model: a.model.as_deref(),
+        synthetic: a.synthetic.as_deref(),
+        seed: a.seed,
+        prompt_tokens: a.prompt_tokens,
+        decode_tokens: a.decode_tokens,
+        repeats: a.repeats.max(5),
+        json: a.json,
+        profile: a.profile,
+        trace: a.trace.clone(),
+        trace_rows: a.trace_rows.into(),
+        block_sizes: a.block_sizes.clone().unwrap_or_default(),
+        draft: a.draft,
+    })
+}
+
+/// The CPU model, with a note for each optional part left out.
+fn load(a: &BenchArgs, dir: &Path) -> Result<LoadedModel> {
     // The drafter is needed only to draft with it, the tokenizer only for a text prompt file.
     let needs = Needs {
         drafter: a.draft == DraftSpec::Drafter,
@@ -234,27 +266,39 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .as_ref()
             .is_some_and(|p| p.extension().is_none_or(|e| e != "json")),
     };
-    let model = LoadedModel::load_for(&dir, needs)?;
+    let model = LoadedModel::load_for(dir, needs)?;
     for note in &model.ignored {
         eprintln!("note: {note}");
     }
+    Ok(model)
+}
+
+/// The prompts, each checked to fit the model with --decode-tokens after it (a random prompt's
+/// length before it is drawn).
+fn checked_prompts(a: &BenchArgs, model: &LoadedModel, dir: &Path) -> Result<Vec<Vec<u32>>> {
     let cfg = &model.target.cfg;
     if a.prompts.is_none() {
         check_fits(
             cfg,
-            &dir,
+            dir,
             a.prompt_tokens,
             a.decode_tokens,
             "--prompt-tokens and --decode-tokens",
         )?;
     }
-    let ps = prompts(&a, &model)?;
+    let ps = prompts(a, model)?;
     if a.prompts.is_some() {
         for (i, p) in ps.iter().enumerate() {
             let what = format!("--decode-tokens after prompt {i} of --prompts");
-            check_fits(cfg, &dir, p.len(), a.decode_tokens, &what)?;
+            check_fits(cfg, dir, p.len(), a.decode_tokens, &what)?;
         }
     }
+    Ok(ps)
+}
+
+/// The DFlash block sizes to measure (default: the drafter's, 8 for the oracle), each checked
+/// against the draft source's maximum.
+fn block_sizes(a: &BenchArgs, model: &LoadedModel) -> Result<Vec<usize>> {
     let ks = match &a.block_sizes {
         Some(k) => k.clone(),
         None => vec![match (a.draft, &model.drafter) {
@@ -263,67 +307,104 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }],
     };
     for &k in &ks {
-        if k < 2 || k > max_block(&model, a.draft) {
+        if k < 2 || k > max_block(model, a.draft) {
             bail!(
                 "block size {k} is outside 2..={} for the {} source",
-                max_block(&model, a.draft),
+                max_block(model, a.draft),
                 a.draft
             );
         }
     }
-    let runs = (ps.len() * a.repeats * (1 + ks.len())) as u64;
+    Ok(ks)
+}
+
+fn progress_bar(runs: u64) -> ProgressBar {
     let pb = ProgressBar::new(runs);
     pb.set_style(
         ProgressStyle::with_template("bench [{bar:30}] {pos}/{len} runs {msg}")
             .expect("static")
             .progress_chars("=> "),
     );
-    // Serial first: its tokens are the oracle's truth and the exactness reference.
-    let mut serial_tps = vec![];
-    let mut serial_prefill = vec![];
-    let mut truth: Vec<Vec<u32>> = vec![];
-    for r in 0..a.repeats {
-        let mut t = Totals::new();
-        for (i, p) in ps.iter().enumerate() {
-            pb.set_message("serial");
-            let g = serial(&model, p, a.decode_tokens, &[])?;
-            if r == 0 {
-                truth.push(g.tokens.clone());
-            } else if g.tokens != truth[i] {
-                bail!("serial decoding is not deterministic: prompt {i} differs between repeats");
+    pb
+}
+
+/// The timed runs: every prompt, --repeats times, on the CPU model.
+struct Timing<'a> {
+    a: &'a BenchArgs,
+    model: &'a LoadedModel,
+    prompts: &'a [Vec<u32>],
+    progress: ProgressBar,
+}
+
+/// Serial decoding's speeds over the repeats, and its tokens of each prompt.
+struct Serial {
+    tokens_per_s: Vec<f64>,
+    /// Mean prefill of a prompt, ms.
+    prefill_ms: Vec<f64>,
+    median_tokens_per_s: f64,
+    truth: Vec<Vec<u32>>,
+}
+
+impl Timing<'_> {
+    /// Serial decoding, which must give the same tokens in every repeat.
+    fn serial(&self) -> Result<Serial> {
+        let (a, ps) = (self.a, self.prompts);
+        let mut serial_tps = vec![];
+        let mut serial_prefill = vec![];
+        let mut truth: Vec<Vec<u32>> = vec![];
+        for r in 0..a.repeats {
+            let mut t = Totals::new();
+            for (i, p) in ps.iter().enumerate() {
+                self.progress.set_message("serial");
+                let g = serial(self.model, p, a.decode_tokens, &[])?;
+                if r == 0 {
+                    truth.push(g.tokens.clone());
+                } else if g.tokens != truth[i] {
+                    bail!(
+                        "serial decoding is not deterministic: prompt {i} differs between repeats"
+                    );
+                }
+                t.add(&g);
+                self.progress.inc(1);
             }
-            t.add(&g);
-            pb.inc(1);
+            serial_tps.push(t.tokens as f64 / t.decode_s);
+            serial_prefill.push(t.prefill_s / ps.len() as f64 * 1e3);
         }
-        serial_tps.push(t.tokens as f64 / t.decode_s);
-        serial_prefill.push(t.prefill_s / ps.len() as f64 * 1e3);
+        Ok(Serial {
+            median_tokens_per_s: median(&mut serial_tps.clone()),
+            tokens_per_s: serial_tps,
+            prefill_ms: serial_prefill,
+            truth,
+        })
     }
-    let serial_med = median(&mut serial_tps.clone());
-    let mut dflash_rows = vec![];
-    for &k in &ks {
+
+    /// DFlash at block size `k`, every run checked token for token against serial: its row of
+    /// the report.
+    fn dflash(&self, k: usize, serial: &Serial) -> Result<serde_json::Value> {
+        let (a, truth) = (self.a, &serial.truth);
         let mut tps = vec![];
         let mut last = Totals::new();
         for _ in 0..a.repeats {
             let mut t = Totals::new();
-            for (i, p) in ps.iter().enumerate() {
-                pb.set_message(format!("dflash K={k}"));
+            for (i, p) in self.prompts.iter().enumerate() {
+                self.progress.set_message(format!("dflash K={k}"));
                 let plan = DraftPlan {
                     block_size: k,
                     source: a.draft,
                     seed: a.seed + i as u64,
                 };
-                let g = dflash(&model, p, a.decode_tokens, &[], plan, Some(&truth[i]))?;
+                let g = dflash(self.model, p, a.decode_tokens, &[], plan, Some(&truth[i]))?;
                 if g.tokens != truth[i] {
                     bail!("DFlash K={k} output differs from serial output on prompt {i}: this is a bug");
                 }
                 t.add(&g);
-                pb.inc(1);
+                self.progress.inc(1);
             }
             tps.push(t.tokens as f64 / t.decode_s);
             last = t;
         }
         let med = median(&mut tps.clone());
-        dflash_rows.push(json!({
+        Ok(json!({
             "block_size": k,
             "draft": a.draft.to_string(),
             "decode_tokens_per_s": spread(&mut tps),
@@ -331,26 +412,36 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "accepted_drafts": last.accepted,
             "tokens_per_round": (last.rounds + last.accepted) as f64 / last.rounds as f64,
             "acceptance_rate": last.accepted as f64 / (last.rounds * (k - 1)) as f64,
-            "speedup_vs_serial": med / serial_med,
+            "speedup_vs_serial": med / serial.median_tokens_per_s,
             "identical_to_serial": true,
-        }));
+        }))
     }
-    pb.finish_and_clear();
+}
+
+/// One JSON object with --json, else a table.
+fn report(
+    a: &BenchArgs,
+    dir: &Path,
+    ps: &[Vec<u32>],
+    mut serial: Serial,
+    dflash_rows: &[serde_json::Value],
+) -> Result<()> {
+    let serial_med = serial.median_tokens_per_s;
     let out = json!({
         "fastdecode": concat!(env!("CARGO_PKG_VERSION"), " ", env!("FASTDECODE_GIT_COMMIT")),
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         "backend": "cpu",
         "threads": 1,
         "model": dir.display().to_string(),
-        "model_digest": digest(&dir),
+        "model_digest": digest(dir),
         "prompts": ps.len(),
         "mean_prompt_tokens": ps.iter().map(Vec::len).sum::<usize>() as f64 / ps.len() as f64,
         "decode_tokens": a.decode_tokens,
         "repeats": a.repeats,
         "serial": {
-            "decode_tokens_per_s": spread(&mut serial_tps),
+            "decode_tokens_per_s": spread(&mut serial.tokens_per_s),
             "decode_ms_per_token": 1e3 / serial_med,
-            "prefill_ms": spread(&mut serial_prefill),
+            "prefill_ms": spread(&mut serial.prefill_ms),
         },
         "dflash": dflash_rows,
     });
@@ -358,10 +449,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
+    print_table(a, dir, ps.len(), serial_med, dflash_rows)
+}
+
+fn print_table(
+    a: &BenchArgs,
+    dir: &Path,
+    prompts: usize,
+    serial_med: f64,
+    dflash_rows: &[serde_json::Value],
+) -> Result<()> {
     outln!(
         "model {} ({} prompts, {} new tokens, median of {} repeats, cpu)",
         dir.display(),
-        ps.len(),
+        prompts,
         a.decode_tokens,
         a.repeats
     )?;
@@ -383,7 +484,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "-",
         "-"
     )?;
-    for r in &dflash_rows {
+    for r in dflash_rows {
         outln!(
             "{:<22} {:>12.1} {:>9.2}x {:>12.2} {:>9.1}% {:>9}",
             format!("dflash K={} {}", r["block_size"], a.draft),
