@@ -110,28 +110,38 @@ impl PricingOpts {
     /// The track and the pricing parameters, every option checked before any worker starts.
     pub fn params(&self, model: &ModelId) -> Result<PriceParams> {
         let track: Track = self.track.parse().map_err(anyhow::Error::msg)?;
-        let finite = |x: f64| x.is_finite();
+        let rule = self.stopping_rule()?;
+        let decode_tokens = self.window(track, model)?;
+        self.check_draft(track, model)?;
+        self.check_windows()?;
+        self.check_guards()?;
+        Ok(self.price_params(track, rule, decode_tokens))
+    }
+
+    /// When pairs stop being added: the floor, the time budget, and a precision aimed at
+    /// (--target-ci, --min-pairs) or a number of pairs (--pairs), within --max-pairs.
+    fn stopping_rule(&self) -> Result<Rule> {
         check(
-            finite(self.floor) && self.floor > 0.0,
+            self.floor.is_finite() && self.floor > 0.0,
             "--floor",
             "must be a positive number",
             self.floor,
         )?;
         check(
-            finite(self.time_budget) && self.time_budget > 0.0,
+            self.time_budget.is_finite() && self.time_budget > 0.0,
             "--time-budget",
             "must be a positive number of seconds",
             self.time_budget,
         )?;
         if let Some(h) = self.target_ci {
             check(
-                finite(h) && h > 0.0 && h < 1.0,
+                h.is_finite() && h > 0.0 && h < 1.0,
                 "--target-ci",
                 "must be a relative half-width in (0, 1), e.g. 0.01",
                 h,
             )?;
         }
-        let rule = match self.pairs {
+        Ok(match self.pairs {
             Some(n) => {
                 check(
                     n >= 4,
@@ -169,7 +179,12 @@ impl PricingOpts {
                     floor: self.floor,
                 }
             }
-        };
+        })
+    }
+
+    /// The window's decode tokens (the track's default unless given), checked with the prompt
+    /// tokens to fit the model.
+    fn window(&self, track: Track, model: &ModelId) -> Result<usize> {
         check(
             self.prompt_tokens >= 1,
             "--prompt-tokens",
@@ -195,41 +210,32 @@ impl PricingOpts {
                 model.max_positions
             );
         }
+        Ok(decode_tokens)
+    }
+
+    /// --draft parsed, and on the dflash track --block-size within what the draft source takes.
+    fn check_draft(&self, track: Track, model: &ModelId) -> Result<()> {
         let draft: DraftSpec = self
             .draft
             .parse()
             .map_err(|e: String| anyhow::anyhow!("--draft {}: {e}", self.draft))?;
-        if track == Track::Dflash {
-            let mut max = MAX_BLOCK_SIZE;
-            if draft == DraftSpec::Drafter {
-                let block = match model.dir() {
-                    Some(dir) => {
-                        let cfg = dir.join("drafter/config.json");
-                        if !cfg.is_file() {
-                            bail!(
-                                "--draft drafter: {} has no drafter/ (use --draft oracle:P)",
-                                dir.display()
-                            );
-                        }
-                        DrafterConfig::from_file(&cfg)?.block_size
-                    }
-                    // Synthetic weights come with the preset's drafter.
-                    None => match &model.source {
-                        fastdecode_worker::ModelSource::Synthetic { preset, .. } => {
-                            fastdecode_model::synth::preset(preset)?.drafter.block_size
-                        }
-                        fastdecode_worker::ModelSource::Dir(_) => MAX_BLOCK_SIZE,
-                    },
-                };
-                max = max.min(block);
-            }
-            check(
-                (2..=max).contains(&self.block_size),
-                "--block-size",
-                &format!("the dflash track needs 2 to {max} with --draft {draft}"),
-                self.block_size,
-            )?;
+        if track != Track::Dflash {
+            return Ok(());
         }
+        let max = match draft {
+            DraftSpec::Drafter => MAX_BLOCK_SIZE.min(drafter_block_size(model)?),
+            DraftSpec::Oracle(_) => MAX_BLOCK_SIZE,
+        };
+        check(
+            (2..=max).contains(&self.block_size),
+            "--block-size",
+            &format!("the dflash track needs 2 to {max} with --draft {draft}"),
+            self.block_size,
+        )
+    }
+
+    /// The counts of windows: of the noise measurement, of warm-up and of a phase.
+    fn check_windows(&self) -> Result<()> {
         check(
             self.noise_windows >= 2,
             "--noise-windows",
@@ -245,39 +251,48 @@ impl PricingOpts {
         if let Some(k) = self.windows {
             check((1..=256).contains(&k), "--windows", "must be 1 to 256", k)?;
         }
+        Ok(())
+    }
+
+    /// The guards of a pricing: the quiet machine, the stall, the outlier and speed-up caps.
+    fn check_guards(&self) -> Result<()> {
         // A fraction, not a percentage (as --quiet-gpu-util is): 50 would never wait at all.
         // Below 0 no machine is ever quiet (the tests' way to price a machine that never is).
         check(
-            finite(self.quiet_cpu) && self.quiet_cpu <= 1.0,
+            self.quiet_cpu.is_finite() && self.quiet_cpu <= 1.0,
             "--quiet-cpu",
             "must be a busy fraction of all CPUs, at most 1",
             self.quiet_cpu,
         )?;
         check(
-            finite(self.quiet_wait) && self.quiet_wait >= 0.0,
+            self.quiet_wait.is_finite() && self.quiet_wait >= 0.0,
             "--quiet-wait",
             "must be a non-negative number of seconds",
             self.quiet_wait,
         )?;
         check(
-            finite(self.stall) && self.stall > 0.0,
+            self.stall.is_finite() && self.stall > 0.0,
             "--stall",
             "must be a positive number of seconds",
             self.stall,
         )?;
         check(
-            finite(self.outlier_factor) && self.outlier_factor > 1.0,
+            self.outlier_factor.is_finite() && self.outlier_factor > 1.0,
             "--outlier-factor",
             "must be a number above 1",
             self.outlier_factor,
         )?;
         check(
-            finite(self.max_speedup) && self.max_speedup > 1.0,
+            self.max_speedup.is_finite() && self.max_speedup > 1.0,
             "--max-speedup",
             "must be a number above 1",
             self.max_speedup,
-        )?;
-        Ok(PriceParams {
+        )
+    }
+
+    /// The clock's parameters from the checked options.
+    fn price_params(&self, track: Track, rule: Rule, decode_tokens: usize) -> PriceParams {
+        PriceParams {
             track,
             rule,
             time_budget_seconds: self.time_budget,
@@ -302,8 +317,32 @@ impl PricingOpts {
             noise_windows: self.noise_windows,
             warmup_windows: self.warmup_windows,
             windows: self.windows,
-        })
+        }
     }
+}
+
+/// The block size of the drafter that `--draft drafter` drafts with: the model directory's
+/// drafter/ (which must be there), or the synthetic preset's.
+fn drafter_block_size(model: &ModelId) -> Result<usize> {
+    Ok(match model.dir() {
+        Some(dir) => {
+            let cfg = dir.join("drafter/config.json");
+            if !cfg.is_file() {
+                bail!(
+                    "--draft drafter: {} has no drafter/ (use --draft oracle:P)",
+                    dir.display()
+                );
+            }
+            DrafterConfig::from_file(&cfg)?.block_size
+        }
+        // Synthetic weights come with the preset's drafter.
+        None => match &model.source {
+            fastdecode_worker::ModelSource::Synthetic { preset, .. } => {
+                fastdecode_model::synth::preset(preset)?.drafter.block_size
+            }
+            fastdecode_worker::ModelSource::Dir(_) => MAX_BLOCK_SIZE,
+        },
+    })
 }
 
 /// The worker timeouts, checked (a non-finite or negative one would not make a `Duration`).
