@@ -297,6 +297,38 @@ fn trace(
 
 pub fn run(a: CudaBenchArgs) -> Result<()> {
     let t_load = Instant::now();
+    let (mut target, label) = open_target(&a)?;
+    let gpu = target.session().model.gpu.clone();
+    gpu.stream.synchronize()?;
+    let load_seconds = t_load.elapsed().as_secs_f64();
+    let c = target.config().clone();
+    let bandwidth = copy_bandwidth(&gpu).context("measuring copy bandwidth")?;
+    let prompt = random_prompt(a.seed, a.prompt_tokens, c.vocab_size);
+    let serial = time_serial(&mut target, &prompt, &a)?;
+    if let Some(path) = &a.trace {
+        trace(&gpu, &mut target, &prompt, path, a.trace_rows)?;
+    }
+    let (prefill_breakdown, breakdown) = if a.profile {
+        profile(&mut target, &prompt, 32)?
+    } else {
+        (vec![], vec![])
+    };
+    let dflash = time_dflash(&mut target, &prompt, &a, &serial)?;
+    let measured = Measured {
+        label,
+        load_seconds,
+        bandwidth,
+        serial,
+        prefill_breakdown,
+        breakdown,
+        dflash,
+    };
+    report(&a, &gpu, &c, &measured)
+}
+
+/// The GPU target of --synthetic or --model and its label, sized for the window and the largest
+/// block (of --block-sizes and a traced verify), with its drafter when it drafts.
+fn open_target(a: &CudaBenchArgs) -> Result<(CudaBackend, String)> {
     let ctx = a.prompt_tokens + a.decode_tokens;
     let max_block = a
         .block_sizes
@@ -306,7 +338,7 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         .max()
         .unwrap_or(1);
     let drafter = !a.block_sizes.is_empty() && a.draft == DraftSpec::Drafter;
-    let (mut target, label) = match (a.synthetic, a.model) {
+    let (target, label) = match (a.synthetic, a.model) {
         (Some(p), _) => {
             let preset = fastdecode_model::synth::preset(p)?;
             (
@@ -323,30 +355,36 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
     if drafter && !target.has_drafter() {
         bail!("--draft drafter: {label} has no drafter/ (use --draft oracle:P)");
     }
-    let gpu = target.session().model.gpu.clone();
-    gpu.stream.synchronize()?;
-    let load_s = t_load.elapsed().as_secs_f64();
-    let c = target.config().clone();
-    let bw = copy_bandwidth(&gpu).context("measuring copy bandwidth")?;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
-    let prompt: Vec<u32> = (0..a.prompt_tokens)
-        .map(|_| rng.random_range(0..c.vocab_size as u32))
-        .collect();
+    Ok((target, label))
+}
+
+fn random_prompt(seed: u64, len: usize, vocab_size: usize) -> Vec<u32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..len)
+        .map(|_| rng.random_range(0..vocab_size as u32))
+        .collect()
+}
+
+/// Serial decoding timed over the repeats: each phase's times sorted, and the tokens, the same
+/// in every repeat.
+struct SerialTimes {
+    prefill_ms: Vec<f64>,
+    /// Per token.
+    decode_ms: Vec<f64>,
+    prefill_median: f64,
+    decode_median: f64,
+    tokens: Vec<u32>,
+}
+
+fn time_serial(target: &mut CudaBackend, prompt: &[u32], a: &CudaBenchArgs) -> Result<SerialTimes> {
     // Warm-up: compiles and loads every kernel module.
-    session::run(
-        &mut target,
-        None,
-        &prompt[..a.prompt_tokens.min(16)],
-        4,
-        1,
-        &[],
-    )?;
+    session::run(target, None, &prompt[..a.prompt_tokens.min(16)], 4, 1, &[])?;
     let mut prefill_ms = vec![];
     let mut decode_ms = vec![];
     let mut tokens0: Option<Vec<u32>> = None;
     for _ in 0..a.repeats {
         // One run times both phases: the prefill forward (all rows' logits) and the decode steps.
-        let g = session::run(&mut target, None, &prompt, a.decode_tokens, 1, &[])?;
+        let g = session::run(target, None, prompt, a.decode_tokens, 1, &[])?;
         prefill_ms.push(g.prefill_seconds * 1e3);
         decode_ms.push(g.decode_seconds * 1e3 / (g.tokens.len() - 1) as f64);
         match &tokens0 {
@@ -361,103 +399,171 @@ pub fn run(a: CudaBenchArgs) -> Result<()> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (pm, dm) = (med(&mut prefill_ms), med(&mut decode_ms));
-    if let Some(path) = &a.trace {
-        trace(&gpu, &mut target, &prompt, path, a.trace_rows)?;
+    Ok(SerialTimes {
+        prefill_median: med(&mut prefill_ms),
+        decode_median: med(&mut decode_ms),
+        prefill_ms,
+        decode_ms,
+        // The medians above took a repeat's times: there was one.
+        tokens: tokens0.expect("a repeat ran"),
+    })
+}
+
+/// DFlash at each of --block-sizes (none: nothing), against a serial run of this process, and
+/// each block size's verify breakdown with --profile.
+fn time_dflash(
+    target: &mut CudaBackend,
+    prompt: &[u32],
+    a: &CudaBenchArgs,
+    timed: &SerialTimes,
+) -> Result<DflashTimes> {
+    if a.block_sizes.is_empty() {
+        return Ok(DflashTimes::default());
     }
-    let (prefill_breakdown, breakdown) = if a.profile {
-        profile(&mut target, &prompt, 32)?
-    } else {
-        (vec![], vec![])
-    };
-    let mut dflash = vec![];
+    let serial = session::run(target, None, prompt, a.decode_tokens, 1, &[])?;
+    let step_ms = serial.verify_seconds * 1e3 / serial.rounds.max(1) as f64;
+    // The serial tokens (the oracle's truth) must be those of the timed serial repeats.
+    if serial.tokens != timed.tokens {
+        bail!("cuda decoding is not deterministic across runs");
+    }
+    let rows = fastdecode_cuda::profile::profiled_range(|| {
+        dflash_table(
+            target,
+            prompt,
+            &serial.tokens,
+            timed.decode_median,
+            step_ms,
+            &a.block_sizes,
+            a.draft,
+            a.seed,
+            a.repeats.min(3),
+        )
+    })?;
     let mut verify_breakdowns = vec![];
-    if !a.block_sizes.is_empty() {
-        let serial = session::run(&mut target, None, &prompt, a.decode_tokens, 1, &[])?;
-        let step_ms = serial.verify_seconds * 1e3 / serial.rounds.max(1) as f64;
-        // The serial tokens (the oracle's truth) must be those of the timed serial repeats.
-        if Some(&serial.tokens) != tokens0.as_ref() {
-            bail!("cuda decoding is not deterministic across runs");
-        }
-        dflash = fastdecode_cuda::profile::profiled_range(|| {
-            dflash_table(
-                &mut target,
-                &prompt,
-                &serial.tokens,
-                dm,
-                step_ms,
-                &a.block_sizes,
-                a.draft,
-                a.seed,
-                a.repeats.min(3),
-            )
-        })?;
-        if a.profile {
-            let (_, per) = profile_rows(&mut target, &prompt, 16, &a.block_sizes)?;
-            verify_breakdowns = a.block_sizes.iter().copied().zip(per).collect();
-        }
+    if a.profile {
+        let (_, per) = profile_rows(target, prompt, 16, &a.block_sizes)?;
+        verify_breakdowns = a.block_sizes.iter().copied().zip(per).collect();
     }
-    let bpt = bytes_per_token(&c, a.prompt_tokens + a.decode_tokens / 2, 4);
-    let floor_ms = bpt as f64 / bw * 1e3;
-    let out = json!({
+    Ok(DflashTimes {
+        rows,
+        verify_breakdowns,
+    })
+}
+
+/// DFlash's rows of the report, and each block size's verify breakdown (with --profile).
+#[derive(Default)]
+struct DflashTimes {
+    rows: Vec<serde_json::Value>,
+    verify_breakdowns: Vec<(usize, Breakdown)>,
+}
+
+/// What the bench measured.
+struct Measured {
+    label: String,
+    load_seconds: f64,
+    /// Copy bandwidth, bytes per second.
+    bandwidth: f64,
+    serial: SerialTimes,
+    prefill_breakdown: Breakdown,
+    breakdown: Breakdown,
+    dflash: DflashTimes,
+}
+
+/// The bandwidth-bound decoder's limit: the bytes a token reads at mid-window context, copied at
+/// the measured bandwidth.
+struct Roofline {
+    bytes_per_token: usize,
+    ms_per_token: f64,
+}
+
+/// One JSON object with --json, else text.
+fn report(a: &CudaBenchArgs, gpu: &Gpu, c: &LagunaConfig, m: &Measured) -> Result<()> {
+    let bytes_per_token = bytes_per_token(c, a.prompt_tokens + a.decode_tokens / 2, 4);
+    let roofline = Roofline {
+        bytes_per_token,
+        ms_per_token: bytes_per_token as f64 / m.bandwidth * 1e3,
+    };
+    if a.json {
+        let out = report_json(a, gpu, c, m, &roofline);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
+        return Ok(());
+    }
+    print_report(a, gpu, m, &roofline)
+}
+
+fn report_json(
+    a: &CudaBenchArgs,
+    gpu: &Gpu,
+    c: &LagunaConfig,
+    m: &Measured,
+    roofline: &Roofline,
+) -> serde_json::Value {
+    let (prefill_ms, decode_ms) = (&m.serial.prefill_ms, &m.serial.decode_ms);
+    let (pm, dm) = (m.serial.prefill_median, m.serial.decode_median);
+    let (bpt, floor_ms) = (roofline.bytes_per_token, roofline.ms_per_token);
+    let (breakdown, prefill_breakdown) = (&m.breakdown, &m.prefill_breakdown);
+    json!({
         "fastdecode": concat!(env!("CARGO_PKG_VERSION"), " ", env!("FASTDECODE_GIT_COMMIT")),
         "backend": "cuda",
         "gpu": gpu.name,
         "arch": gpu.arch(),
-        "model": label,
-        "weights_bytes": spec_bytes(&target_inventory(&c, Layout::Runtime)),
-        "load_seconds": load_s,
+        "model": m.label,
+        "weights_bytes": spec_bytes(&target_inventory(c, Layout::Runtime)),
+        "load_seconds": m.load_seconds,
         "prompt_tokens": a.prompt_tokens,
         "decode_tokens": a.decode_tokens,
         "repeats": a.repeats,
         "prefill_ms": {"median": pm, "min": prefill_ms[0], "max": prefill_ms[prefill_ms.len() - 1]},
         "decode_ms_per_token": {"median": dm, "min": decode_ms[0], "max": decode_ms[decode_ms.len() - 1]},
         "bytes_per_token": bpt,
-        "copy_bandwidth_bytes_per_s": bw,
+        "copy_bandwidth_bytes_per_s": m.bandwidth,
         "roofline_ms_per_token": floor_ms,
         "fraction_of_roofline": floor_ms / dm,
         "decode_breakdown_ms_per_token": breakdown.iter().map(|(k, ms, n)| json!({"op": k, "ms": ms, "launches": n})).collect::<Vec<_>>(),
         "prefill_breakdown_ms": prefill_breakdown.iter().map(|(k, ms, n)| json!({"op": k, "ms": ms, "launches": n})).collect::<Vec<_>>(),
-        "dflash": dflash,
-        "verify_breakdown_ms_per_forward": verify_breakdowns.iter().map(|(k, b)| json!({"rows": k, "ops": b.iter().map(|(op, ms, n)| json!({"op": op, "ms": ms, "launches": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
-    });
-    if a.json {
-        outln!("{}", serde_json::to_string_pretty(&out)?)?;
-    } else {
-        outln!("cuda on {} ({}), {label}", gpu.name, gpu.arch())?;
+        "dflash": m.dflash.rows,
+        "verify_breakdown_ms_per_forward": m.dflash.verify_breakdowns.iter().map(|(k, b)| json!({"rows": k, "ops": b.iter().map(|(op, ms, n)| json!({"op": op, "ms": ms, "launches": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
+    })
+}
+
+fn print_report(a: &CudaBenchArgs, gpu: &Gpu, m: &Measured, roofline: &Roofline) -> Result<()> {
+    let decode_ms = &m.serial.decode_ms;
+    let (pm, dm) = (m.serial.prefill_median, m.serial.decode_median);
+    let (bpt, floor_ms, bw) = (roofline.bytes_per_token, roofline.ms_per_token, m.bandwidth);
+    let label = &m.label;
+    outln!("cuda on {} ({}), {label}", gpu.name, gpu.arch())?;
+    outln!(
+        "prefill {} tokens: {pm:.2} ms (median of {})",
+        a.prompt_tokens,
+        a.repeats
+    )?;
+    outln!(
+        "decode: {dm:.3} ms/token (median; {:.3}–{:.3}), {:.1} tokens/s",
+        decode_ms[0],
+        decode_ms[decode_ms.len() - 1],
+        1e3 / dm
+    )?;
+    outln!("bytes/token {bpt}, copy bandwidth {:.2} TB/s, roofline {floor_ms:.3} ms/token, achieved {:.1} %", bw / 1e12, 100.0 * floor_ms / dm)?;
+    for (k, ms, n) in &m.breakdown {
+        outln!("  {k:<40} {ms:>8.3} ms/token  {n:>5.0} launches")?;
+    }
+    for (k, ms, n) in &m.prefill_breakdown {
+        outln!("  {k:<40} {ms:>8.3} ms/prefill {n:>5.0} launches")?;
+    }
+    for r in &m.dflash.rows {
         outln!(
-            "prefill {} tokens: {pm:.2} ms (median of {})",
-            a.prompt_tokens,
-            a.repeats
+            "dflash K={:<2} {}: {:.3} ms/token, {:.2} tokens/round, verify {:.3} ms ({:.2} steps), draft {:.3} ms, {:.1} experts/layer, {:.2}x serial, identical {}",
+            r["block_size"], r["draft"].as_str().unwrap_or(""), r["decode_ms_per_token"]["median"].as_f64().unwrap_or(0.0),
+            r["tokens_per_round"].as_f64().unwrap_or(0.0), r["verify_ms_per_round"].as_f64().unwrap_or(0.0),
+            r["verify_over_serial_step"].as_f64().unwrap_or(0.0), r["draft_ms_per_round"].as_f64().unwrap_or(0.0),
+            r["distinct_routed_experts_per_sparse_layer"].as_f64().unwrap_or(0.0), r["speedup_over_serial"].as_f64().unwrap_or(0.0),
+            r["identical_to_serial"]
         )?;
-        outln!(
-            "decode: {dm:.3} ms/token (median; {:.3}–{:.3}), {:.1} tokens/s",
-            decode_ms[0],
-            decode_ms[decode_ms.len() - 1],
-            1e3 / dm
-        )?;
-        outln!("bytes/token {bpt}, copy bandwidth {:.2} TB/s, roofline {floor_ms:.3} ms/token, achieved {:.1} %", bw / 1e12, 100.0 * floor_ms / dm)?;
-        for (k, ms, n) in &breakdown {
-            outln!("  {k:<40} {ms:>8.3} ms/token  {n:>5.0} launches")?;
-        }
-        for (k, ms, n) in &prefill_breakdown {
-            outln!("  {k:<40} {ms:>8.3} ms/prefill {n:>5.0} launches")?;
-        }
-        for r in &dflash {
-            outln!(
-                "dflash K={:<2} {}: {:.3} ms/token, {:.2} tokens/round, verify {:.3} ms ({:.2} steps), draft {:.3} ms, {:.1} experts/layer, {:.2}x serial, identical {}",
-                r["block_size"], r["draft"].as_str().unwrap_or(""), r["decode_ms_per_token"]["median"].as_f64().unwrap_or(0.0),
-                r["tokens_per_round"].as_f64().unwrap_or(0.0), r["verify_ms_per_round"].as_f64().unwrap_or(0.0),
-                r["verify_over_serial_step"].as_f64().unwrap_or(0.0), r["draft_ms_per_round"].as_f64().unwrap_or(0.0),
-                r["distinct_routed_experts_per_sparse_layer"].as_f64().unwrap_or(0.0), r["speedup_over_serial"].as_f64().unwrap_or(0.0),
-                r["identical_to_serial"]
-            )?;
-        }
-        for (k, b) in &verify_breakdowns {
-            outln!("verify of {k} rows:")?;
-            for (op, ms, n) in b {
-                outln!("  {op:<40} {ms:>8.3} ms/forward {n:>5.0} launches")?;
-            }
+    }
+    for (k, b) in &m.dflash.verify_breakdowns {
+        outln!("verify of {k} rows:")?;
+        for (op, ms, n) in b {
+            outln!("  {op:<40} {ms:>8.3} ms/forward {n:>5.0} launches")?;
         }
     }
     Ok(())
