@@ -6,7 +6,7 @@
 
 use std::io::{BufReader, Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStderr, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -172,6 +172,40 @@ fn exited(_pid: u32) -> Option<String> {
     None
 }
 
+/// The worker's diagnostics go on to the parent's stderr as they come, in chunks (never a whole
+/// line held), up to `STDERR_RELAYED` bytes; the last few kilobytes are kept in `tail` to say
+/// why a worker died. `done` is told when the worker's stderr has ended.
+fn relay_stderr(mut stderr: ChildStderr, tail: &Mutex<Vec<u8>>, done: &mpsc::Sender<()>) {
+    let mut buf = [0u8; 8192];
+    let (mut relayed, mut held_back) = (0usize, 0u64);
+    let mut ends_line = true;
+    while let Ok(n) = stderr.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let shown = n.min(STDERR_RELAYED - relayed);
+        if shown > 0 {
+            let _ = std::io::stderr().write_all(&buf[..shown]);
+            ends_line = buf[shown - 1] == b'\n';
+        }
+        relayed += shown;
+        held_back += (n - shown) as u64;
+        let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
+        t.extend_from_slice(&buf[..n]);
+        let excess = t.len().saturating_sub(STDERR_TAIL);
+        t.drain(..excess);
+    }
+    // The parent's own messages start on a line of their own.
+    let newline = if ends_line { "" } else { "\n" };
+    let cut = if held_back > 0 {
+        format!("[the worker's stderr: {held_back} more byte(s) not shown]\n")
+    } else {
+        String::new()
+    };
+    let _ = write!(std::io::stderr(), "{newline}{cut}");
+    let _ = done.send(());
+}
+
 impl Worker {
     /// Starts a worker and waits for its `ready` line. `vocab` and `digest` are what the parent
     /// knows of the model (its config and MANIFEST): a worker claiming otherwise is a violation.
@@ -232,40 +266,7 @@ impl Worker {
         let stderr_tail = Arc::new(Mutex::new(vec![]));
         let (done_tx, stderr_done) = mpsc::channel();
         let tail = stderr_tail.clone();
-        // The worker's diagnostics go on to the parent's stderr as they come, in chunks (never a
-        // whole line held), up to `STDERR_RELAYED` bytes; the last few kilobytes are kept to say
-        // why a worker died.
-        std::thread::spawn(move || {
-            let mut r = stderr;
-            let mut buf = [0u8; 8192];
-            let (mut relayed, mut held_back) = (0usize, 0u64);
-            let mut ends_line = true;
-            while let Ok(n) = r.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                let shown = n.min(STDERR_RELAYED - relayed);
-                if shown > 0 {
-                    let _ = std::io::stderr().write_all(&buf[..shown]);
-                    ends_line = buf[shown - 1] == b'\n';
-                }
-                relayed += shown;
-                held_back += (n - shown) as u64;
-                let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
-                t.extend_from_slice(&buf[..n]);
-                let excess = t.len().saturating_sub(STDERR_TAIL);
-                t.drain(..excess);
-            }
-            // The parent's own messages start on a line of their own.
-            let newline = if ends_line { "" } else { "\n" };
-            let cut = if held_back > 0 {
-                format!("[the worker's stderr: {held_back} more byte(s) not shown]\n")
-            } else {
-                String::new()
-            };
-            let _ = write!(std::io::stderr(), "{newline}{cut}");
-            let _ = done_tx.send(());
-        });
+        std::thread::spawn(move || relay_stderr(stderr, &tail, &done_tx));
         let mut w = Worker {
             child,
             stdin,

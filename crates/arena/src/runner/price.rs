@@ -6,6 +6,7 @@
 //! is one category, `price:hidden_prompt`: how a build fails cannot spell out what it was fed.
 //! Its score and interval (public) are the parent's own timings.
 
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -48,15 +49,11 @@ fn spent(s: &Value) -> String {
 impl Runner {
     pub(super) fn price(&self, job: &Job, lost: &AtomicBool) -> Result<Outcome> {
         let t = &job.track;
-        let Judged {
-            cand,
-            base,
-            model,
-            hidden,
-        } = match self.judged_inputs(job, lost)? {
+        let judged = match self.judged_inputs(job, lost)? {
             Ok(j) => j,
             Err(o) => return Ok(o),
         };
+        let hidden = &judged.hidden;
         // One prompt seed of the hidden pool per pricing; a confirmation never reuses the
         // first pricing's.
         let earlier = job
@@ -70,6 +67,54 @@ impl Runner {
         let work = tempfile::tempdir_in(self.dir("work")?)?;
         let out = work.path().join("price");
         let log = work.path().join("price.log");
+        let cmd = self.price_command(job, &judged, index, work.path(), &out)?;
+        let limits = Limits {
+            deadline: Duration::from_secs_f64(t.clock.time_budget + t.deadlines.price_grace),
+            disk: None,
+        };
+        let ended = child::run(cmd, &log, lost, limits)?;
+        if overrun(&ended).is_some() {
+            return Ok(failed(
+                "price:deadline",
+                "the pricing ran past the track's deadline and was stopped",
+            ));
+        }
+        let st = match ended {
+            Ended::Exited(st) => st,
+            _ => unreachable!("an overrun returned above"),
+        };
+        let res: Value = match std::fs::read(out.join("result.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+        {
+            Some(r) => r,
+            None => {
+                return Ok(failed(
+                    "infra:price_error",
+                    "the clock wrote no result".to_string(),
+                ))
+            }
+        };
+        Ok(priced(&res, st.success(), index))
+    }
+
+    /// `fastdecode price` of this job: both sides sandboxed, on the hidden pool's prompt seed
+    /// `index`, with the track's window and clock; its result goes to `out`.
+    fn price_command(
+        &self,
+        job: &Job,
+        judged: &Judged,
+        index: usize,
+        work: &Path,
+        out: &Path,
+    ) -> Result<Command> {
+        let t = &job.track;
+        let Judged {
+            cand,
+            base,
+            model,
+            hidden,
+        } = judged;
         let c = &t.clock;
         let w = &t.window;
         // Both sides run in the same sandbox, so a no-op is priced under the same conditions on
@@ -79,10 +124,10 @@ impl Runner {
         let mut cmd = Command::new(&self.me);
         cmd.arg("price")
             .arg("--baseline")
-            .arg(self.sandboxed(&base, &model, &work.path().join("baseline"))?)
+            .arg(self.sandboxed(base, model, &work.join("baseline"))?)
             .arg("--candidate")
-            .arg(self.sandboxed(&cand, &model, &work.path().join("candidate"))?)
-            .args(&model)
+            .arg(self.sandboxed(cand, model, &work.join("candidate"))?)
+            .args(model)
             .args(["--track", &t.clock_track])
             .args(["--seed", &hidden.pool_seeds[index].to_string()])
             .args(["--prompt-tokens", &w.prompt_tokens.to_string()])
@@ -110,95 +155,74 @@ impl Runner {
         }
         // The clock's own line (pairs so far, the interval, the time left), outside every
         // sandbox: the candidate cannot write what the heartbeat shows.
-        let progress = work.path().join("progress");
+        let progress = work.join("progress");
         cmd.args(&c.extra_args)
             .arg("--out")
-            .arg(&out)
+            .arg(out)
             .arg("--progress-file")
             .arg(&progress);
         self.progress.follow(progress);
-        let limits = Limits {
-            deadline: Duration::from_secs_f64(c.time_budget + t.deadlines.price_grace),
-            disk: None,
-        };
-        let ended = child::run(cmd, &log, lost, limits)?;
-        if overrun(&ended).is_some() {
-            return Ok(failed(
-                "price:deadline",
-                "the pricing ran past the track's deadline and was stopped",
-            ));
+        Ok(cmd)
+    }
+}
+
+/// The stage's outcome from the clock's `result.json` (`res`) and whether `fastdecode price`
+/// exited well.
+fn priced(res: &Value, success: bool, index: usize) -> Outcome {
+    let mut metrics = serde_json::Map::new();
+    for k in crate::metrics::METRICS.iter().map(|m| m.0) {
+        if !res[k].is_null() {
+            metrics.insert(k.into(), res[k].clone());
         }
-        let st = match ended {
-            Ended::Exited(st) => st,
-            _ => unreachable!("an overrun returned above"),
-        };
-        let res: Value = match std::fs::read(out.join("result.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-        {
-            Some(r) => r,
-            None => {
-                return Ok(failed(
-                    "infra:price_error",
-                    "the clock wrote no result".to_string(),
-                ))
-            }
-        };
-        let mut metrics = serde_json::Map::new();
-        for k in crate::metrics::METRICS.iter().map(|m| m.0) {
-            if !res[k].is_null() {
-                metrics.insert(k.into(), res[k].clone());
-            }
-        }
-        let verdict = res["verdict"]
-            .as_str()
-            .unwrap_or("infra:price_error")
-            .to_string();
-        let score = res["score"]
-            .as_f64()
-            .map(|s| format!("{s:.4}"))
-            .unwrap_or("-".into());
-        let ci = match (res["ci95"][0].as_f64(), res["ci95"][1].as_f64()) {
-            (Some(a), Some(b)) => format!(" [{a:.4}, {b:.4}]"),
-            _ => String::new(),
-        };
-        let detail = format!(
-            "{verdict}: score {score}{ci} over {} pair(s); {}",
-            res["pairs_used"],
-            spent(&res["spent"])
-        );
-        // Each pair's own score, for the pairs plot of the submission's page: ratios of
-        // timings only (no prompt, token or seed), what the clock's own pairs.svg shows.
-        let pairs: Vec<Value> = res["pairs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| p["score"].is_number())
-            .map(|p| {
-                json!({
-                    "score": p["score"],
-                    "accepted": p["accepted"],
-                    "candidate_first": p["candidate_first"],
-                })
+    }
+    let verdict = res["verdict"]
+        .as_str()
+        .unwrap_or("infra:price_error")
+        .to_string();
+    let score = res["score"]
+        .as_f64()
+        .map(|s| format!("{s:.4}"))
+        .unwrap_or("-".into());
+    let ci = match (res["ci95"][0].as_f64(), res["ci95"][1].as_f64()) {
+        (Some(a), Some(b)) => format!(" [{a:.4}, {b:.4}]"),
+        _ => String::new(),
+    };
+    let detail = format!(
+        "{verdict}: score {score}{ci} over {} pair(s); {}",
+        res["pairs_used"],
+        spent(&res["spent"])
+    );
+    // Each pair's own score, for the pairs plot of the submission's page: ratios of
+    // timings only (no prompt, token or seed), what the clock's own pairs.svg shows.
+    let pairs: Vec<Value> = res["pairs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["score"].is_number())
+        .map(|p| {
+            json!({
+                "score": p["score"],
+                "accepted": p["accepted"],
+                "candidate_first": p["candidate_first"],
             })
-            .collect();
-        if st.success() && verdict == "passed" {
-            return Ok(ok(
-                detail,
-                json!({"metrics": metrics, "pool_index": index, "pairs": pairs}),
-            ));
-        }
-        // The clock's own account stays in the stage's private result, for the operator: what
-        // the solver sees of a candidate's failure on the hidden pool is one fixed category.
-        Ok(Outcome {
-            result: json!({
-                "verdict": verdict,
-                "culprit": res["culprit"],
-                "clock_detail": res["detail"],
-                "pool_index": index,
-            }),
-            ..priced_failure(&verdict, res["culprit"].as_str(), detail)
         })
+        .collect();
+    if success && verdict == "passed" {
+        return ok(
+            detail,
+            json!({"metrics": metrics, "pool_index": index, "pairs": pairs}),
+        );
+    }
+    // The clock's own account stays in the stage's private result, for the operator: what
+    // the solver sees of a candidate's failure on the hidden pool is one fixed category.
+    Outcome {
+        result: json!({
+            "verdict": verdict,
+            "culprit": res["culprit"],
+            "clock_detail": res["detail"],
+            "pool_index": index,
+        }),
+        ..priced_failure(&verdict, res["culprit"].as_str(), detail)
     }
 }
 
