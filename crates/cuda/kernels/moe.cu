@@ -210,7 +210,7 @@ __device__ __forceinline__ void block_select_row(const float* __restrict__ logit
 // row's blocks run the one-row code whatever the launch holds, so every row gets its one-row
 // bits. (Multi-row GEMV blocks, one warp per expert row over all rows, and a top-k launch after
 // them took 18.2 + 4.5 us per layer of an 8-row verify on 32 blocks, against 6.5 for one row:
-// H200, Nsight Compute, twelfth session.) grid: (any, rows) (persistent per row), block: 256.
+// H200, Nsight Compute; docs/decode-experiments.md, "Kept".) grid: (any, rows) (persistent per row), block: 256.
 extern "C" __global__ void __launch_bounds__(256) router(
     const float* __restrict__ x, const __nv_bfloat16* __restrict__ norm, float eps,
     const __nv_bfloat16* __restrict__ W, const float* __restrict__ bias, float* __restrict__ xn,
