@@ -90,12 +90,27 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 
 /// Keeps `bytes` at `path`, named by their digest, with `mode`, unless a file is there already:
 /// what a digest names never changes, and a file another process may be running (a runner's
-/// cache is shared) is never replaced under it.
-pub fn keep_by_digest(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    if path.is_file() {
-        return Ok(());
+/// cache is shared) is never replaced under it. A file there with another mode (left by an
+/// earlier version, which set it after the rename) gets `mode` in place: the same inode, so
+/// nothing running it is disturbed.
+///
+/// `bytes` is called only when no file is there (a download, for a runner's artifact).
+pub fn keep_by_digest(
+    path: &Path,
+    mode: u32,
+    bytes: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => {
+            if m.permissions().mode() & 0o7777 != mode {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                    .with_context(|| path.display().to_string())?;
+            }
+            Ok(())
+        }
+        _ => write_atomic_mode(path, &bytes()?, mode),
     }
-    write_atomic_mode(path, bytes, mode)
 }
 
 impl Store {
@@ -175,11 +190,20 @@ mod tests {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("artifacts/sha256-x");
-        keep_by_digest(&p, b"#!/bin/sh\n", 0o755).unwrap();
+        keep_by_digest(&p, 0o755, || Ok(b"#!/bin/sh\n".to_vec())).unwrap();
         let first = std::fs::metadata(&p).unwrap();
         assert_eq!(first.permissions().mode() & 0o777, 0o755);
-        keep_by_digest(&p, b"#!/bin/sh\n", 0o755).unwrap();
+        keep_by_digest(&p, 0o755, || panic!("fetched again")).unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().ino(), first.ino());
+        // One left owner-only (by an earlier version, or a runner killed mid-write) gets its
+        // mode back, in place.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        keep_by_digest(&p, 0o755, || panic!("fetched again")).unwrap();
+        let again = std::fs::metadata(&p).unwrap();
+        assert_eq!(
+            (again.ino(), again.permissions().mode() & 0o777),
+            (first.ino(), 0o755)
+        );
         // Nothing is left beside it: the temporary name went with the rename.
         assert_eq!(
             std::fs::read_dir(d.path().join("artifacts"))

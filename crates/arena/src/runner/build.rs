@@ -216,8 +216,8 @@ impl Runner {
         // base it equals), which a worker of another runner may be running from this cache.
         keep_by_digest(
             &self.dir("artifacts")?.join(d.replacen(':', "-", 1)),
-            &bin,
             super::artifact_mode(true),
+            || Ok(bin.clone()),
         )?;
         self.api.put_bytes(&format!("/api/artifacts/{d}"), bin)?;
         write_atomic(&index, d.as_bytes())?;

@@ -140,11 +140,11 @@ impl Runner {
     }
 
     /// An artifact's bytes' local copy, fetched once and checked against its digest. The cache
-    /// is shared by the runners of a machine: a copy there is never replaced or changed, as
-    /// another runner's worker may be running it.
+    /// is shared by the runners of a machine: a copy there is never replaced, as another
+    /// runner's worker may be running it (`keep_by_digest`).
     fn artifact(&self, d: &str, executable: bool) -> Result<PathBuf> {
         let p = self.dir("artifacts")?.join(d.replacen(':', "-", 1));
-        if !p.is_file() {
+        keep_by_digest(&p, artifact_mode(executable), || {
             let bytes = self
                 .api
                 .get_bytes(&format!("/api/artifacts/{d}"))?
@@ -152,8 +152,8 @@ impl Runner {
             if digest(&bytes) != d {
                 bail!("artifact {d}: the service sent other bytes");
             }
-            keep_by_digest(&p, &bytes, artifact_mode(executable))?;
-        }
+            Ok(bytes)
+        })?;
         Ok(p)
     }
 
