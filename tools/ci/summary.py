@@ -2,8 +2,9 @@
 """Where a `cargo test` run's time went, and its one summary line.
 
 Reads cargo test's output on stdin and passes it through unchanged as it comes; at the end
-prints how long the build took (start to the first test binary), each test binary's wall time,
-the tests that cost the most wall time, and one line:
+prints how long the build took (start to the first test binary), each test binary's wall time
+and CPU time (tools/ci/timed-runner.sh's line), the tests that cost the most wall time, and one
+line:
 `tests: P passed, F failed, I ignored in S s (build B s)`. A test's cost is the wall time from
 the previous test's end in its binary (or the binary's start) to its own: what it added to the
 run, whether its binary's tests ran in turns (the arena's hold a lock) or side by side; libtest's
@@ -33,6 +34,7 @@ RESULT = re.compile(
 JOB = re.compile(r"^\[(\S+)\] ")
 BUSY = re.compile(r"^lanes\.py: the machine .*")
 TIMED = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)(?: <([\d.]+)s>)?")
+CPU = re.compile(r"^timed-runner: cpu user ([\d.]+) s, system ([\d.]+) s")
 
 
 def binary_name(m: re.Match) -> str:
@@ -55,7 +57,7 @@ def main() -> None:
 
     t0 = time.monotonic()
     build_s = None
-    binaries = []  # [name, wall seconds]
+    binaries = []  # [name, wall seconds, CPU seconds or None]
     tests = []  # (binary, test, wall seconds added, libtest's seconds or None)
     counts = {"passed": 0, "failed": 0, "ignored": 0}
     failed = []
@@ -76,12 +78,14 @@ def main() -> None:
         elif m := RUNNING.match(text):
             if build_s is None:
                 build_s = now - t0
-            binaries.append([binary_name(m), 0.0])
+            binaries.append([binary_name(m), 0.0, None])
             state.update(row=binaries[-1], started=now, last=now)
         elif (m := RESULT.match(text)) and state["row"] is not None:
             for key, g in zip(("passed", "failed", "ignored"), m.groups()):
                 counts[key] += int(g)
             state["row"][1] = now - state["started"]
+        elif (m := CPU.match(text)) and state["row"] is not None:
+            state["row"][2] = float(m.group(1)) + float(m.group(2))
         elif (m := TIMED.match(text)) and state["row"] is not None:
             current = state["row"][0]
             if m.group(2) == "FAILED":
@@ -97,8 +101,13 @@ def main() -> None:
     print(f"{build_s or total:8.1f} s  build (start to the first test binary)", file=out)
     if busy:
         print(busy, file=out)
-    for name, s in sorted(binaries, key=lambda b: -b[1]):
-        print(f"{s:8.1f} s  {name}", file=out)
+    print("-- test binaries (wall; CPU of the binary and what it waited for) --", file=out)
+    for name, s, cpu in sorted(binaries, key=lambda b: -b[1]):
+        cpu = f"{cpu:8.1f} s" if cpu is not None else " " * 10
+        print(f"{s:8.1f} s {cpu}  {name}", file=out)
+    known = [b[2] for b in binaries if b[2] is not None]
+    if known:
+        print(f"{sum(known):8.1f} s CPU in the test binaries", file=out)
     if tests:
         print(f"-- the {args.slowest} costliest tests (wall time added; libtest's own) --", file=out)
         for binary, name, s, own in sorted(tests, key=lambda t: -t[2])[: args.slowest]:
@@ -122,7 +131,9 @@ def main() -> None:
                     "build_s": round(build_s or total, 1),
                     "counts": counts,
                     "busy": busy,
-                    "binaries": [{"name": n, "s": round(s, 1)} for n, s in binaries],
+                    "binaries": [
+                        {"name": n, "s": round(s, 1), "cpu_s": cpu} for n, s, cpu in binaries
+                    ],
                     "tests": [
                         {"binary": b, "test": t, "wall_s": round(s, 2), "libtest_s": own}
                         for b, t, s, own in tests
