@@ -34,7 +34,7 @@ RESULT = re.compile(
 JOB = re.compile(r"^\[(\S+)\] ")
 BUSY = re.compile(r"^lanes\.py: the machine .*")
 TIMED = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)(?: <([\d.]+)s>)?")
-CPU = re.compile(r"^timed-runner: cpu user ([\d.]+) s, system ([\d.]+) s")
+CPU = re.compile(r"^timed-runner: cpu (\d+) ms")
 
 
 def binary_name(m: re.Match) -> str:
@@ -85,7 +85,7 @@ def main() -> None:
                 counts[key] += int(g)
             state["row"][1] = now - state["started"]
         elif (m := CPU.match(text)) and state["row"] is not None:
-            state["row"][2] = float(m.group(1)) + float(m.group(2))
+            state["row"][2] = int(m.group(1)) / 1000
         elif (m := TIMED.match(text)) and state["row"] is not None:
             current = state["row"][0]
             if m.group(2) == "FAILED":
@@ -101,7 +101,7 @@ def main() -> None:
     print(f"{build_s or total:8.1f} s  build (start to the first test binary)", file=out)
     if busy:
         print(busy, file=out)
-    print("-- test binaries (wall; CPU of the binary and what it waited for) --", file=out)
+    print("-- test binaries (wall; CPU of the binary and all it started) --", file=out)
     for name, s, cpu in sorted(binaries, key=lambda b: -b[1]):
         cpu = f"{cpu:8.1f} s" if cpu is not None else " " * 10
         print(f"{s:8.1f} s {cpu}  {name}", file=out)
