@@ -35,6 +35,8 @@ pub struct Api {
     transfer_timeout: Duration,
     json_cap: u64,
     artifact_cap: u64,
+    /// How long a GET or PUT waits out a service that takes no request (restarting).
+    patience: Duration,
 }
 
 /// The service refused the token (HTTP 401): retrying with it cannot help.
@@ -84,6 +86,11 @@ fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Whether `e` says the service took no request: refused or reset before any answer, not slow.
+fn absent(e: &reqwest::Error) -> bool {
+    (e.is_connect() || e.is_request()) && !e.is_timeout()
+}
+
 fn size(n: u64) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
@@ -113,7 +120,18 @@ impl Api {
             transfer_timeout: TRANSFER_TIMEOUT,
             json_cap: MAX_JSON,
             artifact_cap: MAX_ARTIFACT,
+            patience: Duration::ZERO,
         })
+    }
+
+    /// The same client, its GETs and PUTs (which may be sent twice) retried a second apart for
+    /// up to `patience` while the service takes no request: a connection refused or reset
+    /// before any answer, as while it restarts. A runner's stage then outlives a restart of the
+    /// service instead of failing as `infra:runner` (a gate did, when the restart fell on its
+    /// fetch of the hidden goldens). A slow answer is not retried: its timeout stands.
+    pub fn with_patience(mut self, patience: Duration) -> Api {
+        self.patience = patience;
+        self
     }
 
     /// The same client with other time limits (the tests' short ones).
@@ -164,6 +182,25 @@ impl Api {
         req.timeout(limit)
             .send()
             .map_err(|e| self.failed(e.into(), what, limit))
+    }
+
+    /// [`Api::send`] for a request that may be sent again, waiting out the service's absence
+    /// for up to the client's patience.
+    fn send_again(&self, req: RequestBuilder, what: &str, limit: Duration) -> Result<Response> {
+        let t0 = std::time::Instant::now();
+        let mut req = req.timeout(limit);
+        loop {
+            let again = req.try_clone();
+            match req.send() {
+                Ok(r) => return Ok(r),
+                Err(e) if absent(&e) && t0.elapsed() < self.patience && again.is_some() => {
+                    eprintln!("{what}: the service takes no request ({e}); retrying");
+                    std::thread::sleep(Duration::from_secs(1));
+                    req = again.expect("checked");
+                }
+                Err(e) => return Err(self.failed(e.into(), what, limit)),
+            }
+        }
     }
 
     /// At most `cap` bytes of `r`'s body; more is an error naming the service and the cap.
@@ -233,7 +270,7 @@ impl Api {
     pub fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         let what = format!("GET {}", self.url(path));
         let limit = self.request_timeout;
-        let r = self.send(self.auth(self.client.get(self.url(path))), &what, limit)?;
+        let r = self.send_again(self.auth(self.client.get(self.url(path))), &what, limit)?;
         self.json(self.check(r, &what)?, &what, limit)
     }
 
@@ -241,7 +278,7 @@ impl Api {
     pub fn get_bytes(&self, path: &str) -> Result<Option<Vec<u8>>> {
         let what = format!("GET {}", self.url(path));
         let limit = self.transfer_timeout;
-        let r = self.send(self.auth(self.client.get(self.url(path))), &what, limit)?;
+        let r = self.send_again(self.auth(self.client.get(self.url(path))), &what, limit)?;
         if r.status() == StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -282,7 +319,7 @@ impl Api {
     pub fn put_bytes(&self, path: &str, body: Vec<u8>) -> Result<()> {
         let what = format!("PUT {}", self.url(path));
         let limit = self.limit(body.len());
-        let r = self.send(
+        let r = self.send_again(
             self.auth(self.client.put(self.url(path))).body(body),
             &what,
             limit,
@@ -369,6 +406,60 @@ mod tests {
             format!("{e:#}").contains("did not answer within 2 s"),
             "{e:#}"
         );
+    }
+
+    /// An answer of 200 with an empty JSON object.
+    fn empty_object(mut s: TcpStream) {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+    }
+
+    #[test]
+    fn a_patient_client_waits_out_a_service_that_takes_no_request() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        // Connections closed before any answer (a service going down), then answers.
+        let dropped = std::sync::Arc::new(AtomicUsize::new(0));
+        let d = dropped.clone();
+        let url = service(move |s| match d.fetch_add(1, Ordering::SeqCst) {
+            0..=2 => drop(s),
+            _ => empty_object(s),
+        });
+        let e = short(&url).get_json::<serde_json::Value>("/x").unwrap_err();
+        assert!(format!("{e:#}").contains(&url), "{e:#}");
+        let patient = short(&url).with_patience(Duration::from_secs(30));
+        let v: serde_json::Value = patient.get_json("/x").unwrap();
+        assert_eq!(v, serde_json::json!({}));
+        assert_eq!(dropped.load(Ordering::SeqCst), 4);
+        patient.put_bytes("/y", b"bytes".to_vec()).unwrap();
+
+        // Refused (nothing listens yet), then a service on that port: a restart.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}");
+        assert!(short(&url).get_bytes("/z").is_err());
+        let later = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b);
+            empty_object(s);
+        });
+        let t0 = Instant::now();
+        let got = short(&url)
+            .with_patience(Duration::from_secs(30))
+            .get_bytes("/z");
+        assert_eq!(got.unwrap().as_deref(), Some(&b"{}"[..]));
+        assert!(t0.elapsed() >= Duration::from_secs(1), "{:?}", t0.elapsed());
+        later.join().unwrap();
+        // A POST is never sent twice: the service's absence is its error at once.
+        let e = short(&url)
+            .with_patience(Duration::from_secs(30))
+            .post::<_, serde_json::Value>("/api/runner/lease", &serde_json::json!({}), &[])
+            .unwrap_err();
+        assert!(e.downcast_ref::<reqwest::Error>().is_some(), "{e:#}");
     }
 
     #[test]

@@ -127,10 +127,8 @@ impl Store {
     /// Keeps `bytes` as an artifact; returns its digest.
     pub fn put_artifact(&self, bytes: &[u8]) -> Result<String> {
         let d = digest(bytes);
-        let p = self.path("artifacts", &d)?;
-        if !p.is_file() {
-            write_atomic(&p, bytes)?;
-        }
+        // Owner-only, as write_atomic keeps every file of the service's.
+        keep_by_digest(&self.path("artifacts", &d)?, 0o600, || Ok(bytes.to_vec()))?;
         Ok(d)
     }
 

@@ -328,7 +328,8 @@ const REPORT_PATIENCE: Duration = Duration::from_secs(600);
 
 /// Serves jobs until killed.
 pub fn run(opts: Options) -> Result<()> {
-    let api = Api::new(&opts.server, Some(&opts.token))?;
+    // A stage's fetches and uploads wait out a restarting service as long as its report does.
+    let api = Api::new(&opts.server, Some(&opts.token))?.with_patience(REPORT_PATIENCE);
     std::fs::create_dir_all(&opts.cache)
         .with_context(|| format!("--cache {}", opts.cache.display()))?;
     let builder = opts.kind == "cpu"
