@@ -115,7 +115,7 @@ jobs+=("rest=cargo test ${all[*]} --lib --bins ${rest[*]}" "doc=cargo test ${all
 # Jobs of the caller's, NAME=COMMAND one a line, last in the lanes: .ci/run gives its clippy
 # here, so that it runs in the lanes' last minutes, when one of them has no test left to run.
 while IFS= read -r j; do
-    [ -n "$j" ] && jobs+=("$j")
+    if [ -n "$j" ]; then jobs+=("$j"); fi
 done <<<"${FASTDECODE_TEST_EXTRA_JOBS:-}"
 {
     cargo test "${all[@]}" --no-run
