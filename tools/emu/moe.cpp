@@ -1,7 +1,7 @@
 // Driver for tools/emu/run.py moe: the router and the expert GEMVs (f32 and tensor-core) on a
 // small MoE shape, launched as ops.rs launches them. For launches of 1, 3 and 8 rows: each row's
 // router outputs (xn, logits, experts, weights), gate/up h and down x are the bits of its one-row
-// launch, every router counter is reset, the tensor-core kernels (gate/up mma2 and mma4, down)
+// launch, every router counter is reset, the tensor-core kernels (gate/up mma2, down)
 // agree with the f32 ones to within 1e-4 of the largest value, and the prefill's router_topk
 // picks the router's experts and weights from its logits, bit for bit. Exit status 0 when all
 // hold.
@@ -18,7 +18,7 @@ struct Weights {
 };
 
 struct Out {
-    std::vector<float> xn, logits, wts, h_f32, h_mma, h_mma4, x_f32, x_mma, topk_wts;
+    std::vector<float> xn, logits, wts, h_f32, h_mma, x_f32, x_mma, topk_wts;
     std::vector<int> ids, topk_ids;
 };
 
@@ -56,13 +56,6 @@ Out run(const Weights& w, const std::vector<float>& x, int rows) {
         moe_gate_up_mma2(o.xn.data(), o.ids.data(), w.gate.codes.data(), w.gate.scales.data(), w.up.codes.data(),
                          w.up.scales.data(), w.sgate.codes.data(), w.sgate.scales.data(), w.sup.codes.data(),
                          w.sup.scales.data(), o.h_mma.data(), H, I, IS, K);
-    }, 1, K + 1, rows);
-    // mma4: a warp per 512 columns.
-    o.h_mma4 = o.h_f32;
-    emu_launch(SW / 16, 32 * ((H + 511) / 512), [&] {
-        moe_gate_up_mma4(o.xn.data(), o.ids.data(), w.gate.codes.data(), w.gate.scales.data(), w.up.codes.data(),
-                         w.up.scales.data(), w.sgate.codes.data(), w.sgate.scales.data(), w.sup.codes.data(),
-                         w.sup.scales.data(), o.h_mma4.data(), H, I, IS, K);
     }, 1, K + 1, rows);
     // down onto the residual x, f32 (8 outputs per block) and tensor-core (a warp per slot and
     // 512 columns of h).
@@ -117,7 +110,7 @@ int check() {
         const double hs = max_abs(all.h_f32), xs = max_abs(all.x_f32);
         double dh = 0, dx = 0;
         for (size_t i = 0; i < all.h_f32.size(); i++)
-            dh = std::max({dh, (double)std::abs(all.h_f32[i] - all.h_mma[i]), (double)std::abs(all.h_f32[i] - all.h_mma4[i])});
+            dh = std::max(dh, (double)std::abs(all.h_f32[i] - all.h_mma[i]));
         for (size_t i = 0; i < all.x_f32.size(); i++) dx = std::max(dx, (double)std::abs(all.x_f32[i] - all.x_mma[i]));
         if (dh > 1e-4 * hs || dx > 1e-4 * xs) {
             std::printf("FAIL rows %d: tensor-core against f32: h off by %g (largest %g), x by %g (largest %g)\n", rows,
@@ -133,7 +126,6 @@ int check() {
             const bool ok = same_row(all.xn, one.xn, r) && same_row(all.logits, one.logits, r) &&
                             same_row(all.ids, one.ids, r) && same_row(all.wts, one.wts, r) &&
                             same_row(all.h_f32, one.h_f32, r) && same_row(all.h_mma, one.h_mma, r) &&
-                            same_row(all.h_mma4, one.h_mma4, r) &&
                             same_row(all.x_f32, one.x_f32, r) && same_row(all.x_mma, one.x_mma, r);
             if (!ok) {
                 std::printf("FAIL rows %d: row %d differs from its one-row launch\n", rows, r);

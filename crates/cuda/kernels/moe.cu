@@ -374,7 +374,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up(
     }
 }
 
-// The same h on the tensor cores (`FASTDECODE_MOE=mma2`, the default, or `mma4`): a warp owns a
+// The same h on the tensor cores (`FASTDECODE_MOE=mma2`, the default): a warp owns a
 // 16-output tile of gate and of up over a slice of NC·128 input columns, as m16n8k16 f16 products
 // with f32 sums. The weights are exact in f16: an NVFP4 code placed in an f16's high byte (value ·
 // 2^-14, as nvfp4_word_dot makes it) times its e4m3 block scale · 2^7 is e2m1 · e4m3 · 2^-7 with
@@ -581,8 +581,9 @@ __device__ __forceinline__ void moe_gate_up_mma_body(
     }
 }
 
-// NC chunks of 128 columns per warp: 4 (the shape's width up to 4096 in blocks of at most 8
-// warps) or 2 (twice the warps, half the chain each; widths up to 2048).
+// NC = 2 chunks of 128 columns per warp (widths up to 2048 in blocks of at most 8 warps). NC = 4
+// (widths up to 4096, half the warps, twice the chain each) served the serial step 1.5 % faster
+// and the verify slower; the verify is what the DFlash track ranks (docs/decode-experiments.md).
 #define MOE_GATE_UP_MMA_ARGS                                                                                  \
     const float *__restrict__ xn, const int *__restrict__ ids, const uint4 *__restrict__ gc,                  \
         const unsigned char *__restrict__ gs, const uint4 *__restrict__ uc, const unsigned char *__restrict__ us, \
@@ -590,9 +591,6 @@ __device__ __forceinline__ void moe_gate_up_mma_body(
         const unsigned char *__restrict__ sus, float *__restrict__ h, int H, int I, int Is, int k
 extern "C" __global__ void __launch_bounds__(256) moe_gate_up_mma2(MOE_GATE_UP_MMA_ARGS) {
     moe_gate_up_mma_body<2>(xn, ids, gc, gs, uc, us, sgc, sgs, suc, sus, h, H, I, Is, k);
-}
-extern "C" __global__ void __launch_bounds__(256) moe_gate_up_mma4(MOE_GATE_UP_MMA_ARGS) {
-    moe_gate_up_mma_body<4>(xn, ids, gc, gs, uc, us, sgc, sgs, suc, sus, h, H, I, Is, k);
 }
 
 

@@ -175,22 +175,13 @@ impl Gpu {
 
     /// The GEMV kernel for `rows` rows (and its dynamic shared memory): one row with a small
     /// enough input stages it in shared memory (`gemv_bf16_1s`); several rows take the entry of
-    /// R = the next power of two, normed rows staged in shared memory when allowed and they fit (`Rs`), with
+    /// R = the next power of two, normed rows staged in shared memory when they fit (`Rs`), with
     /// weight rows in groups of G = 4, 2 or 1 per warp: the largest that still gives three
     /// quarters of the resident warps a group (an o_proj's 2048 outputs in fours would leave
-    /// half of them idle). All give the same bits. `Gpu::gemv_group` forces G and
-    /// `Gpu::gemv_stage` allows staging (from `FASTDECODE_GEMV_GROUP=1|2|4` and
-    /// `FASTDECODE_GEMV_STAGE=0|1` at open, knobs.rs; tests set them). Staging is on by default:
-    /// it took the XS 2.1 verify(8) from 3.36 to 3.27 serial steps (q|k|v|g 1.89 → 1.78 ms,
-    /// lm_head 0.285 → 0.238 per 8-row forward) and left the serial step where it was (H200,
-    /// BENCHMARKS, fourteenth measurement); the 1.7 % serial loss of the twelfth did not recur.
+    /// half of them idle). All give the same bits. Staging took the XS 2.1 verify(8) from 3.36 to
+    /// 3.27 serial steps (q|k|v|g 1.89 → 1.78 ms, lm_head 0.285 → 0.238 per 8-row forward) and
+    /// left the serial step where it was (H200, BENCHMARKS, fourteenth measurement).
     fn gemv_variant(&self, out: usize, inp: usize, rows: usize, normed: bool) -> (String, usize) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let force_g = match self.gemv_group.load(Relaxed) {
-            0 => None,
-            g => Some(g),
-        };
-        let stage = self.gemv_stage.load(Relaxed);
         if rows == 1 {
             return if inp * 4 <= 48 * 1024 {
                 ("gemv_bf16_1s".into(), inp * 4)
@@ -200,12 +191,10 @@ impl Gpu {
         }
         let r = rows.next_power_of_two();
         let warps = self.sm_count as usize * 8;
-        let g = force_g.unwrap_or_else(|| {
-            [4, 2]
-                .into_iter()
-                .find(|g| out / g * 4 >= warps * 3)
-                .unwrap_or(1)
-        });
+        let g = [4, 2]
+            .into_iter()
+            .find(|g| out / g * 4 >= warps * 3)
+            .unwrap_or(1);
         // Grouped weight rows stage normed rows a k-block of GEMV_KB chunks at a time, one
         // weight row per warp whole rows. Plain rows (o_proj's) are not staged: in k-blocks they
         // gained little at 8 rows, lost at 4, and the serial step lost 2 % in the same process
@@ -215,12 +204,12 @@ impl Gpu {
         } else {
             rows * inp * 4
         };
-        let staged = stage && normed && shared <= STAGE_MAX_BYTES;
+        let staged = normed && shared <= STAGE_MAX_BYTES;
         // Plain rows whose weight rows would go in pairs (o_proj's) go in fours over half of the
         // rows of x each (`_g4h`): the same number of warp tasks, half the reads of x through L1
         // per weight. The 8-row o_proj waited a quarter of its time for x there (H200,
-        // BENCHMARKS twentieth measurement).
-        let halves = self.gemv_halves.load(Relaxed) && g == 2 && !staged && r >= 4;
+        // BENCHMARKS twentieth measurement). Two rows have no halves to split: they go in pairs.
+        let halves = g == 2 && !staged && r >= 4;
         let group = if halves {
             "_g4h".to_string()
         } else if g == 1 && !staged {

@@ -43,19 +43,8 @@ pub struct Gpu {
     pdl_capable: bool,
     /// The cuBLAS handle of the prefill GEMMs (`prefill.rs`), created on first use.
     pub(crate) blas: Mutex<Option<cudarc::cublas::CudaBlas>>,
-    /// Multi-row GEMV variant knobs (`dense.rs`): weight rows per warp forced to 1, 2 or 4 (0:
-    /// chosen by output count), and whether normed rows may be staged in shared memory (on by
-    /// default; `FASTDECODE_GEMV_STAGE=0` turns it off).
-    pub gemv_group: std::sync::atomic::AtomicUsize,
-    pub gemv_stage: std::sync::atomic::AtomicBool,
-    /// Plain rows whose weight rows would go in pairs go in fours over half of the rows each
-    /// (`FASTDECODE_GEMV_HALVES`, on by default; `dense.rs`).
-    pub gemv_halves: std::sync::atomic::AtomicBool,
     /// The expert GEMVs of `Gpu::moe_gate_up` and `Gpu::moe_down` (`FASTDECODE_MOE`).
     pub moe_kernel: crate::knobs::MoeKernel,
-    /// A multi-row attention's splits merged by a kernel of their own (`attend_merge`) rather
-    /// than by each (row, kv head)'s last block (`FASTDECODE_ATT_MERGE`; tests switch it).
-    pub att_merge_kernel: std::sync::atomic::AtomicBool,
     /// The bf16 GEMVs on the tensor cores (`gemv_mma_R`) rather than the f32 cores
     /// (`FASTDECODE_DENSE`; tests switch it).
     pub dense_mma: std::sync::atomic::AtomicBool,
@@ -136,11 +125,7 @@ impl Gpu {
             pdl_on: std::sync::atomic::AtomicBool::new(false),
             pdl_capable: major >= 9 && knobs.pdl,
             blas: Mutex::new(None),
-            gemv_group: std::sync::atomic::AtomicUsize::new(knobs.gemv_group.unwrap_or(0)),
-            gemv_stage: std::sync::atomic::AtomicBool::new(knobs.gemv_stage),
-            gemv_halves: std::sync::atomic::AtomicBool::new(knobs.gemv_halves),
             moe_kernel: knobs.moe,
-            att_merge_kernel: std::sync::atomic::AtomicBool::new(knobs.att_merge_kernel),
             dense_mma: std::sync::atomic::AtomicBool::new(knobs.dense_mma),
             gemv_partial,
             gemv_counters,

@@ -202,10 +202,7 @@ impl Gpu {
                 * 4;
         // Several rows: the blocks leave with their partials written and attend_merge merges
         // them, instead of each (row, kv head)'s last block to arrive (attention.cu).
-        let apart = rows > 1
-            && self
-                .att_merge_kernel
-                .load(std::sync::atomic::Ordering::Relaxed);
+        let apart = rows > 1;
         let f = self.function(
             "attention",
             if apart {
@@ -431,31 +428,25 @@ impl Gpu {
             )));
         }
         let ints = [hd, i, is, k].map(|v| v as i32);
-        // A tensor-core block has at most 8 warps, one per slice of the input.
-        let (f, cfg) = match kernel.slice().filter(|s| hd.div_ceil(*s) <= 8) {
-            Some(slice) => (
-                self.function(
-                    "moe",
-                    if slice == 256 {
-                        "moe_gate_up_mma2"
-                    } else {
-                        "moe_gate_up_mma4"
-                    },
-                )?,
+        // A tensor-core block has at most 8 warps, one per slice of 256 input columns.
+        let (f, cfg) = if kernel == MoeKernel::Mma2 && hd.div_ceil(256) <= 8 {
+            (
+                self.function("moe", "moe_gate_up_mma2")?,
                 cudarc::driver::LaunchConfig {
                     grid_dim: (sw.div_ceil(16) as u32, (k + 1) as u32, rows as u32),
-                    block_dim: ((32 * hd.div_ceil(slice)) as u32, 1, 1),
+                    block_dim: ((32 * hd.div_ceil(256)) as u32, 1, 1),
                     shared_mem_bytes: 0,
                 },
-            ),
-            None => (
+            )
+        } else {
+            (
                 self.function("moe", "moe_gate_up")?,
                 cudarc::driver::LaunchConfig {
                     grid_dim: (sw.div_ceil(MOE_OB) as u32, (k + 1) as u32, rows as u32),
                     block_dim: ((32 * (hd / 32).div_ceil(32)) as u32, 1, 1),
                     shared_mem_bytes: 0,
                 },
-            ),
+            )
         };
         let mut b = self.launch(&f);
         b.arg(xn)

@@ -52,26 +52,14 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
         let nw = to_bf16(&rand_vec(&mut rng, inp, 1.0));
         let nwf: Vec<f32> = nw.iter().map(|x| x.to_f32()).collect();
         let dnw = g.stream.clone_htod(&nw).unwrap();
-        // Every multi-row variant (weight rows per warp forced, staging on and off, pairs of
-        // plain weight rows as fours over half of the rows each; the tensor-core kernel, `mma`)
-        // must give the one-row bits of its kernel.
-        for (normed, group, stage, halves, mma) in [false, true].into_iter().flat_map(|n| {
-            [
-                (n, 0, true, true, false),
-                (n, 1, false, true, false),
-                (n, 2, true, true, false),
-                (n, 2, false, false, false),
-                (n, 2, false, true, false),
-                (n, 4, false, true, false),
-                (n, 4, true, true, false),
-                (n, 0, true, true, true),
-            ]
-        }) {
-            use std::sync::atomic::Ordering::Relaxed;
-            g.gemv_group.store(group, Relaxed);
-            g.gemv_stage.store(stage, Relaxed);
-            g.gemv_halves.store(halves, Relaxed);
-            g.dense_mma.store(mma, Relaxed);
+        // Every multi-row GEMV dense.rs picks for these shapes (weight rows in fours, pairs or
+        // ones per warp, normed rows staged or too wide to stage, plain pairs as fours over half
+        // of the rows) and the tensor-core kernel (`mma`) must give the one-row bits of its kernel.
+        for (normed, mma) in [false, true]
+            .into_iter()
+            .flat_map(|n| [(n, false), (n, true)])
+        {
+            g.dense_mma.store(mma, std::sync::atomic::Ordering::Relaxed);
             for rows in [1usize, 3, 6, 16, 37] {
                 let x = rand_vec(&mut rng, rows * inp, 2.0);
                 let dx = g.stream.clone_htod(&x).unwrap();
@@ -104,7 +92,7 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
                 let e = max_rel(&y, &want);
                 assert!(
                     e < 1e-5,
-                    "gemv {out}x{inp} rows {rows} norm {normed} G {group} staged {stage} halves {halves} mma {mma}: max rel err {e}"
+                    "gemv {out}x{inp} rows {rows} norm {normed} mma {mma}: max rel err {e}"
                 );
                 // Each row alone gives the same bits as inside the batch.
                 for r in [0, rows / 2, rows - 1] {
@@ -112,7 +100,7 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
                     let (y1, _) = run(&dx1, 1);
                     assert!(
                         y1 == y[r * out..(r + 1) * out],
-                        "row {r} of {rows} depends on the row count (norm {normed}, G {group}, staged {stage}, halves {halves}, mma {mma})"
+                        "row {r} of {rows} depends on the row count (norm {normed}, mma {mma})"
                     );
                 }
                 // Accumulate mode adds onto y; and a rerun is bit-identical.
@@ -391,19 +379,15 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
             .copied()
             .collect();
         let (single, _) = run(&vec![1; total]);
-        // Multi-row launches' splits merged by a kernel of their own and by their last block.
-        for merge_kernel in [true, false] {
-            g.att_merge_kernel
-                .store(merge_kernel, std::sync::atomic::Ordering::Relaxed);
-            let (out, _) = run(&mixed);
-            assert!(
-                out == single,
-                "heads {heads}/{kv_heads} window {window} (merge kernel {merge_kernel}): a row's \
-                 output depends on the launch's other rows"
-            );
-            let (again, _) = run(&mixed);
-            assert!(out == again, "attend_decode is not deterministic");
-        }
+        // Multi-row launches' splits merged by a kernel of their own (attend_merge).
+        let (out, _) = run(&mixed);
+        assert!(
+            out == single,
+            "heads {heads}/{kv_heads} window {window}: a row's output depends on the launch's \
+             other rows"
+        );
+        let (again, _) = run(&mixed);
+        assert!(out == again, "attend_decode is not deterministic");
         let out = single;
         // CPU reference: its own q/k norm + RoPE, raw v, the softplus gate.
         let (mut cpu_k, mut cpu_v) = (vec![], vec![]);
@@ -608,7 +592,7 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
         // Every row of a multi-row launch gives its one-row bits, with every gate/up kernel.
         for (rows, kernel) in [1usize, 7, 16]
             .into_iter()
-            .flat_map(|rows| [MoeKernel::F32, MoeKernel::Mma2, MoeKernel::Mma4].map(|k| (rows, k)))
+            .flat_map(|rows| [MoeKernel::F32, MoeKernel::Mma2].map(|k| (rows, k)))
         {
             let x = rand_vec(&mut rng, rows * hid, 1.0);
             let (got, gids, gw, logits) = layer(&x, rows, kernel);
