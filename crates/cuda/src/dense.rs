@@ -1,11 +1,12 @@
 //! Launch wrappers of `kernels/dense.cu`. Shapes are checked here, before any launch.
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use half::bf16;
 
 use crate::device::{launch_cfg, Gpu, MMA_COUNTERS, MMA_PARTIAL_FLOATS};
 use crate::error::{check, Result};
 use crate::ops::MAX_ROWS;
+use crate::params::{kernel_params, Order};
 
 /// The most shared memory a staged multi-row GEMV takes (its rows of x').
 const STAGE_MAX_BYTES: usize = 200 * 1024;
@@ -33,6 +34,80 @@ fn mma_slice(out: usize, inp: usize, sm_count: usize) -> (usize, usize) {
     (chunks.div_ceil(per), per * 32)
 }
 
+kernel_params! {
+    /// dense.cu's `embed_rows`.
+    struct EmbedRows<'a>("dense", "embed_rows") {
+        embed: &'a CudaSlice<bf16>,
+        tokens: &'a CudaView<'a, i32>,
+        x: &'a mut CudaSlice<f32>,
+        hidden: i32,
+    }
+
+    /// dense.cu's f32 GEMV entries (`GEMV_ENTRY`'s `NAME`, and `gemv_bf16_1s`): `norm` None
+    /// passes a null pointer, the plain GEMV.
+    struct Gemv<'a>("dense", "NAME") {
+        W: &'a CudaView<'a, bf16>,
+        x: &'a CudaView<'a, f32>,
+        norm: Option<&'a CudaView<'a, bf16>>,
+        eps: f32,
+        y: CudaViewMut<'a, f32>,
+        out: i32,
+        r#in: i32,
+        rows: i32,
+        accumulate: i32,
+    }
+
+    /// dense.cu's tensor-core GEMV entries (`gemv_mma_R`): the f32 entries' parameters, then
+    /// the slice width and the scratch (`Gpu::gemv_partial`, `Gpu::gemv_counters`).
+    struct GemvMma<'a>("dense", "gemv_mma_##R") {
+        W: &'a CudaView<'a, bf16>,
+        x: &'a CudaView<'a, f32>,
+        norm: Option<&'a CudaView<'a, bf16>>,
+        eps: f32,
+        y: CudaViewMut<'a, f32>,
+        out: i32,
+        r#in: i32,
+        rows: i32,
+        accumulate: i32,
+        ks: i32,
+        partial: &'a CudaSlice<f32>,
+        counters: &'a CudaSlice<u32>,
+    }
+
+    /// dense.cu's `silu_mul`.
+    struct SiluMul<'a>("dense", "silu_mul") {
+        gu: &'a CudaView<'a, f32>,
+        a: CudaViewMut<'a, f32>,
+        n: i32,
+    }
+
+    /// dense.cu's `argmax_rows`.
+    struct ArgmaxRows<'a>("dense", "argmax_rows") {
+        logits: &'a CudaView<'a, f32>,
+        vocab: i32,
+        out: CudaViewMut<'a, i32>,
+    }
+
+    /// dense.cu's `copy_taps`: tap slot `t` of `T`, rows of `H`.
+    struct CopyTaps<'a>("dense", "copy_taps") {
+        x: &'a CudaView<'a, f32>,
+        taps: CudaViewMut<'a, f32>,
+        H: i32,
+        T: i32,
+        t: i32,
+    }
+
+    /// dense.cu's `rms_norm_rows`: `W` weight rows.
+    struct RmsNormRows<'a>("dense", "rms_norm_rows") {
+        x: &'a CudaView<'a, f32>,
+        w: &'a CudaView<'a, bf16>,
+        y: CudaViewMut<'a, f32>,
+        n: i32,
+        W: i32,
+        eps: f32,
+    }
+}
+
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
 }
@@ -50,18 +125,15 @@ impl Gpu {
         check(x.len() >= rows * hidden, || {
             format!("embed_rows: x holds {} < {rows}×{hidden}", x.len())
         })?;
-        let f = self.function("dense", "embed_rows")?;
-        let h = hidden as i32;
+        let params = EmbedRows {
+            embed,
+            tokens,
+            x,
+            hidden: hidden as i32,
+        };
         let cfg = launch_cfg((rows as u32, 1), 256, 0);
         // SAFETY: argument types and sizes match the kernel signature; shapes checked above.
-        unsafe {
-            self.launch(&f)
-                .arg(embed)
-                .arg(tokens)
-                .arg(x)
-                .arg(&h)
-                .launch(cfg)
-        }?;
+        unsafe { self.run(Order::Overlapping, params, cfg) }?;
         Ok(())
     }
 
@@ -99,15 +171,12 @@ impl Gpu {
                 )
             })?;
         }
-        let (o, i, acc) = (out as i32, inp as i32, accumulate as i32);
-        let null: u64 = 0;
         let eps = norm.map_or(0.0, |n| n.1);
         let mma = self.dense_mma.load(std::sync::atomic::Ordering::Relaxed);
         for start in (0..rows).step_by(MAX_ROWS) {
             let n = (rows - start).min(MAX_ROWS);
             let xs = x.slice(start * inp..(start + n) * inp);
-            let mut ys = y.slice_mut(start * out..(start + n) * out);
-            let nr = n as i32;
+            let ys = y.slice_mut(start * out..(start + n) * out);
             // The tensor-core kernel takes the f32 kernels' arguments, then its slice width and
             // scratch.
             let (f, cfg, ks) = if mma {
@@ -123,20 +192,40 @@ impl Gpu {
                 let grid = self.persistent_grid(&f, 256, shared, out.div_ceil(8))?;
                 (f, launch_cfg((grid, 1), 256, shared as u32), None)
             };
-            let mut b = self.launch(&f);
-            b.arg(w).arg(&xs);
-            match norm {
-                Some((nw, _)) => b.arg(nw),
-                None => b.arg(&null),
+            let params = Gemv {
+                W: w,
+                x: &xs,
+                norm: norm.map(|(nw, _)| nw),
+                eps,
+                y: ys,
+                out: out as i32,
+                r#in: inp as i32,
+                rows: n as i32,
+                accumulate: accumulate as i32,
             };
-            b.arg(&eps).arg(&mut ys).arg(&o).arg(&i).arg(&nr).arg(&acc);
-            if let Some(ks) = &ks {
-                b.arg(ks).arg(&self.gemv_partial).arg(&self.gemv_counters);
-            }
             // SAFETY: as above; a null norm pointer selects the plain GEMV in the kernel; the
             // tensor-core kernel writes its scratch, which only launches on this stream use
             // (device.rs).
-            unsafe { b.launch(cfg) }?;
+            match ks {
+                None => unsafe { self.run_kernel(&f, Order::Overlapping, params, cfg) }?,
+                Some(ks) => {
+                    let params = GemvMma {
+                        W: params.W,
+                        x: params.x,
+                        norm: params.norm,
+                        eps,
+                        y: params.y,
+                        out: params.out,
+                        r#in: params.r#in,
+                        rows: params.rows,
+                        accumulate: params.accumulate,
+                        ks,
+                        partial: &self.gemv_partial,
+                        counters: &self.gemv_counters,
+                    };
+                    unsafe { self.run_kernel(&f, Order::Overlapping, params, cfg) }?
+                }
+            }
         }
         Ok(())
     }
@@ -235,16 +324,14 @@ impl Gpu {
         check(gu.len() >= rows * 2 * n && a.len() >= rows * n, || {
             format!("silu_mul: buffers too small for {rows}×{n}")
         })?;
-        let f = self.function("dense", "silu_mul")?;
-        let nn = n as i32;
+        let params = SiluMul {
+            gu,
+            a: a.slice_mut(..),
+            n: n as i32,
+        };
+        let cfg = launch_cfg((blocks(n, 256), rows as u32), 256, 0);
         // SAFETY: as above.
-        unsafe {
-            self.launch(&f).arg(gu).arg(a).arg(&nn).launch(launch_cfg(
-                (blocks(n, 256), rows as u32),
-                256,
-                0,
-            ))
-        }?;
+        unsafe { self.run(Order::Overlapping, params, cfg) }?;
         Ok(())
     }
 
@@ -259,11 +346,14 @@ impl Gpu {
         check(logits.len() >= rows * vocab && out.len() >= rows, || {
             "argmax_rows: bad shapes".into()
         })?;
-        let f = self.function("dense", "argmax_rows")?;
-        let v = vocab as i32;
+        let params = ArgmaxRows {
+            logits,
+            vocab: vocab as i32,
+            out: out.slice_mut(..),
+        };
         let cfg = launch_cfg((rows as u32, 1), 1024, 0);
         // SAFETY: as above.
-        unsafe { self.launch(&f).arg(logits).arg(&v).arg(out).launch(cfg) }?;
+        unsafe { self.run(Order::Overlapping, params, cfg) }?;
         Ok(())
     }
 
@@ -287,17 +377,20 @@ impl Gpu {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function("dense", "copy_taps")?;
-        let (h, tc, ti) = (hidden as i32, t_count as i32, t as i32);
+        let params = CopyTaps {
+            x,
+            taps: taps.slice_mut(..),
+            H: hidden as i32,
+            T: t_count as i32,
+            t: t as i32,
+        };
         // SAFETY: argument types match the kernel; shapes checked above.
         unsafe {
-            self.launch(&f)
-                .arg(x)
-                .arg(taps)
-                .arg(&h)
-                .arg(&tc)
-                .arg(&ti)
-                .launch(launch_cfg((rows as u32, 1), 256, 0))
+            self.run(
+                Order::Overlapping,
+                params,
+                launch_cfg((rows as u32, 1), 256, 0),
+            )
         }?;
         Ok(())
     }
@@ -325,18 +418,21 @@ impl Gpu {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function("dense", "rms_norm_rows")?;
-        let (nn, wr) = (n as i32, w_rows as i32);
+        let params = RmsNormRows {
+            x,
+            w,
+            y: y.slice_mut(..),
+            n: n as i32,
+            W: w_rows as i32,
+            eps,
+        };
         // SAFETY: as above.
         unsafe {
-            self.launch(&f)
-                .arg(x)
-                .arg(w)
-                .arg(y)
-                .arg(&nn)
-                .arg(&wr)
-                .arg(&eps)
-                .launch(launch_cfg((rows as u32, 1), 256, 0))
+            self.run(
+                Order::Overlapping,
+                params,
+                launch_cfg((rows as u32, 1), 256, 0),
+            )
         }?;
         Ok(())
     }
@@ -344,7 +440,20 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::mma_slice;
+    use super::*;
+    use crate::params::tests::{check, check_entry};
+
+    #[test]
+    fn every_launch_struct_follows_its_kernels_parameters() {
+        check::<EmbedRows>();
+        check::<Gemv>();
+        check_entry::<Gemv>("gemv_bf16_1s");
+        check::<GemvMma>();
+        check::<SiluMul>();
+        check::<ArgmaxRows>();
+        check::<CopyTaps>();
+        check::<RmsNormRows>();
+    }
 
     #[test]
     fn tensor_core_gemv_slices_fill_one_wave_within_their_bounds() {

@@ -27,6 +27,7 @@ pub mod knobs;
 pub mod model;
 pub mod nvrtc;
 pub mod ops;
+mod params;
 pub mod prefill;
 pub mod profile;
 pub mod target;

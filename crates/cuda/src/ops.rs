@@ -1,12 +1,140 @@
 //! Launch wrappers of `kernels/attention.cu` and `kernels/moe.cu`. Shapes are checked here,
 //! before any launch.
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use half::bf16;
 
 use crate::device::{launch_cfg, Gpu};
 use crate::error::{CudaError, Result};
 use crate::knobs::MoeKernel;
+use crate::params::{kernel_params, Order};
+
+kernel_params! {
+    /// attention.cu's `qk_norm_rope_store`: the prefill side of the cache.
+    struct QkNormRopeStore<'a>("attention", "qk_norm_rope_store") {
+        qkvg: &'a CudaView<'a, f32>,
+        width: i32,
+        q_norm: &'a CudaSlice<bf16>,
+        k_norm: &'a CudaSlice<bf16>,
+        pos: &'a CudaView<'a, i32>,
+        inv_freq: &'a CudaSlice<f32>,
+        rot_dim: i32,
+        rope_scaling: f32,
+        eps: f32,
+        heads: i32,
+        kv_heads: i32,
+        d: i32,
+        ring: i32,
+        q_out: CudaViewMut<'a, f32>,
+        ck: &'a mut CudaSlice<f32>,
+        cv: &'a mut CudaSlice<f32>,
+    }
+
+    /// moe.cu's `router`: a row's norm, router logits and top-k on blocks of its own.
+    struct Router<'a>("moe", "router") {
+        x: &'a CudaView<'a, f32>,
+        norm: &'a CudaSlice<bf16>,
+        eps: f32,
+        W: &'a CudaSlice<bf16>,
+        bias: &'a CudaSlice<f32>,
+        xn: CudaViewMut<'a, f32>,
+        logits: CudaViewMut<'a, f32>,
+        ids: CudaViewMut<'a, i32>,
+        wts: CudaViewMut<'a, f32>,
+        counter: &'a mut CudaSlice<u32>,
+        E: i32,
+        H: i32,
+        k: i32,
+        norm_topk: i32,
+        softcap: f32,
+    }
+
+    /// moe.cu's `router_topk`: the prefill's top-k of router logits.
+    struct RouterTopk<'a>("moe", "router_topk") {
+        logits: &'a CudaView<'a, f32>,
+        bias: &'a CudaSlice<f32>,
+        ids: CudaViewMut<'a, i32>,
+        wts: CudaViewMut<'a, f32>,
+        E: i32,
+        k: i32,
+        norm_topk: i32,
+        softcap: f32,
+        rows: i32,
+    }
+
+    /// moe.cu's `moe_gate_up` and `moe_gate_up_mma2` (`MOE_GATE_UP_MMA_ARGS`): NVFP4 codes
+    /// (`gc`, `uc`, shared `sgc`, `suc`) and their scales.
+    struct MoeGateUp<'a>("moe", "moe_gate_up") {
+        xn: &'a CudaView<'a, f32>,
+        ids: &'a CudaView<'a, i32>,
+        gc: &'a CudaSlice<u32>,
+        gs: &'a CudaSlice<u8>,
+        uc: &'a CudaSlice<u32>,
+        us: &'a CudaSlice<u8>,
+        sgc: &'a CudaSlice<u32>,
+        sgs: &'a CudaSlice<u8>,
+        suc: &'a CudaSlice<u32>,
+        sus: &'a CudaSlice<u8>,
+        h: CudaViewMut<'a, f32>,
+        H: i32,
+        I: i32,
+        Is: i32,
+        k: i32,
+    }
+
+    /// moe.cu's `moe_down` and `moe_down_mma4` (`MOE_DOWN_MMA_ARGS`).
+    struct MoeDown<'a>("moe", "moe_down") {
+        h: &'a CudaView<'a, f32>,
+        ids: &'a CudaView<'a, i32>,
+        wts: &'a CudaView<'a, f32>,
+        dc: &'a CudaSlice<u32>,
+        ds: &'a CudaSlice<u8>,
+        sdc: &'a CudaSlice<u32>,
+        sds: &'a CudaSlice<u8>,
+        x: CudaViewMut<'a, f32>,
+        H: i32,
+        I: i32,
+        Is: i32,
+        k: i32,
+        scaling: f32,
+    }
+
+    /// attention.cu's `attend_decode` and `attend_decode_parts` (`ATTEND_DECODE_ARGS`).
+    struct AttendDecode<'a>("attention", "attend_decode") {
+        qkvg: &'a CudaView<'a, f32>,
+        width: i32,
+        q_norm: &'a CudaSlice<bf16>,
+        k_norm: &'a CudaSlice<bf16>,
+        pos: &'a CudaView<'a, i32>,
+        inv_freq: &'a CudaSlice<f32>,
+        rot_dim: i32,
+        rope_scaling: f32,
+        eps: f32,
+        ck: &'a mut CudaSlice<f32>,
+        cv: &'a mut CudaSlice<f32>,
+        ring: i32,
+        window: i32,
+        heads: i32,
+        kv_heads: i32,
+        d: i32,
+        part: &'a mut CudaSlice<f32>,
+        counters: &'a mut CudaSlice<u32>,
+        out: CudaViewMut<'a, f32>,
+    }
+
+    /// attention.cu's `attend_merge`: the splits `attend_decode_parts` left, merged.
+    struct AttendMerge<'a>("attention", "attend_merge") {
+        qkvg: &'a CudaView<'a, f32>,
+        width: i32,
+        pos: &'a CudaView<'a, i32>,
+        window: i32,
+        heads: i32,
+        kv_heads: i32,
+        d: i32,
+        part: &'a CudaSlice<f32>,
+        out: CudaViewMut<'a, f32>,
+    }
+}
 
 /// Key ranges per (row, kv head) of `attend_decode` (`ATT_SPLITS` in attention.cu).
 pub const ATT_SPLITS: usize = 32;
@@ -133,34 +261,27 @@ impl Gpu {
                 "qk_norm_rope_store: buffers too small for {rows} rows"
             )));
         }
-        let f = self.function("attention", "qk_norm_rope_store")?;
-        let ints = [shape.width(), h, kvh, d, shape.ring, rope.rot_dim].map(|v| v as i32);
-        // SAFETY: argument types match the kernel; shapes checked above; the caller sized the
-        // cache for these positions.
-        unsafe {
-            self.launch(&f)
-                .arg(qkvg)
-                .arg(&ints[0])
-                .arg(q_norm)
-                .arg(k_norm)
-                .arg(pos)
-                .arg(&rope.inv_freq)
-                .arg(&ints[5])
-                .arg(&rope.scaling)
-                .arg(&eps)
-                .arg(&ints[1])
-                .arg(&ints[2])
-                .arg(&ints[3])
-                .arg(&ints[4])
-                .arg(q_out)
-                .arg(ck)
-                .arg(cv)
-                .launch(launch_cfg(
-                    ((h + kvh).div_ceil(8) as u32, rows as u32),
-                    256,
-                    0,
-                ))
-        }?;
+        let params = QkNormRopeStore {
+            qkvg,
+            width: shape.width() as i32,
+            q_norm,
+            k_norm,
+            pos,
+            inv_freq: &rope.inv_freq,
+            rot_dim: rope.rot_dim as i32,
+            rope_scaling: rope.scaling,
+            eps,
+            heads: h as i32,
+            kv_heads: kvh as i32,
+            d: d as i32,
+            ring: shape.ring as i32,
+            q_out: q_out.slice_mut(..),
+            ck,
+            cv,
+        };
+        let cfg = launch_cfg(((h + kvh).div_ceil(8) as u32, rows as u32), 256, 0);
+        // SAFETY: shapes checked above; the caller sized the cache for these positions.
+        unsafe { self.run(Order::Overlapping, params, cfg) }?;
         Ok(())
     }
 
@@ -203,69 +324,55 @@ impl Gpu {
         // Several rows: the blocks leave with their partials written and attend_merge merges
         // them, instead of each (row, kv head)'s last block to arrive (attention.cu).
         let apart = rows > 1;
-        let f = self.function(
-            "attention",
-            if apart {
-                "attend_decode_parts"
-            } else {
-                "attend_decode"
-            },
-        )?;
-        let ints = [
-            shape.width(),
-            rope.rot_dim,
-            shape.ring,
-            shape.window,
-            h,
-            kvh,
-            d,
-        ]
-        .map(|v| v as i32);
         let cfg = cudarc::driver::LaunchConfig {
             grid_dim: (kvh as u32, rows as u32, ATT_SPLITS as u32),
             block_dim: (256, 1, 1),
             shared_mem_bytes: shared as u32,
         };
+        let params = AttendDecode {
+            qkvg,
+            width: shape.width() as i32,
+            q_norm,
+            k_norm,
+            pos,
+            inv_freq: &rope.inv_freq,
+            rot_dim: rope.rot_dim as i32,
+            rope_scaling: rope.scaling,
+            eps,
+            ck,
+            cv,
+            ring: shape.ring as i32,
+            window: shape.window as i32,
+            heads: h as i32,
+            kv_heads: kvh as i32,
+            d: d as i32,
+            part: &mut *part,
+            counters,
+            out: out.slice_mut(..),
+        };
+        let name = if apart {
+            "attend_decode_parts"
+        } else {
+            "attend_decode"
+        };
+        let f = self.function("attention", name)?;
         // SAFETY: as above; `counters` is zero between launches (the kernel resets it).
-        unsafe {
-            self.launch(&f)
-                .arg(qkvg)
-                .arg(&ints[0])
-                .arg(q_norm)
-                .arg(k_norm)
-                .arg(pos)
-                .arg(&rope.inv_freq)
-                .arg(&ints[1])
-                .arg(&rope.scaling)
-                .arg(&eps)
-                .arg(ck)
-                .arg(cv)
-                .arg(&ints[2])
-                .arg(&ints[3])
-                .arg(&ints[4])
-                .arg(&ints[5])
-                .arg(&ints[6])
-                .arg(&mut *part)
-                .arg(counters)
-                .arg(&mut *out)
-                .launch(cfg)
-        }?;
+        unsafe { self.run_kernel(&f, Order::Overlapping, params, cfg) }?;
         if apart {
-            let f = self.function("attention", "attend_merge")?;
+            let params = AttendMerge {
+                qkvg,
+                width: shape.width() as i32,
+                pos,
+                window: shape.window as i32,
+                heads: h as i32,
+                kv_heads: kvh as i32,
+                d: d as i32,
+                part: &*part,
+                out: out.slice_mut(..),
+            };
+            let cfg = launch_cfg((kvh as u32, rows as u32), 256, 0);
             // SAFETY: as above; reads the partials the launch above wrote for these rows.
-            unsafe {
-                self.launch(&f)
-                    .arg(qkvg)
-                    .arg(&ints[0])
-                    .arg(pos)
-                    .arg(&ints[3])
-                    .arg(&ints[4])
-                    .arg(&ints[5])
-                    .arg(&ints[6])
-                    .arg(&*part)
-                    .arg(out)
-                    .launch(launch_cfg((kvh as u32, rows as u32), 256, 0))
-            }?;
+            unsafe { self.run(Order::Overlapping, params, cfg) }?;
         }
         Ok(())
     }
@@ -293,22 +400,24 @@ impl Gpu {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function("moe", "router_topk")?;
-        let (ee, kk, n, ri) = (e as i32, k as i32, norm_topk as i32, rows as i32);
-        // SAFETY: as above.
+        let params = RouterTopk {
+            logits,
+            bias,
+            ids: ids.slice_mut(..),
+            wts: wts.slice_mut(..),
+            E: e as i32,
+            k: k as i32,
+            norm_topk: norm_topk as i32,
+            softcap,
+            rows: rows as i32,
+        };
+        // A block per row. SAFETY: as above.
         unsafe {
-            self.launch(&f)
-                .arg(logits)
-                .arg(bias)
-                .arg(ids)
-                .arg(wts)
-                .arg(&ee)
-                .arg(&kk)
-                .arg(&n)
-                .arg(&softcap)
-                .arg(&ri)
-                // A block per row.
-                .launch(launch_cfg((rows as u32, 1), 256, 0))
+            self.run(
+                Order::Overlapping,
+                params,
+                launch_cfg((rows as u32, 1), 256, 0),
+            )
         }?;
         Ok(())
     }
@@ -352,26 +461,31 @@ impl Gpu {
         let f = self.function("moe", "router")?;
         // One warp per expert row: a row's blocks, as many as its experts need and fit at once.
         let grid = self.persistent_grid(&f, 256, 0, e.div_ceil(8))?;
-        let ints = [e, hd, k, norm_topk as usize].map(|v| v as i32);
+        let params = Router {
+            x,
+            norm,
+            eps,
+            W: w,
+            bias,
+            xn: xn.slice_mut(..),
+            logits: logits.slice_mut(..),
+            ids: ids.slice_mut(..),
+            wts: wts.slice_mut(..),
+            counter,
+            E: e as i32,
+            H: hd as i32,
+            k: k as i32,
+            norm_topk: norm_topk as i32,
+            softcap,
+        };
         // SAFETY: argument types match the kernel; shapes checked above.
         unsafe {
-            self.launch(&f)
-                .arg(x)
-                .arg(norm)
-                .arg(&eps)
-                .arg(w)
-                .arg(bias)
-                .arg(&mut *xn)
-                .arg(&mut *logits)
-                .arg(&mut *ids)
-                .arg(&mut *wts)
-                .arg(counter)
-                .arg(&ints[0])
-                .arg(&ints[1])
-                .arg(&ints[2])
-                .arg(&ints[3])
-                .arg(&softcap)
-                .launch(launch_cfg((grid, rows as u32), 256, 0))
+            self.run_kernel(
+                &f,
+                Order::Overlapping,
+                params,
+                launch_cfg((grid, rows as u32), 256, 0),
+            )
         }?;
         Ok(())
     }
@@ -427,7 +541,6 @@ impl Gpu {
                 "moe_gate_up: buffers too small for {rows} rows"
             )));
         }
-        let ints = [hd, i, is, k].map(|v| v as i32);
         // A tensor-core block has at most 8 warps, one per slice of 256 input columns.
         let (f, cfg) = if kernel == MoeKernel::Mma2 && hd.div_ceil(256) <= 8 {
             (
@@ -448,24 +561,25 @@ impl Gpu {
                 },
             )
         };
-        let mut b = self.launch(&f);
-        b.arg(xn)
-            .arg(ids)
-            .arg(&gate.codes)
-            .arg(&gate.scales)
-            .arg(&up.codes)
-            .arg(&up.scales)
-            .arg(&shared_gate.codes)
-            .arg(&shared_gate.scales)
-            .arg(&shared_up.codes)
-            .arg(&shared_up.scales)
-            .arg(h)
-            .arg(&ints[0])
-            .arg(&ints[1])
-            .arg(&ints[2])
-            .arg(&ints[3]);
+        let params = MoeGateUp {
+            xn,
+            ids,
+            gc: &gate.codes,
+            gs: &gate.scales,
+            uc: &up.codes,
+            us: &up.scales,
+            sgc: &shared_gate.codes,
+            sgs: &shared_gate.scales,
+            suc: &shared_up.codes,
+            sus: &shared_up.scales,
+            h: h.slice_mut(..),
+            H: hd as i32,
+            I: i as i32,
+            Is: is as i32,
+            k: k as i32,
+        };
         // SAFETY: as above.
-        unsafe { b.launch(cfg) }?;
+        unsafe { self.run_kernel(&f, Order::Overlapping, params, cfg) }?;
         Ok(())
     }
 
@@ -526,7 +640,6 @@ impl Gpu {
                 "moe_down: {t} code chunks per output row (at most 256)"
             )));
         }
-        let ints = [hd, i, is, k].map(|v| v as i32);
         // The tensor-core kernel: a warp per (slot, 512-column slice), at most 10 per block.
         let warps = (k + 1) * sw.div_ceil(512);
         let (f, cfg) = if kernel != MoeKernel::F32 && warps <= 10 {
@@ -544,24 +657,43 @@ impl Gpu {
                 ),
             )
         };
+        let params = MoeDown {
+            h,
+            ids,
+            wts,
+            dc: &down.codes,
+            ds: &down.scales,
+            sdc: &shared_down.codes,
+            sds: &shared_down.scales,
+            x: x.slice_mut(..),
+            H: hd as i32,
+            I: i as i32,
+            Is: is as i32,
+            k: k as i32,
+            scaling,
+        };
         // SAFETY: as above.
-        unsafe {
-            self.launch(&f)
-                .arg(h)
-                .arg(ids)
-                .arg(wts)
-                .arg(&down.codes)
-                .arg(&down.scales)
-                .arg(&shared_down.codes)
-                .arg(&shared_down.scales)
-                .arg(x)
-                .arg(&ints[0])
-                .arg(&ints[1])
-                .arg(&ints[2])
-                .arg(&ints[3])
-                .arg(&scaling)
-                .launch(cfg)
-        }?;
+        unsafe { self.run_kernel(&f, Order::Overlapping, params, cfg) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::tests::{check, check_entry};
+
+    #[test]
+    fn every_launch_struct_follows_its_kernels_parameters() {
+        check::<QkNormRopeStore>();
+        check::<AttendDecode>();
+        check_entry::<AttendDecode>("attend_decode_parts");
+        check::<AttendMerge>();
+        check::<Router>();
+        check::<RouterTopk>();
+        check::<MoeGateUp>();
+        check_entry::<MoeGateUp>("moe_gate_up_mma2");
+        check::<MoeDown>();
+        check_entry::<MoeDown>("moe_down_mma4");
     }
 }

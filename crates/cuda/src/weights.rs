@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use half::bf16;
 use safetensors::Dtype;
 
@@ -13,6 +13,20 @@ use fastdecode_model::synth::{float_law, nvfp4_base_scale, tensor_key};
 
 use crate::device::{launch_cfg, Gpu};
 use crate::error::{CudaError, Result};
+use crate::params::{kernel_params, Order};
+
+kernel_params! {
+    /// synth.cu's `synth_fill`: `n` values of law (`c`, `a`) and `kind` from `key`.
+    struct SynthFill<'a, T>("synth", "synth_fill") {
+        key: u64,
+        n: u64,
+        kind: i32,
+        c: f32,
+        a: f32,
+        base: i32,
+        out: &'a mut CudaSlice<T>,
+    }
+}
 
 pub enum WeightSource<'a> {
     Store(&'a TensorStore),
@@ -60,21 +74,18 @@ impl WeightSource<'_> {
             0
         };
         let key = tensor_key(*seed, &spec.name);
-        let f = gpu.function("synth", "synth_fill")?;
-        let nn = n as u64;
+        let params = SynthFill {
+            key,
+            n: n as u64,
+            kind,
+            c,
+            a,
+            base,
+            out: &mut out,
+        };
         let cfg = launch_cfg((n.div_ceil(256).min(65535) as u32, 1), 256, 0);
         // SAFETY: `out` holds n elements of the kind's type; the kernel writes exactly those.
-        unsafe {
-            gpu.launch_ordered(&f)
-                .arg(&key)
-                .arg(&nn)
-                .arg(&kind)
-                .arg(&c)
-                .arg(&a)
-                .arg(&base)
-                .arg(&mut out)
-                .launch(cfg)
-        }?;
+        unsafe { gpu.run(Order::AfterPredecessor, params, cfg) }?;
         Ok(out)
     }
 
@@ -115,5 +126,15 @@ impl WeightSource<'_> {
             WeightSource::Store(s) => Ok(gpu.stream.clone_htod(&s.get(name)?.to_u8()?)?),
             WeightSource::Synthetic { .. } => self.generate(gpu, name, 3),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_launch_struct_follows_its_kernels_parameters() {
+        crate::params::tests::check::<SynthFill<u8>>();
     }
 }
