@@ -86,12 +86,33 @@ impl<T> Arg for &CudaView<'_, T> {
     }
 }
 
+/// The null device pointer an absent optional buffer passes.
+static NULL: u64 = 0;
+
 /// An optional buffer: None passes a null pointer.
 impl<T> Arg for Option<&CudaView<'_, T>> {
     fn push_to<'l>(&'l mut self, launch: &mut Launch<'l>) {
-        static NULL: u64 = 0;
         match self {
             Some(v) => launch.arg(*v),
+            None => launch.arg(&NULL),
+        };
+    }
+}
+
+/// An optional written buffer: None passes a null pointer.
+impl<T> Arg for Option<CudaViewMut<'_, T>> {
+    fn push_to<'l>(&'l mut self, launch: &mut Launch<'l>) {
+        match self {
+            Some(v) => launch.arg(v),
+            None => launch.arg(&NULL),
+        };
+    }
+}
+
+impl<T> Arg for Option<&mut CudaSlice<T>> {
+    fn push_to<'l>(&'l mut self, launch: &mut Launch<'l>) {
+        match self {
+            Some(v) => launch.arg(&mut **v),
             None => launch.arg(&NULL),
         };
     }

@@ -3,14 +3,13 @@
 //! are checked here, before any launch. Every result is bit-identical run to run.
 
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
-use cudarc::driver::{
-    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg,
-};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 
 use crate::device::{launch_cfg, Gpu};
 use crate::error::{check, CudaError, Result};
 use crate::ops::{DevNvfp4, MoeShape};
+use crate::params::{kernel_params, Order};
 
 /// Tokens per MoE work tile (`PF_TOK` in the kernels).
 pub(crate) const MOE_TILE: usize = 32;
@@ -56,6 +55,138 @@ fn is_aligned<T>(v: &CudaView<T>, gpu: &Gpu, bytes: u64) -> bool {
 pub struct NormSplit {
     pub xs: CudaSlice<bf16>,
     pub perm: Option<CudaSlice<u32>>,
+}
+
+kernel_params! {
+    /// prefill.cu's `pf_split_rows`: `xs = [hi; lo]` of `n` floats.
+    struct SplitRows<'a>("prefill", "pf_split_rows") {
+        x: &'a CudaView<'a, f32>,
+        xs: &'a mut CudaSlice<bf16>,
+        n: i64,
+    }
+
+    /// prefill.cu's `pf_rms_norm_split`: `out` and `perm` None pass null.
+    struct RmsNormSplit<'a>("prefill", "pf_rms_norm_split") {
+        x: &'a CudaView<'a, f32>,
+        w: &'a CudaView<'a, bf16>,
+        out: Option<CudaViewMut<'a, f32>>,
+        xs: &'a mut CudaSlice<bf16>,
+        perm: Option<&'a mut CudaSlice<u32>>,
+        n: i32,
+        rows: i32,
+        eps: f32,
+    }
+
+    /// prefill.cu's `pf_split_perm`: `n` rows of `K`.
+    struct SplitPerm<'a>("prefill", "pf_split_perm") {
+        x: &'a CudaView<'a, f32>,
+        xs: &'a mut CudaSlice<u32>,
+        n: i32,
+        K: i32,
+    }
+
+    /// prefill.cu's `pf_moe_place`: the (row, slot) pairs grouped by expert.
+    struct MoePlace<'a>("prefill", "pf_moe_place") {
+        gids: &'a CudaView<'a, i32>,
+        rows: i32,
+        k: i32,
+        E: i32,
+        order: &'a mut CudaSlice<i32>,
+        pos: &'a mut CudaSlice<i32>,
+        cnt: &'a mut CudaSlice<i32>,
+    }
+
+    /// prefill.cu's `pf_moe_tiles`: the experts' tiles of rows.
+    struct MoeTiles<'a>("prefill", "pf_moe_tiles") {
+        cnt: &'a CudaSlice<i32>,
+        rows: i32,
+        E: i32,
+        tiles: &'a mut CudaSlice<i32>,
+        max_tiles: i32,
+    }
+
+    /// prefill.cu's `pf_moe_gate_up`: the grouped gate/up GEMMs.
+    struct MoeGateUp<'a>("prefill", "pf_moe_gate_up") {
+        gc: &'a CudaSlice<u32>,
+        gs: &'a CudaSlice<u8>,
+        uc: &'a CudaSlice<u32>,
+        us: &'a CudaSlice<u8>,
+        sgc: &'a CudaSlice<u32>,
+        sgs: &'a CudaSlice<u8>,
+        suc: &'a CudaSlice<u32>,
+        sus: &'a CudaSlice<u8>,
+        xs: &'a CudaView<'a, u32>,
+        order: &'a CudaSlice<i32>,
+        tiles: &'a CudaSlice<i32>,
+        h: &'a mut CudaSlice<bf16>,
+        hs: &'a mut CudaSlice<bf16>,
+        E: i32,
+        H: i32,
+        I: i32,
+        Is: i32,
+        k: i32,
+    }
+
+    /// prefill.cu's `pf_moe_down`: the grouped down GEMMs.
+    struct MoeDown<'a>("prefill", "pf_moe_down") {
+        dc: &'a CudaSlice<u32>,
+        ds: &'a CudaSlice<u8>,
+        sdc: &'a CudaSlice<u32>,
+        sds: &'a CudaSlice<u8>,
+        h: &'a CudaSlice<bf16>,
+        hs: &'a CudaSlice<bf16>,
+        tiles: &'a CudaSlice<i32>,
+        y: &'a mut CudaSlice<f32>,
+        E: i32,
+        H: i32,
+        I: i32,
+        Is: i32,
+        pairs: i32,
+    }
+
+    /// prefill.cu's `pf_moe_combine`: the routed slots weighted, the shared expert, the residual.
+    struct MoeCombine<'a>("prefill", "pf_moe_combine") {
+        y: &'a CudaSlice<f32>,
+        pos: &'a CudaSlice<i32>,
+        wts: &'a CudaView<'a, f32>,
+        x: CudaViewMut<'a, f32>,
+        H: i32,
+        k: i32,
+        rows: i32,
+        scaling: f32,
+    }
+
+    /// prefill.cu's `pf_attn_split`: a run of cache slots as bf16 hi/lo rows.
+    struct AttnSplit<'a>("prefill", "pf_attn_split") {
+        ck: &'a CudaView<'a, f32>,
+        cv: &'a CudaView<'a, f32>,
+        kx: &'a mut CudaSlice<bf16>,
+        vx: &'a mut CudaSlice<bf16>,
+        off: i64,
+        n: i64,
+        D: i32,
+    }
+
+    /// prefill.cu's `pf_attend_d32|64|128` (`PF_ATTEND`): `out` or `xs` a device pointer, the
+    /// other null (`AttnDest::pointers`).
+    struct Attend<'a>("prefill", "pf_attend_d##DIM") {
+        q: &'a CudaView<'a, f32>,
+        kx: &'a CudaSlice<bf16>,
+        vx: &'a CudaSlice<bf16>,
+        gl: &'a CudaView<'a, f32>,
+        gstride: i32,
+        pos: &'a CudaView<'a, i32>,
+        out: u64,
+        xs: u64,
+        rows: i32,
+        heads: i32,
+        kv_heads: i32,
+        window: i32,
+        ring: i32,
+        slots: i32,
+        gb: i32,
+        rb: i32,
+    }
 }
 
 /// Where `attend_prefill_to` writes its output.
@@ -139,16 +270,14 @@ impl Gpu {
         // xs = [hi; lo], each [rows, inp]; pf_split_rows writes all 2n elements.
         let mut xs = scratch::<bf16>(self, 2 * n)?;
         if n > 0 {
-            let f = self.function("prefill", "pf_split_rows")?;
-            let nn = n as i64;
+            let params = SplitRows {
+                x,
+                xs: &mut xs,
+                n: n as i64,
+            };
+            let cfg = launch_cfg((n.div_ceil(256) as u32, 1), 256, 0);
             // SAFETY: argument types match the kernel; x holds n elements, xs 2n.
-            unsafe {
-                self.launch_ordered(&f)
-                    .arg(x)
-                    .arg(&mut xs)
-                    .arg(&nn)
-                    .launch(launch_cfg((n.div_ceil(256) as u32, 1), 256, 0))
-            }?;
+            unsafe { self.run(Order::AfterPredecessor, params, cfg) }?;
         }
         self.gemm_bf16_tc_split(w, &xs.as_view(), y, out, inp, rows, accumulate)
     }
@@ -199,25 +328,25 @@ impl Gpu {
         if rows == 0 {
             return Ok(split);
         }
-        let f = self.function("prefill", "pf_rms_norm_split")?;
-        let (nn, ri) = (n as i32, rows as i32);
-        let null = 0u64;
-        let mut b = self.launch_ordered(&f);
-        b.arg(x).arg(w);
-        match out {
-            Some(o) => b.arg(o),
-            None => b.arg(&null),
+        let params = RmsNormSplit {
+            x,
+            w,
+            out: out.map(|o| o.slice_mut(..)),
+            xs: &mut split.xs,
+            perm: split.perm.as_mut(),
+            n: n as i32,
+            rows: rows as i32,
+            eps,
         };
-        b.arg(&mut split.xs);
-        match split.perm.as_mut() {
-            Some(p) => b.arg(p),
-            None => b.arg(&null),
-        };
-        b.arg(&nn).arg(&ri).arg(&eps);
         // SAFETY: argument types match the kernel (out and perm are pointers or null); shapes
         // checked above.
-        unsafe { b.launch(launch_cfg((rows as u32, 1), 256, 0)) }?;
-        drop(b);
+        unsafe {
+            self.run(
+                Order::AfterPredecessor,
+                params,
+                launch_cfg((rows as u32, 1), 256, 0),
+            )
+        }?;
         Ok(split)
     }
 
@@ -325,17 +454,15 @@ impl Gpu {
         // Written in full by pf_split_perm.
         let mut xs = scratch::<u32>(self, rows * n)?;
         if rows > 0 {
-            let f = self.function("prefill", "pf_split_perm")?;
-            let (ri, ni) = (rows as i32, n as i32);
+            let params = SplitPerm {
+                x: xn,
+                xs: &mut xs,
+                n: rows as i32,
+                K: n as i32,
+            };
+            let cfg = launch_cfg(((rows * n / 4).div_ceil(256) as u32, 1), 256, 0);
             // SAFETY: argument types match the kernel; xn holds rows·n floats, xs as many u32.
-            unsafe {
-                self.launch_ordered(&f)
-                    .arg(xn)
-                    .arg(&mut xs)
-                    .arg(&ri)
-                    .arg(&ni)
-                    .launch(launch_cfg(((rows * n / 4).div_ceil(256) as u32, 1), 256, 0))
-            }?;
+            unsafe { self.run(Order::AfterPredecessor, params, cfg) }?;
         }
         Ok(xs)
     }
@@ -426,96 +553,102 @@ impl Gpu {
             is as i32,
             rows as i32,
         );
-        let (pi, mt) = (pairs as i32, max_tiles as i32);
 
         // SAFETY (every launch below): argument types and order match the kernel signatures in
         // prefill.cu; sizes were checked above and the scratch sized for them.
-        let f = self.function("prefill", "pf_moe_place")?;
+        let place = MoePlace {
+            gids: ids,
+            rows: ri,
+            k: ki,
+            E: ei,
+            order: &mut order,
+            pos: &mut pos,
+            cnt: &mut cnt,
+        };
+        unsafe { self.run(Order::AfterPredecessor, place, launch_cfg((1, 1), 256, 0)) }?;
+        let tiles_of = MoeTiles {
+            cnt: &cnt,
+            rows: ri,
+            E: ei,
+            tiles: &mut tiles,
+            max_tiles: max_tiles as i32,
+        };
         unsafe {
-            self.launch_ordered(&f)
-                .arg(ids)
-                .arg(&ri)
-                .arg(&ki)
-                .arg(&ei)
-                .arg(&mut order)
-                .arg(&mut pos)
-                .arg(&mut cnt)
-                .launch(launch_cfg((1, 1), 256, 0))
+            self.run(
+                Order::AfterPredecessor,
+                tiles_of,
+                launch_cfg((1, 1), 1024, 0),
+            )
         }?;
-        let f = self.function("prefill", "pf_moe_tiles")?;
-        unsafe {
-            self.launch_ordered(&f)
-                .arg(&cnt)
-                .arg(&ri)
-                .arg(&ei)
-                .arg(&mut tiles)
-                .arg(&mt)
-                .launch(launch_cfg((1, 1), 1024, 0))
-        }?;
+        let gate_up = MoeGateUp {
+            gc: &w.gate.codes,
+            gs: &w.gate.scales,
+            uc: &w.up.codes,
+            us: &w.up.scales,
+            sgc: &w.shared_gate.codes,
+            sgs: &w.shared_gate.scales,
+            suc: &w.shared_up.codes,
+            sus: &w.shared_up.scales,
+            xs,
+            order: &order,
+            tiles: &tiles,
+            h: &mut h,
+            hs: &mut hs,
+            E: ei,
+            H: hi,
+            I: ii,
+            Is: isi,
+            k: ki,
+        };
         let f = self.function("prefill", "pf_moe_gate_up")?;
         f.fit_shared(MOE_SMEM as usize, MOE_SMEM as usize)?;
+        let grid = ((it.max(is) / 128) as u32, max_tiles as u32);
         unsafe {
-            self.launch_ordered(&f)
-                .arg(&w.gate.codes)
-                .arg(&w.gate.scales)
-                .arg(&w.up.codes)
-                .arg(&w.up.scales)
-                .arg(&w.shared_gate.codes)
-                .arg(&w.shared_gate.scales)
-                .arg(&w.shared_up.codes)
-                .arg(&w.shared_up.scales)
-                .arg(xs)
-                .arg(&order)
-                .arg(&tiles)
-                .arg(&mut h)
-                .arg(&mut hs)
-                .arg(&ei)
-                .arg(&hi)
-                .arg(&ii)
-                .arg(&isi)
-                .arg(&ki)
-                .launch(launch_cfg(
-                    ((it.max(is) / 128) as u32, max_tiles as u32),
-                    256,
-                    MOE_SMEM,
-                ))
+            self.run_kernel(
+                &f,
+                Order::AfterPredecessor,
+                gate_up,
+                launch_cfg(grid, 256, MOE_SMEM),
+            )
         }?;
+        let down = MoeDown {
+            dc: &w.down.codes,
+            ds: &w.down.scales,
+            sdc: &w.shared_down.codes,
+            sds: &w.shared_down.scales,
+            h: &h,
+            hs: &hs,
+            tiles: &tiles,
+            y: &mut y,
+            E: ei,
+            H: hi,
+            I: ii,
+            Is: isi,
+            pairs: pairs as i32,
+        };
         let f = self.function("prefill", "pf_moe_down")?;
         f.fit_shared(MOE_SMEM as usize, MOE_SMEM as usize)?;
+        let grid = (hd.div_ceil(MOE_ROWS) as u32, max_tiles as u32);
         unsafe {
-            self.launch_ordered(&f)
-                .arg(&w.down.codes)
-                .arg(&w.down.scales)
-                .arg(&w.shared_down.codes)
-                .arg(&w.shared_down.scales)
-                .arg(&h)
-                .arg(&hs)
-                .arg(&tiles)
-                .arg(&mut y)
-                .arg(&ei)
-                .arg(&hi)
-                .arg(&ii)
-                .arg(&isi)
-                .arg(&pi)
-                .launch(launch_cfg(
-                    (hd.div_ceil(MOE_ROWS) as u32, max_tiles as u32),
-                    256,
-                    MOE_SMEM,
-                ))
+            self.run_kernel(
+                &f,
+                Order::AfterPredecessor,
+                down,
+                launch_cfg(grid, 256, MOE_SMEM),
+            )
         }?;
-        let f = self.function("prefill", "pf_moe_combine")?;
-        unsafe {
-            self.launch_ordered(&f)
-                .arg(&y)
-                .arg(&pos)
-                .arg(wts)
-                .arg(x)
-                .arg(&hi)
-                .arg(&ki)
-                .arg(&ri)
-                .arg(&scaling)
-                .launch(launch_cfg((hd.div_ceil(256) as u32, rows as u32), 256, 0))
-        }?;
+        let combine = MoeCombine {
+            y: &y,
+            pos: &pos,
+            wts,
+            x: x.slice_mut(..),
+            H: hi,
+            k: ki,
+            rows: ri,
+            scaling,
+        };
+        let cfg = launch_cfg((hd.div_ceil(256) as u32, rows as u32), 256, 0);
+        unsafe { self.run(Order::AfterPredecessor, combine, cfg) }?;
         Ok(())
     }
 
@@ -678,27 +811,20 @@ impl Gpu {
         let n = slots * kvd;
         let mut kx = scratch::<bf16>(self, 2 * n)?;
         let mut vx = scratch::<bf16>(self, 2 * n)?;
-        let f = self.function("prefill", "pf_attn_split")?;
-        let di = d as i32;
         for run in key_slots(&keys, ring, slots) {
-            let (off, cnt) = ((run.start * kvd) as i64, (run.len() * kvd) as i64);
+            let params = AttnSplit {
+                ck,
+                cv,
+                kx: &mut kx,
+                vx: &mut vx,
+                off: (run.start * kvd) as i64,
+                n: (run.len() * kvd) as i64,
+                D: d as i32,
+            };
+            let cfg = launch_cfg(((run.len() * kvd / 4).div_ceil(256) as u32, 1), 256, 0);
             // SAFETY: argument types match pf_attn_split; the run lies inside the caches (n
             // floats each) and kx, vx (2n bf16 each).
-            unsafe {
-                self.launch_ordered(&f)
-                    .arg(ck)
-                    .arg(cv)
-                    .arg(&mut kx)
-                    .arg(&mut vx)
-                    .arg(&off)
-                    .arg(&cnt)
-                    .arg(&di)
-                    .launch(launch_cfg(
-                        ((run.len() * kvd / 4).div_ceil(256) as u32, 1),
-                        256,
-                        0,
-                    ))
-            }?;
+            unsafe { self.run(Order::AfterPredecessor, params, cfg) }?;
         }
         // A block: gb heads of one kv group (the largest divisor of the group <= 8) times rb
         // blocks of 16 rows, a warp each.
@@ -716,46 +842,35 @@ impl Gpu {
         check(g_stride <= i32::MAX as usize, || {
             format!("attend_prefill: gate row stride {g_stride} beyond int range")
         })?;
-        let (ri, h, kvh, wi, rg, sl, gbi, rbi, gs) = (
-            rows as i32,
-            heads as i32,
-            kv_heads as i32,
-            window as i32,
-            ring as i32,
-            slots as i32,
-            gb as i32,
-            rb as i32,
-            g_stride as i32,
-        );
+        let params = Attend {
+            q,
+            kx: &kx,
+            vx: &vx,
+            gl: g,
+            gstride: g_stride as i32,
+            pos,
+            out: out_ptr,
+            xs: xs_ptr,
+            rows: rows as i32,
+            heads: heads as i32,
+            kv_heads: kv_heads as i32,
+            window: window as i32,
+            ring: ring as i32,
+            slots: slots as i32,
+            gb: gb as i32,
+            rb: rb as i32,
+        };
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (
+                kv_heads as u32,
+                rows.div_ceil(16 * rb) as u32,
+                (group / gb) as u32,
+            ),
+            block_dim: (32 * (gb * rb) as u32, 1, 1),
+            shared_mem_bytes: smem,
+        };
         // SAFETY: argument types match pf_attend_d*; sizes checked above.
-        unsafe {
-            self.launch_ordered(&f)
-                .arg(q)
-                .arg(&kx)
-                .arg(&vx)
-                .arg(g)
-                .arg(&gs)
-                .arg(pos)
-                .arg(&out_ptr)
-                .arg(&xs_ptr)
-                .arg(&ri)
-                .arg(&h)
-                .arg(&kvh)
-                .arg(&wi)
-                .arg(&rg)
-                .arg(&sl)
-                .arg(&gbi)
-                .arg(&rbi)
-                .launch(cudarc::driver::LaunchConfig {
-                    grid_dim: (
-                        kv_heads as u32,
-                        rows.div_ceil(16 * rb) as u32,
-                        (group / gb) as u32,
-                    ),
-                    block_dim: (32 * (gb * rb) as u32, 1, 1),
-                    shared_mem_bytes: smem,
-                })
-        }?;
+        unsafe { self.run_kernel(&f, Order::AfterPredecessor, params, cfg) }?;
         Ok(())
     }
 }
@@ -790,6 +905,26 @@ fn key_slots(
 
 #[cfg(test)]
 mod tests {
+    use crate::params::tests::check;
+
+    #[test]
+    fn every_launch_struct_follows_its_kernels_parameters() {
+        use super::{
+            Attend, AttnSplit, MoeCombine, MoeDown, MoeGateUp, MoePlace, MoeTiles, RmsNormSplit,
+            SplitPerm, SplitRows,
+        };
+        check::<SplitRows>();
+        check::<RmsNormSplit>();
+        check::<SplitPerm>();
+        check::<MoePlace>();
+        check::<MoeTiles>();
+        check::<MoeGateUp>();
+        check::<MoeDown>();
+        check::<MoeCombine>();
+        check::<AttnSplit>();
+        check::<Attend>();
+    }
+
     use super::key_slots;
 
     #[test]
