@@ -16,9 +16,10 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaView, PinnedHostSlice};
 
 use fastdecode_cpu::ForwardOut;
+use half::bf16;
 
 use crate::error::{CudaError, Result};
-use crate::model::{moe_shape, CudaModel, DevFfn};
+use crate::model::{moe_shape, CudaModel, DevFfn, DevLayer, DevMoe};
 use crate::ops::{AttnShape, ATT_SPLITS, MAX_ROWS};
 use crate::prefill::MoeWeights;
 use crate::profile::mark;
@@ -588,190 +589,39 @@ impl CudaTarget {
         r
     }
 
+    /// One step's kernels, per layer as `TargetModel::forward` (fastdecode-cpu) computes it:
+    /// attention, then the FFN, then the taps; the logits of `mode`'s rows last.
     fn launch_kernels(&mut self, n: usize, p0: usize, taps: &[usize], mode: Logits) -> Result<()> {
         let m = self.model.clone();
-        let c = &m.cfg;
-        let g = m.gpu.as_ref();
-        let st = &g.stream;
-        let (h, d) = (c.hidden_size, c.head_dim);
-        let eps = c.rms_norm_eps as f32;
-        let ms = moe_shape(c);
-        let mut prof = self.profiler.take();
-        mark(&mut prof, "start", st)?;
+        let mut step = Step::new(&m, n, self.profiler.take());
+        step.mark("start")?;
         let s = &mut self.s;
-        g.embed_rows(&m.embed, &s.rows.tok.slice(0..n), &mut s.rows.x, h)?;
-        mark(&mut prof, "embed_rows", st)?;
+        m.gpu.embed_rows(
+            &m.embed,
+            &s.rows.tok.slice(0..n),
+            &mut s.rows.x,
+            m.cfg.hidden_size,
+        )?;
+        step.mark("embed_rows")?;
         // The first kernel follows host copies (token ids, positions), which a programmatic
         // launch would not wait for; the rest follow kernels (taps are copied by one too),
         // unless the expert trace puts copies between.
-        g.set_pdl(self.expert_trace.is_none());
+        m.gpu.set_pdl(self.expert_trace.is_none());
         for (li, l) in m.layers.iter().enumerate() {
-            let shape = attn_shape(c, l);
-            let width = shape.width();
-            g.gemv_bf16(
-                &l.qkvg.as_view(),
-                &s.rows.x.as_view(),
-                Some((&l.input_norm.as_view(), eps)),
-                &mut s.rows.qkvg.as_view_mut(),
-                width,
-                h,
-                n,
-                false,
-            )?;
-            mark(&mut prof, "norm + gemv qkvg", st)?;
-            let (ck, cv) = &mut self.kv[li];
-            g.attend_decode(
-                &s.rows.qkvg.as_view(),
-                &l.q_norm,
-                &l.k_norm,
-                &s.rows.pos.as_view(),
-                &l.rope,
-                eps,
-                shape,
-                n,
-                ck,
-                cv,
-                &mut s.part,
-                &mut s.att_counters,
-                &mut s.att.as_view_mut(),
-            )?;
-            mark(
-                &mut prof,
-                "attend (qk norm, rope, kv store, split-KV, gate)",
-                st,
-            )?;
-            g.gemv_bf16(
-                &l.o.as_view(),
-                &s.att.as_view(),
-                None,
-                &mut s.rows.x.as_view_mut(),
-                h,
-                l.heads * d,
-                n,
-                true,
-            )?;
-            mark(&mut prof, "gemv o_proj + residual", st)?;
+            step.attention(l, s, &mut self.kv[li])?;
             match &l.ffn {
-                DevFfn::Dense { gate_up, down } => {
-                    let w = c.intermediate_size;
-                    g.gemv_bf16(
-                        &gate_up.as_view(),
-                        &s.rows.x.as_view(),
-                        Some((&l.post_norm.as_view(), eps)),
-                        &mut s.rows.gate_up.as_view_mut(),
-                        2 * w,
-                        h,
-                        n,
-                        false,
-                    )?;
-                    mark(&mut prof, "dense norm + gemv gate_up", st)?;
-                    g.silu_mul(
-                        &s.rows.gate_up.as_view(),
-                        &mut s.rows.act.as_view_mut(),
-                        w,
-                        n,
-                    )?;
-                    mark(&mut prof, "dense silu_mul", st)?;
-                    g.gemv_bf16(
-                        &down.as_view(),
-                        &s.rows.act.as_view(),
-                        None,
-                        &mut s.rows.x.as_view_mut(),
-                        h,
-                        w,
-                        n,
-                        true,
-                    )?;
-                    mark(&mut prof, "dense gemv down + residual", st)?;
-                }
-                DevFfn::Moe(e) => {
-                    g.router(
-                        &s.rows.x.as_view(),
-                        &l.post_norm,
-                        eps,
-                        &e.router,
-                        &e.bias,
-                        ms,
-                        c.norm_topk_prob,
-                        c.moe_router_logit_softcapping as f32,
-                        n,
-                        &mut s.rows.xn.as_view_mut(),
-                        &mut s.rows.router_logits.as_view_mut(),
-                        &mut s.rows.ids.as_view_mut(),
-                        &mut s.rows.wts.as_view_mut(),
-                        &mut s.router_counter,
-                    )?;
-                    mark(&mut prof, "router (norm, logits, top-k)", st)?;
-                    if let Some(trace) = self.expert_trace.as_mut() {
-                        trace.push(st.clone_dtoh(&s.rows.ids.slice(0..n * ms.top_k))?);
-                    }
-                    g.moe_gate_up(
-                        &s.rows.xn.as_view(),
-                        &s.rows.ids.as_view(),
-                        &e.gate,
-                        &e.up,
-                        &e.shared_gate,
-                        &e.shared_up,
-                        ms,
-                        n,
-                        &mut s.rows.h.as_view_mut(),
-                    )?;
-                    mark(&mut prof, "nvfp4 gate_up (routed + shared)", st)?;
-                    g.moe_down(
-                        &s.rows.h.as_view(),
-                        &s.rows.ids.as_view(),
-                        &s.rows.wts.as_view(),
-                        &e.down,
-                        &e.shared_down,
-                        ms,
-                        c.moe_routed_scaling_factor as f32,
-                        n,
-                        &mut s.rows.x.as_view_mut(),
-                    )?;
-                    mark(&mut prof, "nvfp4 down + combine + residual", st)?;
-                }
+                DevFfn::Dense { gate_up, down } => step.dense_ffn(l, gate_up, down, s)?,
+                DevFfn::Moe(e) => step.moe_ffn(l, e, s, self.expert_trace.as_mut())?,
             }
             for (t, _) in taps.iter().enumerate().filter(|(_, &tl)| tl == li) {
-                g.copy_taps(
-                    &s.rows.x.slice(0..n * h),
-                    &mut s.taps.as_view_mut(),
-                    n,
-                    h,
-                    taps.len(),
-                    t,
-                )?;
-                mark(&mut prof, "copy taps", st)?;
+                step.copy_tap(s, t, taps.len())?;
             }
         }
-        let (first, rows) = match mode {
-            Logits::All => (0, n),
-            Logits::Last => (n - 1, 1),
-            Logits::Skip => (n, 0),
-        };
-        if rows > 0 {
-            g.gemv_bf16(
-                &m.lm_head.as_view(),
-                &s.rows.x.slice(first * h..(first + rows) * h),
-                Some((&m.norm.as_view(), eps)),
-                &mut s.logits.as_view_mut(),
-                c.vocab_size,
-                h,
-                rows,
-                false,
-            )?;
-            mark(&mut prof, "norm + gemv lm_head", st)?;
-            g.argmax_rows(
-                &s.logits.as_view(),
-                c.vocab_size,
-                rows,
-                &mut s.rows.next.as_view_mut(),
-            )?;
-            mark(&mut prof, "argmax", st)?;
-        }
-        if let Some(p) = prof.as_mut() {
+        step.logits(s, mode)?;
+        if let Some(p) = step.prof.as_mut() {
             p.collect()?;
         }
-        self.profiler = prof;
+        self.profiler = step.prof;
         self.len = p0 + n;
         Ok(())
     }
@@ -804,239 +654,534 @@ impl CudaTarget {
     fn prefill(&mut self, tokens: &[u32], p0: usize, taps: &[usize], mode: Logits) -> Result<()> {
         self.prefill_scratch(mode == Logits::All, taps.len())?;
         let m = self.model.clone();
-        let c = &m.cfg;
-        let g = m.gpu.as_ref();
-        let st = &g.stream;
-        let n = tokens.len();
-        let (h, d, kvh) = (c.hidden_size, c.head_dim, c.num_key_value_heads);
-        let eps = c.rms_norm_eps as f32;
-        let ms = moe_shape(c);
-        let grouped_moe = [ms.hidden, ms.inter, ms.shared_inter]
-            .iter()
-            .all(|v| v.is_multiple_of(128));
-        let mut prof = self.profiler.take();
-        mark(&mut prof, "start", st)?;
+        let (g, n) = (m.gpu.as_ref(), tokens.len());
+        let mut step = Step::new(&m, n, self.profiler.take());
+        step.mark("start")?;
         let p = self.p.as_mut().expect("allocated above");
         let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let pos: Vec<i32> = (p0..p0 + n).map(|q| q as i32).collect();
-        st.memcpy_htod(&toks, &mut p.rows.tok.slice_mut(0..n))?;
-        st.memcpy_htod(&pos, &mut p.rows.pos.slice_mut(0..n))?;
-        g.embed_rows(&m.embed, &p.rows.tok.slice(0..n), &mut p.rows.x, h)?;
-        mark(&mut prof, "prefill embed", st)?;
+        g.stream
+            .memcpy_htod(&toks, &mut p.rows.tok.slice_mut(0..n))?;
+        g.stream
+            .memcpy_htod(&pos, &mut p.rows.pos.slice_mut(0..n))?;
+        g.embed_rows(
+            &m.embed,
+            &p.rows.tok.slice(0..n),
+            &mut p.rows.x,
+            m.cfg.hidden_size,
+        )?;
+        step.mark("prefill embed")?;
         for (li, l) in m.layers.iter().enumerate() {
-            let shape = attn_shape(c, l);
-            let width = shape.width();
-            // The norm writes the GEMM's hi/lo split directly (the normed rows are not needed).
-            let xs = g.rms_norm_split(
-                &p.rows.x.slice(0..n * h),
-                &l.input_norm.as_view(),
-                None,
-                false,
-                h,
-                n,
-                eps,
-            )?;
-            mark(&mut prof, "prefill rms_norm (+ split)", st)?;
-            g.gemm_bf16_tc_split(
-                &l.qkvg.as_view(),
-                &xs.xs.as_view(),
-                &mut p.rows.qkvg.slice_mut(0..n * width),
-                width,
-                h,
-                n,
-                false,
-            )?;
-            mark(&mut prof, "prefill gemm qkvg (hi/lo)", st)?;
-            let (ck, cv) = &mut self.kv[li];
-            g.qk_norm_rope_store(
-                &p.rows.qkvg.slice(0..n * width),
-                &l.q_norm,
-                &l.k_norm,
-                &p.rows.pos.slice(0..n),
-                &l.rope,
-                eps,
-                shape,
-                n,
-                &mut p.q.slice_mut(0..n * l.heads * d),
-                ck,
-                cv,
-            )?;
-            mark(&mut prof, "prefill qk norm + rope + kv store", st)?;
-            // Straight into the o_proj GEMM's hi/lo split.
-            let att = g.attend_prefill_split(
-                &p.q.slice(0..n * l.heads * d),
-                &ck.as_view(),
-                &cv.as_view(),
-                // The gate logits: the tail of each fused projection row.
-                &p.rows.qkvg.slice(width - l.heads..n * width),
-                width,
-                &p.rows.pos.slice(0..n),
-                l.heads,
-                kvh,
-                d,
-                l.window,
-                shape.ring,
-                n,
-                // The keys these rows see: the first row's window through the last row.
-                if l.window > 0 {
-                    (p0 + 1).saturating_sub(l.window)
-                } else {
-                    0
-                }..p0 + n,
-            )?;
-            mark(&mut prof, "prefill attention", st)?;
-            g.gemm_bf16_tc_split(
-                &l.o.as_view(),
-                &att.as_view(),
-                &mut p.rows.x.slice_mut(0..n * h),
-                h,
-                l.heads * d,
-                n,
-                true,
-            )?;
-            mark(&mut prof, "prefill gemm o_proj + residual", st)?;
-            // The split for the router or dense GEMM, and for the experts either the grouped
-            // GEMMs' layout or (step kernels) the normed rows.
-            let moe_layer = matches!(l.ffn, DevFfn::Moe(_));
-            let xs = g.rms_norm_split(
-                &p.rows.x.slice(0..n * h),
-                &l.post_norm.as_view(),
-                (moe_layer && !grouped_moe).then_some(&mut p.rows.xn.slice_mut(0..n * h)),
-                moe_layer && grouped_moe,
-                h,
-                n,
-                eps,
-            )?;
-            mark(&mut prof, "prefill rms_norm (+ split)", st)?;
+            step.prefill_attention(l, p, &mut self.kv[li], p0)?;
+            let xs = step.prefill_post_norm(l, p)?;
             match &l.ffn {
-                DevFfn::Dense { gate_up, down } => {
-                    let w = c.intermediate_size;
-                    g.gemm_bf16_tc_split(
-                        &gate_up.as_view(),
-                        &xs.xs.as_view(),
-                        &mut p.rows.gate_up.slice_mut(0..n * 2 * w),
-                        2 * w,
-                        h,
-                        n,
-                        false,
-                    )?;
-                    g.silu_mul(
-                        &p.rows.gate_up.as_view(),
-                        &mut p.rows.act.as_view_mut(),
-                        w,
-                        n,
-                    )?;
-                    g.gemm_bf16_tc(
-                        &down.as_view(),
-                        &p.rows.act.slice(0..n * w),
-                        &mut p.rows.x.slice_mut(0..n * h),
-                        h,
-                        w,
-                        n,
-                        true,
-                    )?;
-                    mark(&mut prof, "prefill dense mlp", st)?;
-                }
-                DevFfn::Moe(e) => {
-                    g.gemm_bf16_tc_split(
-                        &e.router.as_view(),
-                        &xs.xs.as_view(),
-                        &mut p.rows.router_logits.slice_mut(0..n * ms.experts),
-                        ms.experts,
-                        h,
-                        n,
-                        false,
-                    )?;
-                    g.router_topk(
-                        &p.rows.router_logits.slice(0..n * ms.experts),
-                        &e.bias,
-                        &mut p.rows.ids.as_view_mut(),
-                        &mut p.rows.wts.as_view_mut(),
-                        ms,
-                        c.norm_topk_prob,
-                        c.moe_router_logit_softcapping as f32,
-                        n,
-                    )?;
-                    mark(&mut prof, "prefill router (gemm + top-k)", st)?;
-                    let scaling = c.moe_routed_scaling_factor as f32;
-                    if grouped_moe {
-                        let w = MoeWeights {
-                            gate: &e.gate,
-                            up: &e.up,
-                            down: &e.down,
-                            shared_gate: &e.shared_gate,
-                            shared_up: &e.shared_up,
-                            shared_down: &e.shared_down,
-                        };
-                        let perm = xs.perm.as_ref().expect("asked for grouped MoE layers");
-                        g.moe_prefill_split(
-                            &w,
-                            ms,
-                            &perm.as_view(),
-                            &p.rows.ids.slice(0..n * ms.top_k),
-                            &p.rows.wts.slice(0..n * ms.top_k),
-                            &mut p.rows.x.slice_mut(0..n * h),
-                            scaling,
-                            n,
-                        )?;
-                        mark(&mut prof, "prefill grouped moe", st)?;
-                    } else {
-                        // Widths the grouped kernel does not take: the step kernels, every row
-                        // reading its own experts.
-                        g.moe_gate_up(
-                            &p.rows.xn.as_view(),
-                            &p.rows.ids.as_view(),
-                            &e.gate,
-                            &e.up,
-                            &e.shared_gate,
-                            &e.shared_up,
-                            ms,
-                            n,
-                            &mut p.rows.h.as_view_mut(),
-                        )?;
-                        g.moe_down(
-                            &p.rows.h.as_view(),
-                            &p.rows.ids.as_view(),
-                            &p.rows.wts.as_view(),
-                            &e.down,
-                            &e.shared_down,
-                            ms,
-                            scaling,
-                            n,
-                            &mut p.rows.x.as_view_mut(),
-                        )?;
-                        mark(&mut prof, "prefill moe (step kernels)", st)?;
-                    }
-                }
+                DevFfn::Dense { gate_up, down } => step.prefill_dense(gate_up, down, p, &xs)?,
+                DevFfn::Moe(e) => step.prefill_moe(e, p, &xs)?,
             }
             for (t, _) in taps.iter().enumerate().filter(|(_, &tl)| tl == li) {
-                let buf = p.taps.as_mut().expect("sized by prefill_scratch");
-                g.copy_taps(
-                    &p.rows.x.slice(0..n * h),
-                    &mut buf.as_view_mut(),
-                    n,
-                    h,
-                    taps.len(),
-                    t,
-                )?;
-                mark(&mut prof, "prefill copy taps", st)?;
+                step.prefill_copy_tap(p, t, taps.len())?;
             }
         }
+        step.prefill_logits(p, &mut self.s.logits, mode)?;
+        step.mark("prefill lm_head + argmax")?;
+        if let Some(pr) = step.prof.as_mut() {
+            pr.collect()?;
+        }
+        self.profiler = step.prof;
+        self.len = p0 + n;
+        Ok(())
+    }
+}
+
+/// The launches of one step of `n` rows over the model's layers, each op marked for the
+/// profiler when one is set.
+struct Step<'m> {
+    m: &'m CudaModel,
+    n: usize,
+    eps: f32,
+    prof: Option<crate::profile::Profiler>,
+}
+
+impl<'m> Step<'m> {
+    fn new(m: &'m CudaModel, n: usize, prof: Option<crate::profile::Profiler>) -> Step<'m> {
+        let eps = m.cfg.rms_norm_eps as f32;
+        Step { m, n, eps, prof }
+    }
+
+    fn mark(&mut self, what: &'static str) -> Result<()> {
+        mark(&mut self.prof, what, &self.m.gpu.stream)
+    }
+
+    /// The normed q|k|v|g projection, the attention over the layer's cache (which takes the
+    /// rows' keys and values) and o_proj added onto the rows.
+    fn attention(
+        &mut self,
+        l: &DevLayer,
+        s: &mut Scratch,
+        (ck, cv): &mut (CudaSlice<f32>, CudaSlice<f32>),
+    ) -> Result<()> {
+        let (g, c, n, eps) = (self.m.gpu.as_ref(), &self.m.cfg, self.n, self.eps);
+        let h = c.hidden_size;
+        let shape = attn_shape(c, l);
+        g.gemv_bf16(
+            &l.qkvg.as_view(),
+            &s.rows.x.as_view(),
+            Some((&l.input_norm.as_view(), eps)),
+            &mut s.rows.qkvg.as_view_mut(),
+            shape.width(),
+            h,
+            n,
+            false,
+        )?;
+        self.mark("norm + gemv qkvg")?;
+        g.attend_decode(
+            &s.rows.qkvg.as_view(),
+            &l.q_norm,
+            &l.k_norm,
+            &s.rows.pos.as_view(),
+            &l.rope,
+            eps,
+            shape,
+            n,
+            ck,
+            cv,
+            &mut s.part,
+            &mut s.att_counters,
+            &mut s.att.as_view_mut(),
+        )?;
+        self.mark("attend (qk norm, rope, kv store, split-KV, gate)")?;
+        g.gemv_bf16(
+            &l.o.as_view(),
+            &s.att.as_view(),
+            None,
+            &mut s.rows.x.as_view_mut(),
+            h,
+            l.heads * c.head_dim,
+            n,
+            true,
+        )?;
+        self.mark("gemv o_proj + residual")
+    }
+
+    /// A dense layer's FFN added onto the rows: normed gate|up, silu · up, down.
+    fn dense_ffn(
+        &mut self,
+        l: &DevLayer,
+        gate_up: &CudaSlice<bf16>,
+        down: &CudaSlice<bf16>,
+        s: &mut Scratch,
+    ) -> Result<()> {
+        let (g, c, n, eps) = (self.m.gpu.as_ref(), &self.m.cfg, self.n, self.eps);
+        let (h, w) = (c.hidden_size, c.intermediate_size);
+        g.gemv_bf16(
+            &gate_up.as_view(),
+            &s.rows.x.as_view(),
+            Some((&l.post_norm.as_view(), eps)),
+            &mut s.rows.gate_up.as_view_mut(),
+            2 * w,
+            h,
+            n,
+            false,
+        )?;
+        self.mark("dense norm + gemv gate_up")?;
+        g.silu_mul(
+            &s.rows.gate_up.as_view(),
+            &mut s.rows.act.as_view_mut(),
+            w,
+            n,
+        )?;
+        self.mark("dense silu_mul")?;
+        g.gemv_bf16(
+            &down.as_view(),
+            &s.rows.act.as_view(),
+            None,
+            &mut s.rows.x.as_view_mut(),
+            h,
+            w,
+            n,
+            true,
+        )?;
+        self.mark("dense gemv down + residual")
+    }
+
+    /// A sparse layer's FFN added onto the rows: the router (norm, logits, top-k), the routed
+    /// and shared experts' gate/up, then their down and the weighted combine. With `trace`, the
+    /// routed ids are copied out after the router.
+    fn moe_ffn(
+        &mut self,
+        l: &DevLayer,
+        e: &DevMoe,
+        s: &mut Scratch,
+        trace: Option<&mut Vec<Vec<i32>>>,
+    ) -> Result<()> {
+        let (g, c, n, eps) = (self.m.gpu.as_ref(), &self.m.cfg, self.n, self.eps);
+        let ms = moe_shape(c);
+        g.router(
+            &s.rows.x.as_view(),
+            &l.post_norm,
+            eps,
+            &e.router,
+            &e.bias,
+            ms,
+            c.norm_topk_prob,
+            c.moe_router_logit_softcapping as f32,
+            n,
+            &mut s.rows.xn.as_view_mut(),
+            &mut s.rows.router_logits.as_view_mut(),
+            &mut s.rows.ids.as_view_mut(),
+            &mut s.rows.wts.as_view_mut(),
+            &mut s.router_counter,
+        )?;
+        self.mark("router (norm, logits, top-k)")?;
+        if let Some(trace) = trace {
+            trace.push(g.stream.clone_dtoh(&s.rows.ids.slice(0..n * ms.top_k))?);
+        }
+        g.moe_gate_up(
+            &s.rows.xn.as_view(),
+            &s.rows.ids.as_view(),
+            &e.gate,
+            &e.up,
+            &e.shared_gate,
+            &e.shared_up,
+            ms,
+            n,
+            &mut s.rows.h.as_view_mut(),
+        )?;
+        self.mark("nvfp4 gate_up (routed + shared)")?;
+        g.moe_down(
+            &s.rows.h.as_view(),
+            &s.rows.ids.as_view(),
+            &s.rows.wts.as_view(),
+            &e.down,
+            &e.shared_down,
+            ms,
+            c.moe_routed_scaling_factor as f32,
+            n,
+            &mut s.rows.x.as_view_mut(),
+        )?;
+        self.mark("nvfp4 down + combine + residual")
+    }
+
+    /// The rows' hidden states into tap slot `t` of `count`.
+    fn copy_tap(&mut self, s: &mut Scratch, t: usize, count: usize) -> Result<()> {
+        let (n, h) = (self.n, self.m.cfg.hidden_size);
+        self.m.gpu.copy_taps(
+            &s.rows.x.slice(0..n * h),
+            &mut s.taps.as_view_mut(),
+            n,
+            h,
+            count,
+            t,
+        )?;
+        self.mark("copy taps")
+    }
+
+    /// The normed lm_head and argmax of `mode`'s rows.
+    fn logits(&mut self, s: &mut Scratch, mode: Logits) -> Result<()> {
+        let (g, c, n) = (self.m.gpu.as_ref(), &self.m.cfg, self.n);
+        let h = c.hidden_size;
+        let (first, rows) = match mode {
+            Logits::All => (0, n),
+            Logits::Last => (n - 1, 1),
+            Logits::Skip => (n, 0),
+        };
+        if rows == 0 {
+            return Ok(());
+        }
+        g.gemv_bf16(
+            &self.m.lm_head.as_view(),
+            &s.rows.x.slice(first * h..(first + rows) * h),
+            Some((&self.m.norm.as_view(), self.eps)),
+            &mut s.logits.as_view_mut(),
+            c.vocab_size,
+            h,
+            rows,
+            false,
+        )?;
+        self.mark("norm + gemv lm_head")?;
+        g.argmax_rows(
+            &s.logits.as_view(),
+            c.vocab_size,
+            rows,
+            &mut s.rows.next.as_view_mut(),
+        )?;
+        self.mark("argmax")
+    }
+}
+
+/// The prefill path's launches (tensor-core GEMMs, flash-style attention, grouped experts).
+impl Step<'_> {
+    /// Whether the grouped expert GEMMs take this model's MoE widths (multiples of 128).
+    fn grouped_moe(&self) -> bool {
+        let ms = moe_shape(&self.m.cfg);
+        [ms.hidden, ms.inter, ms.shared_inter]
+            .iter()
+            .all(|v| v.is_multiple_of(128))
+    }
+
+    /// The normed q|k|v|g GEMM, the rows' keys and values into the layer's cache, the attention
+    /// of the rows at `p0..` over it, and o_proj added onto the rows.
+    fn prefill_attention(
+        &mut self,
+        l: &DevLayer,
+        p: &mut PrefillScratch,
+        (ck, cv): &mut (CudaSlice<f32>, CudaSlice<f32>),
+        p0: usize,
+    ) -> Result<()> {
+        let (g, c, n, eps) = (self.m.gpu.as_ref(), &self.m.cfg, self.n, self.eps);
+        let (h, d) = (c.hidden_size, c.head_dim);
+        let shape = attn_shape(c, l);
+        let width = shape.width();
+        // The norm writes the GEMM's hi/lo split directly (the normed rows are not needed).
+        let xs = g.rms_norm_split(
+            &p.rows.x.slice(0..n * h),
+            &l.input_norm.as_view(),
+            None,
+            false,
+            h,
+            n,
+            eps,
+        )?;
+        self.mark("prefill rms_norm (+ split)")?;
+        g.gemm_bf16_tc_split(
+            &l.qkvg.as_view(),
+            &xs.xs.as_view(),
+            &mut p.rows.qkvg.slice_mut(0..n * width),
+            width,
+            h,
+            n,
+            false,
+        )?;
+        self.mark("prefill gemm qkvg (hi/lo)")?;
+        g.qk_norm_rope_store(
+            &p.rows.qkvg.slice(0..n * width),
+            &l.q_norm,
+            &l.k_norm,
+            &p.rows.pos.slice(0..n),
+            &l.rope,
+            eps,
+            shape,
+            n,
+            &mut p.q.slice_mut(0..n * l.heads * d),
+            ck,
+            cv,
+        )?;
+        self.mark("prefill qk norm + rope + kv store")?;
+        // Straight into the o_proj GEMM's hi/lo split.
+        let att = g.attend_prefill_split(
+            &p.q.slice(0..n * l.heads * d),
+            &ck.as_view(),
+            &cv.as_view(),
+            // The gate logits: the tail of each fused projection row.
+            &p.rows.qkvg.slice(width - l.heads..n * width),
+            width,
+            &p.rows.pos.slice(0..n),
+            l.heads,
+            c.num_key_value_heads,
+            d,
+            l.window,
+            shape.ring,
+            n,
+            // The keys these rows see: the first row's window through the last row.
+            if l.window > 0 {
+                (p0 + 1).saturating_sub(l.window)
+            } else {
+                0
+            }..p0 + n,
+        )?;
+        self.mark("prefill attention")?;
+        g.gemm_bf16_tc_split(
+            &l.o.as_view(),
+            &att.as_view(),
+            &mut p.rows.x.slice_mut(0..n * h),
+            h,
+            l.heads * d,
+            n,
+            true,
+        )?;
+        self.mark("prefill gemm o_proj + residual")
+    }
+
+    /// The post-attention norm: the split for the router or dense GEMM, and for the experts
+    /// either the grouped GEMMs' layout or (step kernels) the normed rows.
+    fn prefill_post_norm(
+        &mut self,
+        l: &DevLayer,
+        p: &mut PrefillScratch,
+    ) -> Result<crate::prefill::NormSplit> {
+        let (n, h) = (self.n, self.m.cfg.hidden_size);
+        let moe_layer = matches!(l.ffn, DevFfn::Moe(_));
+        let grouped = self.grouped_moe();
+        let xs = self.m.gpu.rms_norm_split(
+            &p.rows.x.slice(0..n * h),
+            &l.post_norm.as_view(),
+            (moe_layer && !grouped).then_some(&mut p.rows.xn.slice_mut(0..n * h)),
+            moe_layer && grouped,
+            h,
+            n,
+            self.eps,
+        )?;
+        self.mark("prefill rms_norm (+ split)")?;
+        Ok(xs)
+    }
+
+    /// A dense layer's FFN added onto the rows from the normed split `xs`.
+    fn prefill_dense(
+        &mut self,
+        gate_up: &CudaSlice<bf16>,
+        down: &CudaSlice<bf16>,
+        p: &mut PrefillScratch,
+        xs: &crate::prefill::NormSplit,
+    ) -> Result<()> {
+        let (g, c, n) = (self.m.gpu.as_ref(), &self.m.cfg, self.n);
+        let (h, w) = (c.hidden_size, c.intermediate_size);
+        g.gemm_bf16_tc_split(
+            &gate_up.as_view(),
+            &xs.xs.as_view(),
+            &mut p.rows.gate_up.slice_mut(0..n * 2 * w),
+            2 * w,
+            h,
+            n,
+            false,
+        )?;
+        g.silu_mul(
+            &p.rows.gate_up.as_view(),
+            &mut p.rows.act.as_view_mut(),
+            w,
+            n,
+        )?;
+        g.gemm_bf16_tc(
+            &down.as_view(),
+            &p.rows.act.slice(0..n * w),
+            &mut p.rows.x.slice_mut(0..n * h),
+            h,
+            w,
+            n,
+            true,
+        )?;
+        self.mark("prefill dense mlp")
+    }
+
+    /// A sparse layer's FFN added onto the rows from the post norm's `xs`: the router GEMM and
+    /// top-k, then the grouped expert GEMMs, or the step kernels for widths they do not take.
+    fn prefill_moe(
+        &mut self,
+        e: &DevMoe,
+        p: &mut PrefillScratch,
+        xs: &crate::prefill::NormSplit,
+    ) -> Result<()> {
+        let (g, c, n) = (self.m.gpu.as_ref(), &self.m.cfg, self.n);
+        let (h, ms) = (c.hidden_size, moe_shape(c));
+        g.gemm_bf16_tc_split(
+            &e.router.as_view(),
+            &xs.xs.as_view(),
+            &mut p.rows.router_logits.slice_mut(0..n * ms.experts),
+            ms.experts,
+            h,
+            n,
+            false,
+        )?;
+        g.router_topk(
+            &p.rows.router_logits.slice(0..n * ms.experts),
+            &e.bias,
+            &mut p.rows.ids.as_view_mut(),
+            &mut p.rows.wts.as_view_mut(),
+            ms,
+            c.norm_topk_prob,
+            c.moe_router_logit_softcapping as f32,
+            n,
+        )?;
+        self.mark("prefill router (gemm + top-k)")?;
+        let scaling = c.moe_routed_scaling_factor as f32;
+        if self.grouped_moe() {
+            let w = MoeWeights {
+                gate: &e.gate,
+                up: &e.up,
+                down: &e.down,
+                shared_gate: &e.shared_gate,
+                shared_up: &e.shared_up,
+                shared_down: &e.shared_down,
+            };
+            let perm = xs.perm.as_ref().expect("asked for grouped MoE layers");
+            g.moe_prefill_split(
+                &w,
+                ms,
+                &perm.as_view(),
+                &p.rows.ids.slice(0..n * ms.top_k),
+                &p.rows.wts.slice(0..n * ms.top_k),
+                &mut p.rows.x.slice_mut(0..n * h),
+                scaling,
+                n,
+            )?;
+            return self.mark("prefill grouped moe");
+        }
+        // Widths the grouped kernel does not take: the step kernels, every row reading its own
+        // experts.
+        g.moe_gate_up(
+            &p.rows.xn.as_view(),
+            &p.rows.ids.as_view(),
+            &e.gate,
+            &e.up,
+            &e.shared_gate,
+            &e.shared_up,
+            ms,
+            n,
+            &mut p.rows.h.as_view_mut(),
+        )?;
+        g.moe_down(
+            &p.rows.h.as_view(),
+            &p.rows.ids.as_view(),
+            &p.rows.wts.as_view(),
+            &e.down,
+            &e.shared_down,
+            ms,
+            scaling,
+            n,
+            &mut p.rows.x.as_view_mut(),
+        )?;
+        self.mark("prefill moe (step kernels)")
+    }
+
+    /// The rows' hidden states into tap slot `t` of `count`.
+    fn prefill_copy_tap(&mut self, p: &mut PrefillScratch, t: usize, count: usize) -> Result<()> {
+        let (n, h) = (self.n, self.m.cfg.hidden_size);
+        let buf = p.taps.as_mut().expect("sized by prefill_scratch");
+        self.m.gpu.copy_taps(
+            &p.rows.x.slice(0..n * h),
+            &mut buf.as_view_mut(),
+            n,
+            h,
+            count,
+            t,
+        )?;
+        self.mark("prefill copy taps")
+    }
+
+    /// The argmax of `mode`'s rows: the last one's by the step's GEMV into `step_logits`, or
+    /// every row's by the tensor-core GEMM into the prefill's own logits.
+    fn prefill_logits(
+        &mut self,
+        p: &mut PrefillScratch,
+        step_logits: &mut CudaSlice<f32>,
+        mode: Logits,
+    ) -> Result<()> {
+        let (g, c, n) = (self.m.gpu.as_ref(), &self.m.cfg, self.n);
+        let h = c.hidden_size;
         match mode {
             Logits::Skip => {}
             Logits::Last => {
                 g.gemv_bf16(
-                    &m.lm_head.as_view(),
+                    &self.m.lm_head.as_view(),
                     &p.rows.x.slice((n - 1) * h..n * h),
-                    Some((&m.norm.as_view(), eps)),
-                    &mut self.s.logits.as_view_mut(),
+                    Some((&self.m.norm.as_view(), self.eps)),
+                    &mut step_logits.as_view_mut(),
                     c.vocab_size,
                     h,
                     1,
                     false,
                 )?;
                 g.argmax_rows(
-                    &self.s.logits.as_view(),
+                    &step_logits.as_view(),
                     c.vocab_size,
                     1,
                     &mut p.rows.next.as_view_mut(),
@@ -1046,15 +1191,15 @@ impl CudaTarget {
                 let logits = p.logits.as_mut().expect("allocated above");
                 let xs = g.rms_norm_split(
                     &p.rows.x.slice(0..n * h),
-                    &m.norm.as_view(),
+                    &self.m.norm.as_view(),
                     None,
                     false,
                     h,
                     n,
-                    eps,
+                    self.eps,
                 )?;
                 g.gemm_bf16_tc_split(
-                    &m.lm_head.as_view(),
+                    &self.m.lm_head.as_view(),
                     &xs.xs.as_view(),
                     &mut logits.slice_mut(0..n * c.vocab_size),
                     c.vocab_size,
@@ -1070,12 +1215,6 @@ impl CudaTarget {
                 )?;
             }
         }
-        mark(&mut prof, "prefill lm_head + argmax", st)?;
-        if let Some(pr) = prof.as_mut() {
-            pr.collect()?;
-        }
-        self.profiler = prof;
-        self.len = p0 + n;
         Ok(())
     }
 }
