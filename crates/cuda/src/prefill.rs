@@ -189,6 +189,15 @@ kernel_params! {
     }
 }
 
+/// The grouped expert GEMMs' placement of (row, slot) pairs (`Gpu::moe_place`).
+struct Placed {
+    order: CudaSlice<i32>,
+    pos: CudaSlice<i32>,
+    /// int4 tiles: `4 · max_tiles` ints.
+    tiles: CudaSlice<i32>,
+    max_tiles: usize,
+}
+
 /// Where `attend_prefill_to` writes its output.
 enum AttnDest<'a, 'b> {
     /// f32 rows `[rows, heads, d]`.
@@ -533,46 +542,56 @@ impl Gpu {
         if rows == 0 {
             return Ok(());
         }
+        let placed = self.moe_place(ids, shape, rows)?;
+        let y = self.moe_expert_gemms(w, shape, xs, &placed, rows)?;
+        let combine = MoeCombine {
+            y: &y,
+            pos: &placed.pos,
+            wts,
+            x: x.slice_mut(..),
+            H: hd as i32,
+            k: k as i32,
+            rows: rows as i32,
+            scaling,
+        };
+        let cfg = launch_cfg((hd.div_ceil(256) as u32, rows as u32), 256, 0);
+        // SAFETY: y holds a row per placed pair and shared row, pos a slot per pair (moe_place),
+        // wts and x were checked above.
+        unsafe { self.run(Order::AfterPredecessor, combine, cfg) }?;
+        Ok(())
+    }
+
+    /// The (row, slot) pairs of `ids` grouped by expert (`pf_moe_place`) and the experts' tiles
+    /// of rows (`pf_moe_tiles`). Scratch, each fully written before it is read: order (only
+    /// where tiles point), pos and the counts by pf_moe_place, tiles by pf_moe_tiles.
+    fn moe_place(&self, ids: &CudaView<i32>, shape: MoeShape, rows: usize) -> Result<Placed> {
+        let (e, k) = (shape.experts, shape.top_k);
         let pairs = rows * k;
         let max_tiles = rows.div_ceil(MOE_TILE) + pairs.div_ceil(MOE_TILE) + e.min(pairs);
-        // Scratch, each fully written before it is read: order, pos and cnt by pf_moe_place
-        // (order only where tiles point), tiles by pf_moe_tiles; h, hs by pf_moe_gate_up for
-        // every tile row; y by pf_moe_down for every placed pair and every shared row.
         let mut order = scratch::<i32>(self, pairs)?;
         let mut pos = scratch::<i32>(self, pairs)?;
         let mut tiles = scratch::<i32>(self, 4 * max_tiles)?;
         let mut cnt = scratch::<i32>(self, e)?;
-        let mut h = scratch::<bf16>(self, 2 * pairs * it)?;
-        let mut hs = scratch::<bf16>(self, 2 * rows * is)?;
-        let mut y = scratch::<f32>(self, (pairs + rows) * hd)?;
-        let (ei, ki, hi, ii, isi, ri) = (
-            e as i32,
-            k as i32,
-            hd as i32,
-            it as i32,
-            is as i32,
-            rows as i32,
-        );
-
-        // SAFETY (every launch below): argument types and order match the kernel signatures in
-        // prefill.cu; sizes were checked above and the scratch sized for them.
         let place = MoePlace {
             gids: ids,
-            rows: ri,
-            k: ki,
-            E: ei,
+            rows: rows as i32,
+            k: k as i32,
+            E: e as i32,
             order: &mut order,
             pos: &mut pos,
             cnt: &mut cnt,
         };
+        // SAFETY: ids holds rows · k experts (checked by the caller); order and pos a slot per
+        // pair, cnt one per expert.
         unsafe { self.run(Order::AfterPredecessor, place, launch_cfg((1, 1), 256, 0)) }?;
         let tiles_of = MoeTiles {
             cnt: &cnt,
-            rows: ri,
-            E: ei,
+            rows: rows as i32,
+            E: e as i32,
             tiles: &mut tiles,
             max_tiles: max_tiles as i32,
         };
+        // SAFETY: tiles holds max_tiles int4s, the most the counts can need.
         unsafe {
             self.run(
                 Order::AfterPredecessor,
@@ -580,6 +599,31 @@ impl Gpu {
                 launch_cfg((1, 1), 1024, 0),
             )
         }?;
+        Ok(Placed {
+            order,
+            pos,
+            tiles,
+            max_tiles,
+        })
+    }
+
+    /// The grouped gate/up and down GEMMs over `placed`'s tiles: y, a row per placed pair and
+    /// per shared row (h and hs by pf_moe_gate_up for every tile row, y by pf_moe_down for every
+    /// placed pair and every shared row).
+    fn moe_expert_gemms(
+        &self,
+        w: &MoeWeights,
+        shape: MoeShape,
+        xs: &CudaView<u32>,
+        placed: &Placed,
+        rows: usize,
+    ) -> Result<CudaSlice<f32>> {
+        let (e, k, hd) = (shape.experts, shape.top_k, shape.hidden);
+        let (it, is) = (shape.inter, shape.shared_inter);
+        let pairs = rows * k;
+        let mut h = scratch::<bf16>(self, 2 * pairs * it)?;
+        let mut hs = scratch::<bf16>(self, 2 * rows * is)?;
+        let mut y = scratch::<f32>(self, (pairs + rows) * hd)?;
         let gate_up = MoeGateUp {
             gc: &w.gate.codes,
             gs: &w.gate.scales,
@@ -590,27 +634,26 @@ impl Gpu {
             suc: &w.shared_up.codes,
             sus: &w.shared_up.scales,
             xs,
-            order: &order,
-            tiles: &tiles,
+            order: &placed.order,
+            tiles: &placed.tiles,
             h: &mut h,
             hs: &mut hs,
-            E: ei,
-            H: hi,
-            I: ii,
-            Is: isi,
-            k: ki,
+            E: e as i32,
+            H: hd as i32,
+            I: it as i32,
+            Is: is as i32,
+            k: k as i32,
         };
         let f = self.function("prefill", "pf_moe_gate_up")?;
         f.fit_shared(MOE_SMEM as usize, MOE_SMEM as usize)?;
-        let grid = ((it.max(is) / 128) as u32, max_tiles as u32);
-        unsafe {
-            self.run_kernel(
-                &f,
-                Order::AfterPredecessor,
-                gate_up,
-                launch_cfg(grid, 256, MOE_SMEM),
-            )
-        }?;
+        let cfg = launch_cfg(
+            ((it.max(is) / 128) as u32, placed.max_tiles as u32),
+            256,
+            MOE_SMEM,
+        );
+        // SAFETY: the weights match the shape and xs holds the rows (checked by the caller);
+        // h, hs, order and tiles are sized above and in moe_place.
+        unsafe { self.run_kernel(&f, Order::AfterPredecessor, gate_up, cfg) }?;
         let down = MoeDown {
             dc: &w.down.codes,
             ds: &w.down.scales,
@@ -618,38 +661,24 @@ impl Gpu {
             sds: &w.shared_down.scales,
             h: &h,
             hs: &hs,
-            tiles: &tiles,
+            tiles: &placed.tiles,
             y: &mut y,
-            E: ei,
-            H: hi,
-            I: ii,
-            Is: isi,
+            E: e as i32,
+            H: hd as i32,
+            I: it as i32,
+            Is: is as i32,
             pairs: pairs as i32,
         };
         let f = self.function("prefill", "pf_moe_down")?;
         f.fit_shared(MOE_SMEM as usize, MOE_SMEM as usize)?;
-        let grid = (hd.div_ceil(MOE_ROWS) as u32, max_tiles as u32);
-        unsafe {
-            self.run_kernel(
-                &f,
-                Order::AfterPredecessor,
-                down,
-                launch_cfg(grid, 256, MOE_SMEM),
-            )
-        }?;
-        let combine = MoeCombine {
-            y: &y,
-            pos: &pos,
-            wts,
-            x: x.slice_mut(..),
-            H: hi,
-            k: ki,
-            rows: ri,
-            scaling,
-        };
-        let cfg = launch_cfg((hd.div_ceil(256) as u32, rows as u32), 256, 0);
-        unsafe { self.run(Order::AfterPredecessor, combine, cfg) }?;
-        Ok(())
+        let cfg = launch_cfg(
+            (hd.div_ceil(MOE_ROWS) as u32, placed.max_tiles as u32),
+            256,
+            MOE_SMEM,
+        );
+        // SAFETY: as above; y holds (pairs + rows) rows of hd.
+        unsafe { self.run_kernel(&f, Order::AfterPredecessor, down, cfg) }?;
+        Ok(y)
     }
 
     /// Gated attention of `rows` query rows over the cache on the tensor cores (the semantics of
