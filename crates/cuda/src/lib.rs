@@ -16,6 +16,8 @@
 //!   `kernels/prefill.cu` (GEMM, flash attention, grouped MoE); `kernels/common.cuh` holds the
 //!   shared device code and the determinism rules.
 //! - `device.rs` — opening the GPU (clear errors), NVRTC compilation and its cache, launches;
+//!   `params.rs` — each kernel's parameters as a struct in the kernel's order, named as the
+//!   `.cu` names them (unit tests check them against the source), launched by `Gpu::run`;
 //!   `knobs.rs` — the developer knobs of the environment, checked when the GPU opens.
 //! - `timeline.rs` — traced decode steps (`-DFD_TRACE`): launches, per-kernel costs, a waterfall.
 
