@@ -108,6 +108,39 @@ kernel_params! {
     }
 }
 
+/// Whether a GEMV or GEMM adds its product onto `y` or overwrites `y` with it (the kernels'
+/// `accumulate`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accumulate {
+    Overwrite,
+    Add,
+}
+
+/// The shape of `y[rows, out] (+)= x[rows, inp] · Wᵀ` (`W`: `[out, inp]`; the kernels' `out`,
+/// `in`, `rows`).
+#[derive(Clone, Copy, Debug)]
+pub struct MatShape {
+    pub out: usize,
+    pub inp: usize,
+    pub rows: usize,
+}
+
+/// An RMSNorm's weight and epsilon.
+#[derive(Clone, Copy)]
+pub struct Norm<'a> {
+    pub w: &'a CudaView<'a, bf16>,
+    pub eps: f32,
+}
+
+/// `rms_norm_rows`'s shape: `rows` rows of `n`, normed by `w_rows` stacked weight rows (the
+/// kernel's `n` and `W`).
+#[derive(Clone, Copy, Debug)]
+pub struct NormRows {
+    pub rows: usize,
+    pub n: usize,
+    pub w_rows: usize,
+}
+
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
 }
@@ -138,19 +171,17 @@ impl Gpu {
     }
 
     /// `y[r] (+)= x'[r] · Wᵀ` for any number of rows (launched 16 rows at a time), where `x'` is
-    /// `x`, or `RMSNorm(x; norm.0, eps = norm.1)` computed inside the kernel.
-    #[allow(clippy::too_many_arguments)]
+    /// `x`, or `RMSNorm(x; norm)` computed inside the kernel.
     pub fn gemv_bf16(
         &self,
         w: &CudaView<bf16>,
         x: &CudaView<f32>,
-        norm: Option<(&CudaView<bf16>, f32)>,
+        norm: Option<Norm>,
         y: &mut CudaViewMut<f32>,
-        out: usize,
-        inp: usize,
-        rows: usize,
-        accumulate: bool,
+        shape: MatShape,
+        accumulate: Accumulate,
     ) -> Result<()> {
+        let MatShape { out, inp, rows } = shape;
         check(inp.is_multiple_of(8), || {
             format!("gemv_bf16: input width {inp} is not a multiple of 8")
         })?;
@@ -163,7 +194,7 @@ impl Gpu {
         check(x.len() >= rows * inp && y.len() >= rows * out, || {
             format!("gemv_bf16: activations too small for {rows} rows")
         })?;
-        if let Some((nw, _)) = norm {
+        if let Some(Norm { w: nw, .. }) = norm {
             check(nw.len() == inp, || {
                 format!(
                     "gemv_bf16: norm weight has {} elements, expected {inp}",
@@ -171,7 +202,7 @@ impl Gpu {
                 )
             })?;
         }
-        let eps = norm.map_or(0.0, |n| n.1);
+        let eps = norm.map_or(0.0, |n| n.eps);
         let mma = self.dense_mma.load(std::sync::atomic::Ordering::Relaxed);
         for start in (0..rows).step_by(MAX_ROWS) {
             let n = (rows - start).min(MAX_ROWS);
@@ -195,13 +226,13 @@ impl Gpu {
             let params = Gemv {
                 W: w,
                 x: &xs,
-                norm: norm.map(|(nw, _)| nw),
+                norm: norm.map(|n| n.w),
                 eps,
                 y: ys,
                 out: out as i32,
                 r#in: inp as i32,
                 rows: n as i32,
-                accumulate: accumulate as i32,
+                accumulate: (accumulate == Accumulate::Add) as i32,
             };
             // SAFETY: as above; a null norm pointer selects the plain GEMV in the kernel; the
             // tensor-core kernel writes its scratch, which only launches on this stream use
@@ -395,18 +426,15 @@ impl Gpu {
         Ok(())
     }
 
-    /// `y[q] = RMSNorm(x[q]; w[q mod w_rows])` for `rows` rows of `n` (`w`: `w_rows × n`).
-    #[allow(clippy::too_many_arguments)]
+    /// `y[q] = RMSNorm(x[q]; w[q mod w_rows])` for `rows` rows of `n` (`norm.w`: `w_rows × n`).
     pub fn rms_norm_rows(
         &self,
         x: &CudaView<f32>,
-        w: &CudaView<bf16>,
+        norm: Norm,
         y: &mut CudaViewMut<f32>,
-        n: usize,
-        rows: usize,
-        w_rows: usize,
-        eps: f32,
+        shape: NormRows,
     ) -> Result<()> {
+        let (Norm { w, eps }, NormRows { rows, n, w_rows }) = (norm, shape);
         check(
             n.is_multiple_of(4)
                 && w_rows >= 1

@@ -15,6 +15,7 @@ use fastdecode_model::checkpoint::TensorStore;
 use fastdecode_model::config::DrafterConfig;
 use fastdecode_model::inventory::drafter_inventory;
 
+use crate::dense::{Accumulate, MatShape, Norm, NormRows};
 use crate::error::{CudaError, Result};
 use crate::model::CudaModel;
 use crate::ops::MAX_ROWS;
@@ -67,31 +68,41 @@ impl ContextRows {
         gpu.set_pdl(false);
         gpu.rms_norm_rows(
             taps,
-            &self.aux_norms.as_view(),
+            Norm {
+                w: &self.aux_norms.as_view(),
+                eps,
+            },
             &mut self.cat.as_view_mut(),
-            h,
-            n * t,
-            t,
-            eps,
+            NormRows {
+                rows: n * t,
+                n: h,
+                w_rows: t,
+            },
         )?;
         gpu.gemv_bf16(
             &self.fc.as_view(),
             &self.cat.as_view(),
             None,
             &mut self.fc_out.as_view_mut(),
-            h,
-            t * h,
-            n,
-            false,
+            MatShape {
+                out: h,
+                inp: t * h,
+                rows: n,
+            },
+            Accumulate::Overwrite,
         )?;
         gpu.rms_norm_rows(
             &self.fc_out.as_view(),
-            &self.hidden_norm.as_view(),
+            Norm {
+                w: &self.hidden_norm.as_view(),
+                eps,
+            },
             &mut self.c.as_view_mut(),
-            h,
-            n,
-            1,
-            eps,
+            NormRows {
+                rows: n,
+                n: h,
+                w_rows: 1,
+            },
         )?;
         session.append_kv_rows(&self.c.as_view(), n)
     }

@@ -6,6 +6,7 @@ use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 
+use crate::dense::{Accumulate, MatShape};
 use crate::device::{launch_cfg, Gpu};
 use crate::error::{check, CudaError, Result};
 use crate::ops::{DevNvfp4, MoeShape};
@@ -261,17 +262,15 @@ impl Gpu {
     /// two cuBLAS bf16 GEMMs with f32 accumulation (the second adds onto the first), so the result
     /// is accurate to about f32 and, cuBLAS being deterministic on a given GPU and library, the
     /// same bits every run. Any sizes; scratch of `4 · rows · inp` bytes is taken from the stream.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm_bf16_tc(
         &self,
         w: &CudaView<bf16>,
         x: &CudaView<f32>,
         y: &mut CudaViewMut<f32>,
-        out: usize,
-        inp: usize,
-        rows: usize,
-        accumulate: bool,
+        shape: MatShape,
+        accumulate: Accumulate,
     ) -> Result<()> {
+        let MatShape { inp, rows, .. } = shape;
         check(x.len() >= rows * inp, || {
             format!("gemm_bf16_tc: activations too small for {rows} rows of {inp}")
         })?;
@@ -288,7 +287,7 @@ impl Gpu {
             // SAFETY: argument types match the kernel; x holds n elements, xs 2n.
             unsafe { self.run(Order::AfterPredecessor, params, cfg) }?;
         }
-        self.gemm_bf16_tc_split(w, &xs.as_view(), y, out, inp, rows, accumulate)
+        self.gemm_bf16_tc_split(w, &xs.as_view(), y, shape, accumulate)
     }
 
     /// `xs = [hi; lo]` of `RMSNorm(x; w, eps)` for `rows` rows of width `n` (the input
@@ -362,17 +361,15 @@ impl Gpu {
     /// `y[r] (+)= x[r] · Wᵀ` from the split activations `xs = [hi; lo]` (`2 · rows · inp` bf16,
     /// as `gemm_bf16_tc` or `rms_norm_split` make them): two cuBLAS bf16 GEMMs with f32
     /// accumulation, the second adding onto the first.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm_bf16_tc_split(
         &self,
         w: &CudaView<bf16>,
         xs: &CudaView<bf16>,
         y: &mut CudaViewMut<f32>,
-        out: usize,
-        inp: usize,
-        rows: usize,
-        accumulate: bool,
+        shape: MatShape,
+        accumulate: Accumulate,
     ) -> Result<()> {
+        let MatShape { out, inp, rows } = shape;
         check(w.len() == out * inp, || {
             format!(
                 "gemm_bf16_tc: weight has {} elements, expected {out}×{inp}",
@@ -395,7 +392,12 @@ impl Gpu {
             let (xp, _s1) = xs.device_ptr(&self.stream);
             let (yp, _s2) = y.device_ptr_mut(&self.stream);
             let one = 1f32;
-            for (half, beta) in [(0usize, if accumulate { 1f32 } else { 0f32 }), (1, 1f32)] {
+            let beta0 = if accumulate == Accumulate::Add {
+                1f32
+            } else {
+                0f32
+            };
+            for (half, beta) in [(0usize, beta0), (1, 1f32)] {
                 // Column-major view: C[out, rows] = op(A)[out, inp] · B[inp, rows] with A = W
                 // (row-major [out, inp] is column-major [inp, out], transposed) and B = xs half.
                 // SAFETY: pointers are live device allocations of the sizes checked above;

@@ -18,6 +18,7 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaView, PinnedHostSlice}
 use fastdecode_cpu::ForwardOut;
 use half::bf16;
 
+use crate::dense::{Accumulate, MatShape, Norm};
 use crate::error::{CudaError, Result};
 use crate::model::{moe_shape, CudaModel, DevFfn, DevLayer, DevMoe};
 use crate::ops::{AttnShape, ATT_SPLITS, MAX_ROWS};
@@ -505,12 +506,17 @@ impl CudaTarget {
             g.gemv_bf16(
                 &l.qkvg.as_view(),
                 x,
-                Some((&l.input_norm.as_view(), eps)),
+                Some(Norm {
+                    w: &l.input_norm.as_view(),
+                    eps,
+                }),
                 &mut s.rows.qkvg.as_view_mut(),
-                width,
-                h,
-                n,
-                false,
+                MatShape {
+                    out: width,
+                    inp: h,
+                    rows: n,
+                },
+                Accumulate::Overwrite,
             )?;
             let (ck, cv) = &mut self.kv[li];
             // The queries are computed and dropped (the attention scratch holds them).
@@ -726,12 +732,17 @@ impl<'m> Step<'m> {
         g.gemv_bf16(
             &l.qkvg.as_view(),
             &s.rows.x.as_view(),
-            Some((&l.input_norm.as_view(), eps)),
+            Some(Norm {
+                w: &l.input_norm.as_view(),
+                eps,
+            }),
             &mut s.rows.qkvg.as_view_mut(),
-            shape.width(),
-            h,
-            n,
-            false,
+            MatShape {
+                out: shape.width(),
+                inp: h,
+                rows: n,
+            },
+            Accumulate::Overwrite,
         )?;
         self.mark("norm + gemv qkvg")?;
         g.attend_decode(
@@ -755,10 +766,12 @@ impl<'m> Step<'m> {
             &s.att.as_view(),
             None,
             &mut s.rows.x.as_view_mut(),
-            h,
-            l.heads * c.head_dim,
-            n,
-            true,
+            MatShape {
+                out: h,
+                inp: l.heads * c.head_dim,
+                rows: n,
+            },
+            Accumulate::Add,
         )?;
         self.mark("gemv o_proj + residual")
     }
@@ -776,12 +789,17 @@ impl<'m> Step<'m> {
         g.gemv_bf16(
             &gate_up.as_view(),
             &s.rows.x.as_view(),
-            Some((&l.post_norm.as_view(), eps)),
+            Some(Norm {
+                w: &l.post_norm.as_view(),
+                eps,
+            }),
             &mut s.rows.gate_up.as_view_mut(),
-            2 * w,
-            h,
-            n,
-            false,
+            MatShape {
+                out: 2 * w,
+                inp: h,
+                rows: n,
+            },
+            Accumulate::Overwrite,
         )?;
         self.mark("dense norm + gemv gate_up")?;
         g.silu_mul(
@@ -796,10 +814,12 @@ impl<'m> Step<'m> {
             &s.rows.act.as_view(),
             None,
             &mut s.rows.x.as_view_mut(),
-            h,
-            w,
-            n,
-            true,
+            MatShape {
+                out: h,
+                inp: w,
+                rows: n,
+            },
+            Accumulate::Add,
         )?;
         self.mark("dense gemv down + residual")
     }
@@ -891,12 +911,17 @@ impl<'m> Step<'m> {
         g.gemv_bf16(
             &self.m.lm_head.as_view(),
             &s.rows.x.slice(first * h..(first + rows) * h),
-            Some((&self.m.norm.as_view(), self.eps)),
+            Some(Norm {
+                w: &self.m.norm.as_view(),
+                eps: self.eps,
+            }),
             &mut s.logits.as_view_mut(),
-            c.vocab_size,
-            h,
-            rows,
-            false,
+            MatShape {
+                out: c.vocab_size,
+                inp: h,
+                rows,
+            },
+            Accumulate::Overwrite,
         )?;
         self.mark("norm + gemv lm_head")?;
         g.argmax_rows(
@@ -947,10 +972,12 @@ impl Step<'_> {
             &l.qkvg.as_view(),
             &xs.xs.as_view(),
             &mut p.rows.qkvg.slice_mut(0..n * width),
-            width,
-            h,
-            n,
-            false,
+            MatShape {
+                out: width,
+                inp: h,
+                rows: n,
+            },
+            Accumulate::Overwrite,
         )?;
         self.mark("prefill gemm qkvg (hi/lo)")?;
         g.qk_norm_rope_store(
@@ -994,10 +1021,12 @@ impl Step<'_> {
             &l.o.as_view(),
             &att.as_view(),
             &mut p.rows.x.slice_mut(0..n * h),
-            h,
-            l.heads * d,
-            n,
-            true,
+            MatShape {
+                out: h,
+                inp: l.heads * d,
+                rows: n,
+            },
+            Accumulate::Add,
         )?;
         self.mark("prefill gemm o_proj + residual")
     }
@@ -1039,10 +1068,12 @@ impl Step<'_> {
             &gate_up.as_view(),
             &xs.xs.as_view(),
             &mut p.rows.gate_up.slice_mut(0..n * 2 * w),
-            2 * w,
-            h,
-            n,
-            false,
+            MatShape {
+                out: 2 * w,
+                inp: h,
+                rows: n,
+            },
+            Accumulate::Overwrite,
         )?;
         g.silu_mul(
             &p.rows.gate_up.as_view(),
@@ -1054,10 +1085,12 @@ impl Step<'_> {
             &down.as_view(),
             &p.rows.act.slice(0..n * w),
             &mut p.rows.x.slice_mut(0..n * h),
-            h,
-            w,
-            n,
-            true,
+            MatShape {
+                out: h,
+                inp: w,
+                rows: n,
+            },
+            Accumulate::Add,
         )?;
         self.mark("prefill dense mlp")
     }
@@ -1076,10 +1109,12 @@ impl Step<'_> {
             &e.router.as_view(),
             &xs.xs.as_view(),
             &mut p.rows.router_logits.slice_mut(0..n * ms.experts),
-            ms.experts,
-            h,
-            n,
-            false,
+            MatShape {
+                out: ms.experts,
+                inp: h,
+                rows: n,
+            },
+            Accumulate::Overwrite,
         )?;
         g.router_topk(
             &p.rows.router_logits.slice(0..n * ms.experts),
@@ -1173,12 +1208,17 @@ impl Step<'_> {
                 g.gemv_bf16(
                     &self.m.lm_head.as_view(),
                     &p.rows.x.slice((n - 1) * h..n * h),
-                    Some((&self.m.norm.as_view(), self.eps)),
+                    Some(Norm {
+                        w: &self.m.norm.as_view(),
+                        eps: self.eps,
+                    }),
                     &mut step_logits.as_view_mut(),
-                    c.vocab_size,
-                    h,
-                    1,
-                    false,
+                    MatShape {
+                        out: c.vocab_size,
+                        inp: h,
+                        rows: 1,
+                    },
+                    Accumulate::Overwrite,
                 )?;
                 g.argmax_rows(
                     &step_logits.as_view(),
@@ -1202,10 +1242,12 @@ impl Step<'_> {
                     &self.m.lm_head.as_view(),
                     &xs.xs.as_view(),
                     &mut logits.slice_mut(0..n * c.vocab_size),
-                    c.vocab_size,
-                    h,
-                    n,
-                    false,
+                    MatShape {
+                        out: c.vocab_size,
+                        inp: h,
+                        rows: n,
+                    },
+                    Accumulate::Overwrite,
                 )?;
                 g.argmax_rows(
                     &logits.as_view(),

@@ -3,6 +3,7 @@
 //! machine with `--ignored` (see `tools/gpu/check.sh`).
 
 use fastdecode_cpu::ops;
+use fastdecode_cuda::dense::{Accumulate, MatShape, Norm, NormRows};
 use fastdecode_cuda::Gpu;
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -69,12 +70,10 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
                     g.gemv_bf16(
                         &dw.as_view(),
                         &dx.as_view(),
-                        norm.as_ref().map(|(v, e)| (v, *e)),
+                        norm.as_ref().map(|(v, e)| Norm { w: v, eps: *e }),
                         &mut dy.as_view_mut(),
-                        out,
-                        inp,
-                        rows,
-                        false,
+                        MatShape { out, inp, rows },
+                        Accumulate::Overwrite,
                     )
                     .unwrap();
                     (g.stream.clone_dtoh(&dy).unwrap(), dy)
@@ -107,12 +106,10 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
                 g.gemv_bf16(
                     &dw.as_view(),
                     &dx.as_view(),
-                    norm.as_ref().map(|(v, e)| (v, *e)),
+                    norm.as_ref().map(|(v, e)| Norm { w: v, eps: *e }),
                     &mut dy.as_view_mut(),
-                    out,
-                    inp,
-                    rows,
-                    true,
+                    MatShape { out, inp, rows },
+                    Accumulate::Add,
                 )
                 .unwrap();
                 let y2 = g.stream.clone_dtoh(&dy).unwrap();
@@ -187,12 +184,12 @@ fn drafter_context_kernels_match_cpu() {
         let mut dy = g.stream.alloc_zeros::<f32>(rows * n).unwrap();
         g.rms_norm_rows(
             &dx.as_view(),
-            &dw.as_view(),
+            Norm {
+                w: &dw.as_view(),
+                eps: 1e-6,
+            },
             &mut dy.as_view_mut(),
-            n,
-            rows,
-            w_rows,
-            1e-6,
+            NormRows { rows, n, w_rows },
         )
         .unwrap();
         let y = g.stream.clone_dtoh(&dy).unwrap();

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use fastdecode_cpu::layers::{Attention, Linear, Mlp, Moe, Projected};
 use fastdecode_cpu::ops;
+use fastdecode_cuda::dense::{Accumulate, MatShape};
 use fastdecode_cuda::ops::{DevNvfp4, MoeShape};
 use fastdecode_cuda::prefill::MoeWeights;
 use fastdecode_cuda::Gpu;
@@ -60,29 +61,27 @@ fn gemm_bf16_tc_matches_cpu_and_is_deterministic() {
                     &mut want[r * out..(r + 1) * out],
                 );
             }
-            let run = |acc: bool| {
+            let run = |acc: Accumulate| {
                 let mut dy = g.stream.clone_htod(&y0).unwrap();
                 g.gemm_bf16_tc(
                     &dw.as_view(),
                     &dx.as_view(),
                     &mut dy.as_view_mut(),
-                    out,
-                    inp,
-                    rows,
+                    MatShape { out, inp, rows },
                     acc,
                 )
                 .unwrap();
                 g.stream.clone_dtoh(&dy).unwrap()
             };
-            let y = run(false);
+            let y = run(Accumulate::Overwrite);
             let e = max_rel(&y, &want);
             worst = worst.max(e);
             assert!(e < 1e-4, "gemm {out}x{inp} rows {rows}: max rel err {e}");
             assert!(
-                same_bits(&y, &run(false)),
+                same_bits(&y, &run(Accumulate::Overwrite)),
                 "gemm {out}x{inp} rows {rows}: rerun differs"
             );
-            let ya = run(true);
+            let ya = run(Accumulate::Add);
             let want_a: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
             let e = max_rel(&ya, &want_a);
             assert!(e < 1e-4, "gemm accumulate {out}x{inp} rows {rows}: {e}");
@@ -98,10 +97,12 @@ fn gemm_bf16_tc_matches_cpu_and_is_deterministic() {
             &dw.as_view(),
             &dx.as_view(),
             &mut dy.as_view_mut(),
-            3,
-            4,
-            1,
-            false
+            MatShape {
+                out: 3,
+                inp: 4,
+                rows: 1
+            },
+            Accumulate::Overwrite,
         )
         .is_err());
 }
@@ -551,10 +552,8 @@ fn prefill_kernels_timing_xs_shapes() {
                 &dw.as_view(),
                 &dx.as_view(),
                 &mut dy.as_view_mut(),
-                out,
-                inp,
-                rows,
-                false,
+                MatShape { out, inp, rows },
+                Accumulate::Overwrite,
             )
             .unwrap()
         });
