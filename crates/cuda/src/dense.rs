@@ -132,6 +132,13 @@ pub struct Norm<'a> {
     pub eps: f32,
 }
 
+/// `rows` rows of `n` values.
+#[derive(Clone, Copy, Debug)]
+pub struct RowShape {
+    pub rows: usize,
+    pub n: usize,
+}
+
 /// `rms_norm_rows`'s shape: `rows` rows of `n`, normed by `w_rows` stacked weight rows (the
 /// kernel's `n` and `W`).
 #[derive(Clone, Copy, Debug)]

@@ -6,10 +6,10 @@ use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 
-use crate::dense::{Accumulate, MatShape};
+use crate::dense::{Accumulate, MatShape, Norm, RowShape};
 use crate::device::{launch_cfg, Gpu};
 use crate::error::{check, CudaError, Result};
-use crate::ops::{DevNvfp4, MoeShape};
+use crate::ops::{AttnShape, DevNvfp4, MoeShape};
 use crate::params::{kernel_params, Order};
 
 /// Tokens per MoE work tile (`PF_TOK` in the kernels).
@@ -199,6 +199,28 @@ struct Placed {
     max_tiles: usize,
 }
 
+/// Whether `rms_norm_split` also writes its split in the grouped expert GEMMs' layout (`perm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupedSplit {
+    Skip,
+    Make,
+}
+
+/// The inputs of `attend_prefill`: `q [rows, heads, d]` (normed and roped), the caches
+/// `ck`, `cv` (`[slots, kv_heads, d]`), the gate logits of row r at `g[r · g_stride ..][..heads]`,
+/// `pos [rows]`, and `keys`, the key positions the rows see.
+pub struct PrefillAttn<'a> {
+    pub q: &'a CudaView<'a, f32>,
+    pub ck: &'a CudaView<'a, f32>,
+    pub cv: &'a CudaView<'a, f32>,
+    pub g: &'a CudaView<'a, f32>,
+    pub g_stride: usize,
+    pub pos: &'a CudaView<'a, i32>,
+    pub shape: AttnShape,
+    pub rows: usize,
+    pub keys: std::ops::Range<usize>,
+}
+
 /// Where `attend_prefill_to` writes its output.
 enum AttnDest<'a, 'b> {
     /// f32 rows `[rows, heads, d]`.
@@ -290,22 +312,21 @@ impl Gpu {
         self.gemm_bf16_tc_split(w, &xs.as_view(), y, shape, accumulate)
     }
 
-    /// `xs = [hi; lo]` of `RMSNorm(x; w, eps)` for `rows` rows of width `n` (the input
+    /// `xs = [hi; lo]` of `RMSNorm(x; norm)` for `rows` rows of width `n` (the input
     /// `gemm_bf16_tc_split` takes), the normalised rows themselves into `out` when given, and
-    /// with `perm` the same split in the grouped expert GEMMs' layout (`moe_prefill_split`'s
-    /// input; `n % 128 == 0`): one pass instead of a norm and a split or two. Scratch of
-    /// `4 · rows · n` bytes (and as much again for `perm`) from the stream.
-    #[allow(clippy::too_many_arguments)]
+    /// with `GroupedSplit::Make` the same split in the grouped expert GEMMs' layout (`perm`,
+    /// `moe_prefill_split`'s input; `n % 128 == 0`): one pass instead of a norm and a split or
+    /// two. Scratch of `4 · rows · n` bytes (and as much again for `perm`) from the stream.
     pub fn rms_norm_split(
         &self,
         x: &CudaView<f32>,
-        w: &CudaView<bf16>,
+        norm: Norm,
         out: Option<&mut CudaViewMut<f32>>,
-        perm: bool,
-        n: usize,
-        rows: usize,
-        eps: f32,
+        grouped: GroupedSplit,
+        shape: RowShape,
     ) -> Result<NormSplit> {
+        let (Norm { w, eps }, RowShape { rows, n }) = (norm, shape);
+        let perm = grouped == GroupedSplit::Make;
         check(
             x.len() >= rows * n
                 && w.len() == n
@@ -684,9 +705,8 @@ impl Gpu {
     }
 
     /// Gated attention of `rows` query rows over the cache on the tensor cores (the semantics of
-    /// `attend`): `q [rows, heads, d]` (normed and roped), caches `[slots, kv_heads, d]` holding
-    /// every key the rows see (position p at slot `p % ring`, or `p` when `ring` is 0), gate
-    /// logits of row r at `g[r · g_stride ..][..heads]`, `pos [rows]`, `out [rows, heads, d]`.
+    /// `attend`; `a` as `PrefillAttn` describes it), the caches holding every key the rows see
+    /// (position p at slot `p % ring`, or `p` when `ring` is 0), into `out [rows, heads, d]`.
     /// Row r sees key positions `max(0, pos - window + 1) ..= pos` (`window` 0: all); `keys`
     /// must hold every position any row sees (only their slots are converted and read).
     /// Flash-style: those cache rows are first split into bf16 hi/lo rows (scratch of
@@ -696,102 +716,40 @@ impl Gpu {
     /// an online softmax; q/k/P/v split hi/lo (about f32 accuracy). `d` is 32, 64 or 128; any
     /// row count and key count. A key whose slot lies past the cache reads as zeros instead of
     /// out of bounds.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend_prefill(
-        &self,
-        q: &CudaView<f32>,
-        ck: &CudaView<f32>,
-        cv: &CudaView<f32>,
-        g: &CudaView<f32>,
-        g_stride: usize,
-        pos: &CudaView<i32>,
-        out: &mut CudaViewMut<f32>,
-        heads: usize,
-        kv_heads: usize,
-        d: usize,
-        window: usize,
-        ring: usize,
-        rows: usize,
-        keys: std::ops::Range<usize>,
-    ) -> Result<()> {
-        self.attend_prefill_to(
-            q,
-            ck,
-            cv,
-            g,
-            g_stride,
-            pos,
-            AttnDest::Rows(out),
-            heads,
-            kv_heads,
-            d,
-            window,
-            ring,
-            rows,
-            keys,
-        )
+    pub fn attend_prefill(&self, a: PrefillAttn, out: &mut CudaViewMut<f32>) -> Result<()> {
+        self.attend_prefill_to(a, AttnDest::Rows(out))
     }
 
     /// Gated attention straight into the hi/lo split `[2, rows, heads · d]` that
     /// `gemm_bf16_tc_split` takes (the o_proj input), skipping an f32 round trip and a split
     /// pass; the bits equal a split of `attend_prefill`'s rows. Scratch from the stream.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend_prefill_split(
-        &self,
-        q: &CudaView<f32>,
-        ck: &CudaView<f32>,
-        cv: &CudaView<f32>,
-        g: &CudaView<f32>,
-        g_stride: usize,
-        pos: &CudaView<i32>,
-        heads: usize,
-        kv_heads: usize,
-        d: usize,
-        window: usize,
-        ring: usize,
-        rows: usize,
-        keys: std::ops::Range<usize>,
-    ) -> Result<CudaSlice<bf16>> {
+    pub fn attend_prefill_split(&self, a: PrefillAttn) -> Result<CudaSlice<bf16>> {
         // Every element is written: each row's heads × d outputs, hi and lo.
-        let mut xs = scratch::<bf16>(self, 2 * rows * heads * d)?;
-        self.attend_prefill_to(
+        let mut xs = scratch::<bf16>(self, 2 * a.rows * a.shape.heads * a.shape.head_dim)?;
+        self.attend_prefill_to(a, AttnDest::Split(&mut xs))?;
+        Ok(xs)
+    }
+
+    /// The launch behind `attend_prefill` and `attend_prefill_split`.
+    fn attend_prefill_to(&self, a: PrefillAttn, mut out: AttnDest<'_, '_>) -> Result<()> {
+        let PrefillAttn {
             q,
             ck,
             cv,
             g,
             g_stride,
             pos,
-            AttnDest::Split(&mut xs),
-            heads,
-            kv_heads,
-            d,
-            window,
-            ring,
+            shape,
             rows,
             keys,
-        )?;
-        Ok(xs)
-    }
-
-    /// The launch behind `attend_prefill` and `attend_prefill_split`.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_prefill_to(
-        &self,
-        q: &CudaView<f32>,
-        ck: &CudaView<f32>,
-        cv: &CudaView<f32>,
-        g: &CudaView<f32>,
-        g_stride: usize,
-        pos: &CudaView<i32>,
-        mut out: AttnDest<'_, '_>,
-        heads: usize,
-        kv_heads: usize,
-        d: usize,
-        window: usize,
-        ring: usize,
-        rows: usize,
-        keys: std::ops::Range<usize>,
-    ) -> Result<()> {
+        } = a;
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: d,
+            window,
+            ring,
+        } = shape;
         let name = match d {
             32 => "pf_attend_d32",
             64 => "pf_attend_d64",

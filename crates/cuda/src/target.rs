@@ -18,11 +18,11 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaView, PinnedHostSlice}
 use fastdecode_cpu::ForwardOut;
 use half::bf16;
 
-use crate::dense::{Accumulate, MatShape, Norm};
+use crate::dense::{Accumulate, MatShape, Norm, RowShape};
 use crate::error::{CudaError, Result};
 use crate::model::{moe_shape, CudaModel, DevFfn, DevLayer, DevMoe};
 use crate::ops::{AttnShape, ATT_SPLITS, MAX_ROWS};
-use crate::prefill::MoeWeights;
+use crate::prefill::{GroupedSplit, MoeWeights, PrefillAttn};
 use crate::profile::mark;
 
 /// Per-row buffers both paths use, for up to `n` rows: inputs, activations, the router's
@@ -960,12 +960,13 @@ impl Step<'_> {
         // The norm writes the GEMM's hi/lo split directly (the normed rows are not needed).
         let xs = g.rms_norm_split(
             &p.rows.x.slice(0..n * h),
-            &l.input_norm.as_view(),
+            Norm {
+                w: &l.input_norm.as_view(),
+                eps,
+            },
             None,
-            false,
-            h,
-            n,
-            eps,
+            GroupedSplit::Skip,
+            RowShape { rows: n, n: h },
         )?;
         self.mark("prefill rms_norm (+ split)")?;
         g.gemm_bf16_tc_split(
@@ -995,27 +996,24 @@ impl Step<'_> {
         )?;
         self.mark("prefill qk norm + rope + kv store")?;
         // Straight into the o_proj GEMM's hi/lo split.
-        let att = g.attend_prefill_split(
-            &p.q.slice(0..n * l.heads * d),
-            &ck.as_view(),
-            &cv.as_view(),
+        let att = g.attend_prefill_split(PrefillAttn {
+            q: &p.q.slice(0..n * l.heads * d),
+            ck: &ck.as_view(),
+            cv: &cv.as_view(),
             // The gate logits: the tail of each fused projection row.
-            &p.rows.qkvg.slice(width - l.heads..n * width),
-            width,
-            &p.rows.pos.slice(0..n),
-            l.heads,
-            c.num_key_value_heads,
-            d,
-            l.window,
-            shape.ring,
-            n,
+            g: &p.rows.qkvg.slice(width - l.heads..n * width),
+            g_stride: width,
+            pos: &p.rows.pos.slice(0..n),
+            // The layer's attn_shape: l.heads, its kv heads, head_dim d, l.window, its ring.
+            shape,
+            rows: n,
             // The keys these rows see: the first row's window through the last row.
-            if l.window > 0 {
+            keys: if l.window > 0 {
                 (p0 + 1).saturating_sub(l.window)
             } else {
                 0
             }..p0 + n,
-        )?;
+        })?;
         self.mark("prefill attention")?;
         g.gemm_bf16_tc_split(
             &l.o.as_view(),
@@ -1043,12 +1041,17 @@ impl Step<'_> {
         let grouped = self.grouped_moe();
         let xs = self.m.gpu.rms_norm_split(
             &p.rows.x.slice(0..n * h),
-            &l.post_norm.as_view(),
+            Norm {
+                w: &l.post_norm.as_view(),
+                eps: self.eps,
+            },
             (moe_layer && !grouped).then_some(&mut p.rows.xn.slice_mut(0..n * h)),
-            moe_layer && grouped,
-            h,
-            n,
-            self.eps,
+            if moe_layer && grouped {
+                GroupedSplit::Make
+            } else {
+                GroupedSplit::Skip
+            },
+            RowShape { rows: n, n: h },
         )?;
         self.mark("prefill rms_norm (+ split)")?;
         Ok(xs)
@@ -1231,12 +1234,13 @@ impl Step<'_> {
                 let logits = p.logits.as_mut().expect("allocated above");
                 let xs = g.rms_norm_split(
                     &p.rows.x.slice(0..n * h),
-                    &self.m.norm.as_view(),
+                    Norm {
+                        w: &self.m.norm.as_view(),
+                        eps: self.eps,
+                    },
                     None,
-                    false,
-                    h,
-                    n,
-                    self.eps,
+                    GroupedSplit::Skip,
+                    RowShape { rows: n, n: h },
                 )?;
                 g.gemm_bf16_tc_split(
                     &self.m.lm_head.as_view(),

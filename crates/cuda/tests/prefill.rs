@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use fastdecode_cpu::layers::{Attention, Linear, Mlp, Moe, Projected};
 use fastdecode_cpu::ops;
-use fastdecode_cuda::dense::{Accumulate, MatShape};
-use fastdecode_cuda::ops::{DevNvfp4, MoeShape};
-use fastdecode_cuda::prefill::MoeWeights;
+use fastdecode_cuda::dense::{Accumulate, MatShape, Norm, RowShape};
+use fastdecode_cuda::ops::{AttnShape, DevNvfp4, MoeShape};
+use fastdecode_cuda::prefill::{GroupedSplit, MoeWeights, PrefillAttn};
 use fastdecode_cuda::Gpu;
 use fastdecode_model::config::{RopeParams, RopeScaling};
 use fastdecode_model::rope::Rope;
@@ -123,7 +123,11 @@ fn rms_norm_split_matches_cpu_and_feeds_the_gemm_like_a_split_of_the_norm() {
         (5, 256),
         (3, 2048),
     ] {
-        let perm = n % 128 == 0;
+        let grouped = if n % 128 == 0 {
+            GroupedSplit::Make
+        } else {
+            GroupedSplit::Skip
+        };
         let x = rand_vec(&mut rng, rows * n, 3.0);
         let w = to_bf16(&rand_vec(&mut rng, n, 1.0));
         let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
@@ -135,12 +139,13 @@ fn rms_norm_split_matches_cpu_and_feeds_the_gemm_like_a_split_of_the_norm() {
         let split = g
             .rms_norm_split(
                 &dx.as_view(),
-                &dw.as_view(),
+                Norm {
+                    w: &dw.as_view(),
+                    eps: 1e-6,
+                },
                 Some(&mut dout.as_view_mut()),
-                perm,
-                n,
-                rows,
-                1e-6,
+                grouped,
+                RowShape { rows, n },
             )
             .unwrap();
         let out = g.stream.clone_dtoh(&dout).unwrap();
@@ -192,7 +197,16 @@ fn rms_norm_split_matches_cpu_and_feeds_the_gemm_like_a_split_of_the_norm() {
         }
         // Without the normed rows, the same split.
         let xs2 = g
-            .rms_norm_split(&dx.as_view(), &dw.as_view(), None, false, n, rows, 1e-6)
+            .rms_norm_split(
+                &dx.as_view(),
+                Norm {
+                    w: &dw.as_view(),
+                    eps: 1e-6,
+                },
+                None,
+                GroupedSplit::Skip,
+                RowShape { rows, n },
+            )
             .unwrap();
         assert_eq!(
             g.stream.clone_dtoh(&xs2.xs).unwrap(),
@@ -422,20 +436,24 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
         let run = || {
             let mut dout = g.stream.alloc_zeros::<f32>(rows * heads * d).unwrap();
             g.attend_prefill(
-                &dq.as_view(),
-                &dck.as_view(),
-                &dcv.as_view(),
-                &dg.as_view(),
-                gstride,
-                &dpos.as_view(),
+                PrefillAttn {
+                    q: &dq.as_view(),
+                    ck: &dck.as_view(),
+                    cv: &dcv.as_view(),
+                    g: &dg.as_view(),
+                    g_stride: gstride,
+                    pos: &dpos.as_view(),
+                    shape: AttnShape {
+                        heads,
+                        kv_heads,
+                        head_dim: d,
+                        window,
+                        ring,
+                    },
+                    rows,
+                    keys: seen.clone(),
+                },
                 &mut dout.as_view_mut(),
-                heads,
-                kv_heads,
-                d,
-                window,
-                ring,
-                rows,
-                seen.clone(),
             )
             .unwrap();
             g.stream.clone_dtoh(&dout).unwrap()
@@ -467,21 +485,23 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
         assert!(same_bits(&got, &run()), "attend_prefill: rerun differs");
         // The split output (the o_proj GEMM's input) is exactly hi/lo of those rows.
         let xs = g
-            .attend_prefill_split(
-                &dq.as_view(),
-                &dck.as_view(),
-                &dcv.as_view(),
-                &dg.as_view(),
-                gstride,
-                &dpos.as_view(),
-                heads,
-                kv_heads,
-                d,
-                window,
-                ring,
+            .attend_prefill_split(PrefillAttn {
+                q: &dq.as_view(),
+                ck: &dck.as_view(),
+                cv: &dcv.as_view(),
+                g: &dg.as_view(),
+                g_stride: gstride,
+                pos: &dpos.as_view(),
+                shape: AttnShape {
+                    heads,
+                    kv_heads,
+                    head_dim: d,
+                    window,
+                    ring,
+                },
                 rows,
-                seen.clone(),
-            )
+                keys: seen.clone(),
+            })
             .unwrap();
         assert_split_of(
             &g.stream.clone_dtoh(&xs).unwrap(),
@@ -495,20 +515,24 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
     let mut out = g.stream.alloc_zeros::<f32>(64).unwrap();
     assert!(g
         .attend_prefill(
-            &z.as_view(),
-            &z.as_view(),
-            &z.as_view(),
-            &z.as_view(),
-            1,
-            &zp.as_view(),
+            PrefillAttn {
+                q: &z.as_view(),
+                ck: &z.as_view(),
+                cv: &z.as_view(),
+                g: &z.as_view(),
+                g_stride: 1,
+                pos: &zp.as_view(),
+                shape: AttnShape {
+                    heads: 1,
+                    kv_heads: 1,
+                    head_dim: 48,
+                    window: 0,
+                    ring: 0
+                },
+                rows: 1,
+                keys: 0..1
+            },
             &mut out.as_view_mut(),
-            1,
-            1,
-            48,
-            0,
-            0,
-            1,
-            0..1
         )
         .is_err());
 }
@@ -673,20 +697,24 @@ fn prefill_kernels_timing_xs_shapes() {
         let mut dout = g.stream.alloc_zeros::<f32>(rows * heads * d).unwrap();
         let ms = time_ms(&g, 20, || {
             g.attend_prefill(
-                &dq.as_view(),
-                &dck.as_view(),
-                &dcv.as_view(),
-                &dg.as_view(),
-                heads,
-                &dpos.as_view(),
+                PrefillAttn {
+                    q: &dq.as_view(),
+                    ck: &dck.as_view(),
+                    cv: &dcv.as_view(),
+                    g: &dg.as_view(),
+                    g_stride: heads,
+                    pos: &dpos.as_view(),
+                    shape: AttnShape {
+                        heads,
+                        kv_heads: kvh,
+                        head_dim: d,
+                        window,
+                        ring: 0,
+                    },
+                    rows,
+                    keys: 0..rows,
+                },
                 &mut dout.as_view_mut(),
-                heads,
-                kvh,
-                d,
-                window,
-                0,
-                rows,
-                0..rows,
             )
             .unwrap()
         });
