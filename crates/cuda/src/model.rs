@@ -14,7 +14,7 @@ use fastdecode_model::rope::Rope;
 
 use crate::device::Gpu;
 use crate::error::{CudaError, Result};
-use crate::ops::{DevNvfp4, DevRope};
+use crate::ops::{DevNvfp4, DevRope, MoeLayer, MoeShape, MoeWeights};
 use crate::weights::WeightSource;
 
 pub struct DevMoe {
@@ -26,6 +26,21 @@ pub struct DevMoe {
     pub shared_gate: DevNvfp4,
     pub shared_up: DevNvfp4,
     pub shared_down: DevNvfp4,
+}
+
+impl DevMoe {
+    /// The layer as the expert kernels take it.
+    pub fn layer(&self, shape: MoeShape, scaling: f32) -> MoeLayer<'_> {
+        let w = MoeWeights {
+            gate: &self.gate,
+            up: &self.up,
+            down: &self.down,
+            shared_gate: &self.shared_gate,
+            shared_up: &self.shared_up,
+            shared_down: &self.shared_down,
+        };
+        MoeLayer { w, shape, scaling }
+    }
 }
 
 pub enum DevFfn {

@@ -159,6 +159,32 @@ pub struct DevNvfp4 {
     pub scales: CudaSlice<u8>,
 }
 
+/// The NVFP4 weights of one MoE layer: routed stacks `[E, I, H]` (gate, up) and `[E, H, I]`
+/// (down), and the shared expert as a one-expert stack (`[Is, H]`, `[H, Is]`).
+#[derive(Clone, Copy)]
+pub struct MoeWeights<'a> {
+    pub gate: &'a DevNvfp4,
+    pub up: &'a DevNvfp4,
+    pub down: &'a DevNvfp4,
+    pub shared_gate: &'a DevNvfp4,
+    pub shared_up: &'a DevNvfp4,
+    pub shared_down: &'a DevNvfp4,
+}
+
+/// One MoE layer as the expert kernels take it: its weights, shapes and routed scaling factor.
+pub struct MoeLayer<'a> {
+    pub w: MoeWeights<'a>,
+    pub shape: MoeShape,
+    pub scaling: f32,
+}
+
+/// The router's choice for each row: `ids [rows, k]` (experts) and `wts [rows, k]` (weights).
+#[derive(Clone, Copy)]
+pub struct Routing<'a> {
+    pub ids: &'a CudaView<'a, i32>,
+    pub wts: &'a CudaView<'a, f32>,
+}
+
 /// Shapes of one attention layer, as the fused `qkvg` projection lays them out.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
@@ -491,48 +517,28 @@ impl Gpu {
     }
 
     /// `h[r, s] = silu(G_e xn_r) · (U_e xn_r)` for the routed slots and the shared expert (slot k).
-    #[allow(clippy::too_many_arguments)]
     pub fn moe_gate_up(
         &self,
+        layer: &MoeLayer,
         xn: &CudaView<f32>,
         ids: &CudaView<i32>,
-        gate: &DevNvfp4,
-        up: &DevNvfp4,
-        shared_gate: &DevNvfp4,
-        shared_up: &DevNvfp4,
-        shape: MoeShape,
         rows: usize,
         h: &mut CudaViewMut<f32>,
     ) -> Result<()> {
-        self.moe_gate_up_by(
-            self.moe_kernel,
-            xn,
-            ids,
-            gate,
-            up,
-            shared_gate,
-            shared_up,
-            shape,
-            rows,
-            h,
-        )
+        self.moe_gate_up_by(self.moe_kernel, layer, xn, ids, rows, h)
     }
 
     /// `moe_gate_up` with the kernel chosen by the caller (tests compare them).
-    #[allow(clippy::too_many_arguments)]
     pub fn moe_gate_up_by(
         &self,
         kernel: MoeKernel,
+        layer: &MoeLayer,
         xn: &CudaView<f32>,
         ids: &CudaView<i32>,
-        gate: &DevNvfp4,
-        up: &DevNvfp4,
-        shared_gate: &DevNvfp4,
-        shared_up: &DevNvfp4,
-        shape: MoeShape,
         rows: usize,
         h: &mut CudaViewMut<f32>,
     ) -> Result<()> {
+        let (w, shape) = (&layer.w, layer.shape);
         shape.check()?;
         let (hd, k, i, is) = (shape.hidden, shape.top_k, shape.inter, shape.shared_inter);
         let sw = shape.slot_width();
@@ -564,14 +570,14 @@ impl Gpu {
         let params = MoeGateUp {
             xn,
             ids,
-            gc: &gate.codes,
-            gs: &gate.scales,
-            uc: &up.codes,
-            us: &up.scales,
-            sgc: &shared_gate.codes,
-            sgs: &shared_gate.scales,
-            suc: &shared_up.codes,
-            sus: &shared_up.scales,
+            gc: &w.gate.codes,
+            gs: &w.gate.scales,
+            uc: &w.up.codes,
+            us: &w.up.scales,
+            sgc: &w.shared_gate.codes,
+            sgs: &w.shared_gate.scales,
+            suc: &w.shared_up.codes,
+            sus: &w.shared_up.scales,
             h: h.slice_mut(..),
             H: hd as i32,
             I: i as i32,
@@ -584,48 +590,29 @@ impl Gpu {
     }
 
     /// `x[r] += scaling · Σ_s w[r,s] · D_e h[r,s] + D_shared h[r,k]`.
-    #[allow(clippy::too_many_arguments)]
     pub fn moe_down(
         &self,
+        layer: &MoeLayer,
         h: &CudaView<f32>,
-        ids: &CudaView<i32>,
-        wts: &CudaView<f32>,
-        down: &DevNvfp4,
-        shared_down: &DevNvfp4,
-        shape: MoeShape,
-        scaling: f32,
+        routing: Routing,
         rows: usize,
         x: &mut CudaViewMut<f32>,
     ) -> Result<()> {
-        self.moe_down_by(
-            self.moe_kernel,
-            h,
-            ids,
-            wts,
-            down,
-            shared_down,
-            shape,
-            scaling,
-            rows,
-            x,
-        )
+        self.moe_down_by(self.moe_kernel, layer, h, routing, rows, x)
     }
 
     /// `moe_down` with the kernel chosen by the caller (tests compare them).
-    #[allow(clippy::too_many_arguments)]
     pub fn moe_down_by(
         &self,
         kernel: MoeKernel,
+        layer: &MoeLayer,
         h: &CudaView<f32>,
-        ids: &CudaView<i32>,
-        wts: &CudaView<f32>,
-        down: &DevNvfp4,
-        shared_down: &DevNvfp4,
-        shape: MoeShape,
-        scaling: f32,
+        routing: Routing,
         rows: usize,
         x: &mut CudaViewMut<f32>,
     ) -> Result<()> {
+        let (w, shape, scaling) = (&layer.w, layer.shape, layer.scaling);
+        let Routing { ids, wts } = routing;
         shape.check()?;
         let (hd, k, i, is) = (shape.hidden, shape.top_k, shape.inter, shape.shared_inter);
         let sw = shape.slot_width();
@@ -661,10 +648,10 @@ impl Gpu {
             h,
             ids,
             wts,
-            dc: &down.codes,
-            ds: &down.scales,
-            sdc: &shared_down.codes,
-            sds: &shared_down.scales,
+            dc: &w.down.codes,
+            ds: &w.down.scales,
+            sdc: &w.shared_down.codes,
+            sds: &w.shared_down.scales,
             x: x.slice_mut(..),
             H: hd as i32,
             I: i as i32,

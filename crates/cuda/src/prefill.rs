@@ -9,7 +9,7 @@ use half::bf16;
 use crate::dense::{Accumulate, MatShape, Norm, RowShape};
 use crate::device::{launch_cfg, Gpu};
 use crate::error::{check, CudaError, Result};
-use crate::ops::{AttnShape, DevNvfp4, MoeShape};
+use crate::ops::{AttnShape, DevNvfp4, MoeLayer, MoeShape, MoeWeights, Routing};
 use crate::params::{kernel_params, Order};
 
 /// Tokens per MoE work tile (`PF_TOK` in the kernels).
@@ -23,17 +23,6 @@ const MOE_SMEM: u32 = 3 * (256 * 64 + 256 * 8 + 32 * 576);
 pub const MOE_MAX_EXPERTS: usize = 1024;
 /// Pipeline stages of the attention kernels (`PF_ASTAGES`).
 pub(crate) const ATTEND_STAGES: usize = 3;
-
-/// The NVFP4 weights of one MoE layer: routed stacks `[E, I, H]` (gate, up) and `[E, H, I]`
-/// (down), and the shared expert as a one-expert stack (`[Is, H]`, `[H, Is]`).
-pub struct MoeWeights<'a> {
-    pub gate: &'a DevNvfp4,
-    pub up: &'a DevNvfp4,
-    pub down: &'a DevNvfp4,
-    pub shared_gate: &'a DevNvfp4,
-    pub shared_up: &'a DevNvfp4,
-    pub shared_down: &'a DevNvfp4,
-}
 
 fn nvfp4_is(w: &DevNvfp4, rows: usize, cols: usize) -> bool {
     w.codes.len() == rows * cols / 8 && w.scales.len() == rows * cols / 16
@@ -457,20 +446,16 @@ impl Gpu {
     /// with `e = ids[r, s]` (the output of `router_topk`: `[rows, k]`, ascending experts): the
     /// activations split into the grouped GEMMs' layout (`split_perm`), then
     /// `moe_prefill_split`. Needs 16-byte aligned `xn`.
-    #[allow(clippy::too_many_arguments)]
     pub fn moe_prefill(
         &self,
-        w: &MoeWeights,
-        shape: MoeShape,
+        layer: &MoeLayer,
         xn: &CudaView<f32>,
-        ids: &CudaView<i32>,
-        wts: &CudaView<f32>,
-        x: &mut CudaViewMut<f32>,
-        scaling: f32,
+        routing: Routing,
         rows: usize,
+        x: &mut CudaViewMut<f32>,
     ) -> Result<()> {
-        let xs = self.split_perm(xn, shape.hidden, rows)?;
-        self.moe_prefill_split(w, shape, &xs.as_view(), ids, wts, x, scaling, rows)
+        let xs = self.split_perm(xn, layer.shape.hidden, rows)?;
+        self.moe_prefill_split(layer, &xs.as_view(), routing, rows, x)
     }
 
     /// f32 rows `xn [rows, n]` (`n % 128 == 0`, 16-byte aligned) as hi/lo in the grouped expert
@@ -510,18 +495,16 @@ impl Gpu {
     /// ascending expert order: no float atomics, the same bits every run. Needs `hidden`,
     /// `inter` and `shared_inter` multiples of 128 and `experts <= 1024`.
     /// Scratch of about `rows · (4·hidden + (k + 1)·(4·hidden + 4·inter))` bytes comes from the stream.
-    #[allow(clippy::too_many_arguments)]
     pub fn moe_prefill_split(
         &self,
-        w: &MoeWeights,
-        shape: MoeShape,
+        layer: &MoeLayer,
         xs: &CudaView<u32>,
-        ids: &CudaView<i32>,
-        wts: &CudaView<f32>,
-        x: &mut CudaViewMut<f32>,
-        scaling: f32,
+        routing: Routing,
         rows: usize,
+        x: &mut CudaViewMut<f32>,
     ) -> Result<()> {
+        let (w, shape, scaling) = (&layer.w, layer.shape, layer.scaling);
+        let Routing { ids, wts } = routing;
         let MoeShape {
             experts: e,
             top_k: k,

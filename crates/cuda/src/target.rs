@@ -21,8 +21,8 @@ use half::bf16;
 use crate::dense::{Accumulate, MatShape, Norm, RowShape};
 use crate::error::{CudaError, Result};
 use crate::model::{moe_shape, CudaModel, DevFfn, DevLayer, DevMoe};
-use crate::ops::{AttnShape, ATT_SPLITS, MAX_ROWS};
-use crate::prefill::{GroupedSplit, MoeWeights, PrefillAttn};
+use crate::ops::{AttnShape, Routing, ATT_SPLITS, MAX_ROWS};
+use crate::prefill::{GroupedSplit, PrefillAttn};
 use crate::profile::mark;
 
 /// Per-row buffers both paths use, for up to `n` rows: inputs, activations, the router's
@@ -856,26 +856,23 @@ impl<'m> Step<'m> {
         if let Some(trace) = trace {
             trace.push(g.stream.clone_dtoh(&s.rows.ids.slice(0..n * ms.top_k))?);
         }
+        let layer = e.layer(ms, c.moe_routed_scaling_factor as f32);
         g.moe_gate_up(
+            &layer,
             &s.rows.xn.as_view(),
             &s.rows.ids.as_view(),
-            &e.gate,
-            &e.up,
-            &e.shared_gate,
-            &e.shared_up,
-            ms,
             n,
             &mut s.rows.h.as_view_mut(),
         )?;
         self.mark("nvfp4 gate_up (routed + shared)")?;
+        let routing = Routing {
+            ids: &s.rows.ids.as_view(),
+            wts: &s.rows.wts.as_view(),
+        };
         g.moe_down(
+            &layer,
             &s.rows.h.as_view(),
-            &s.rows.ids.as_view(),
-            &s.rows.wts.as_view(),
-            &e.down,
-            &e.shared_down,
-            ms,
-            c.moe_routed_scaling_factor as f32,
+            routing,
             n,
             &mut s.rows.x.as_view_mut(),
         )?;
@@ -1130,50 +1127,34 @@ impl Step<'_> {
             n,
         )?;
         self.mark("prefill router (gemm + top-k)")?;
-        let scaling = c.moe_routed_scaling_factor as f32;
+        let layer = e.layer(ms, c.moe_routed_scaling_factor as f32);
         if self.grouped_moe() {
-            let w = MoeWeights {
-                gate: &e.gate,
-                up: &e.up,
-                down: &e.down,
-                shared_gate: &e.shared_gate,
-                shared_up: &e.shared_up,
-                shared_down: &e.shared_down,
-            };
             let perm = xs.perm.as_ref().expect("asked for grouped MoE layers");
-            g.moe_prefill_split(
-                &w,
-                ms,
-                &perm.as_view(),
-                &p.rows.ids.slice(0..n * ms.top_k),
-                &p.rows.wts.slice(0..n * ms.top_k),
-                &mut p.rows.x.slice_mut(0..n * h),
-                scaling,
-                n,
-            )?;
+            let routing = Routing {
+                ids: &p.rows.ids.slice(0..n * ms.top_k),
+                wts: &p.rows.wts.slice(0..n * ms.top_k),
+            };
+            let x = &mut p.rows.x.slice_mut(0..n * h);
+            g.moe_prefill_split(&layer, &perm.as_view(), routing, n, x)?;
             return self.mark("prefill grouped moe");
         }
         // Widths the grouped kernel does not take: the step kernels, every row reading its own
         // experts.
         g.moe_gate_up(
+            &layer,
             &p.rows.xn.as_view(),
             &p.rows.ids.as_view(),
-            &e.gate,
-            &e.up,
-            &e.shared_gate,
-            &e.shared_up,
-            ms,
             n,
             &mut p.rows.h.as_view_mut(),
         )?;
+        let routing = Routing {
+            ids: &p.rows.ids.as_view(),
+            wts: &p.rows.wts.as_view(),
+        };
         g.moe_down(
+            &layer,
             &p.rows.h.as_view(),
-            &p.rows.ids.as_view(),
-            &p.rows.wts.as_view(),
-            &e.down,
-            &e.shared_down,
-            ms,
-            scaling,
+            routing,
             n,
             &mut p.rows.x.as_view_mut(),
         )?;

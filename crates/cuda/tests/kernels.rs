@@ -461,7 +461,7 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
 #[ignore = "needs an NVIDIA GPU"]
 fn moe_kernels_match_cpu_and_are_batch_invariant() {
     use fastdecode_cuda::knobs::MoeKernel;
-    use fastdecode_cuda::ops::{MoeShape, MAX_ROWS};
+    use fastdecode_cuda::ops::{MoeLayer, MoeShape, MoeWeights, Routing, MAX_ROWS};
     let g = gpu();
     // (experts, top-k, hidden, intermediate, shared intermediate): awkward small sizes with more
     // experts than a warp and biases that make every selection key negative; then the XS 2.1
@@ -519,6 +519,18 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
             inter,
             shared_inter: sh,
         };
+        let moe_layer = MoeLayer {
+            w: MoeWeights {
+                gate: &gd,
+                up: &ud,
+                down: &dd,
+                shared_gate: &sgd,
+                shared_up: &sud,
+                shared_down: &sdd,
+            },
+            shape,
+            scaling: 2.5,
+        };
         let drouter = g.stream.clone_htod(&to_bf16(&router.w)).unwrap();
         let dbias = g.stream.clone_htod(&bias).unwrap();
         let dnorm = g.stream.clone_htod(&norm).unwrap();
@@ -555,26 +567,21 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
             .unwrap();
             g.moe_gate_up_by(
                 kernel,
+                &moe_layer,
                 &xn.as_view(),
                 &ids.as_view(),
-                &gd,
-                &ud,
-                &sgd,
-                &sud,
-                shape,
                 rows,
                 &mut h.as_view_mut(),
             )
             .unwrap();
             g.moe_down_by(
                 kernel,
+                &moe_layer,
                 &h.as_view(),
-                &ids.as_view(),
-                &wts.as_view(),
-                &dd,
-                &sdd,
-                shape,
-                2.5,
+                Routing {
+                    ids: &ids.as_view(),
+                    wts: &wts.as_view(),
+                },
                 rows,
                 &mut dx.as_view_mut(),
             )

@@ -7,8 +7,8 @@ use std::time::Instant;
 use fastdecode_cpu::layers::{Attention, Linear, Mlp, Moe, Projected};
 use fastdecode_cpu::ops;
 use fastdecode_cuda::dense::{Accumulate, MatShape, Norm, RowShape};
-use fastdecode_cuda::ops::{AttnShape, DevNvfp4, MoeShape};
-use fastdecode_cuda::prefill::{GroupedSplit, MoeWeights, PrefillAttn};
+use fastdecode_cuda::ops::{AttnShape, DevNvfp4, MoeLayer, MoeShape, MoeWeights, Routing};
+use fastdecode_cuda::prefill::{GroupedSplit, PrefillAttn};
 use fastdecode_cuda::Gpu;
 use fastdecode_model::config::{RopeParams, RopeScaling};
 use fastdecode_model::rope::Rope;
@@ -304,14 +304,18 @@ fn moe_prefill_matches_cpu_and_is_deterministic() {
         let run = || {
             let mut dx = g.stream.clone_htod(&resid).unwrap();
             g.moe_prefill(
-                &weights,
-                shape,
+                &MoeLayer {
+                    w: weights,
+                    shape,
+                    scaling: 2.5,
+                },
                 &dxn.as_view(),
-                &ids.as_view(),
-                &wts.as_view(),
-                &mut dx.as_view_mut(),
-                2.5,
+                Routing {
+                    ids: &ids.as_view(),
+                    wts: &wts.as_view(),
+                },
                 rows,
+                &mut dx.as_view_mut(),
             )
             .unwrap();
             g.stream.clone_dtoh(&dx).unwrap()
@@ -344,14 +348,18 @@ fn moe_prefill_matches_cpu_and_is_deterministic() {
     let mut dx = g.stream.alloc_zeros::<f32>(96).unwrap();
     assert!(g
         .moe_prefill(
-            &weights,
-            bad,
+            &MoeLayer {
+                w: weights,
+                shape: bad,
+                scaling: 1.0
+            },
             &dxn.as_view(),
-            &ids.as_view(),
-            &wts.as_view(),
+            Routing {
+                ids: &ids.as_view(),
+                wts: &wts.as_view()
+            },
+            1,
             &mut dx.as_view_mut(),
-            1.0,
-            1
         )
         .is_err());
 }
@@ -649,14 +657,18 @@ fn prefill_kernels_timing_xs_shapes() {
         let mut dx = g.stream.alloc_zeros::<f32>(n * hid).unwrap();
         let ms = time_ms(&g, 20, || {
             g.moe_prefill(
-                &weights,
-                shape,
+                &MoeLayer {
+                    w: weights,
+                    shape,
+                    scaling: 2.5,
+                },
                 &dxn.as_view(),
-                &dids.as_view(),
-                &dwts.as_view(),
-                &mut dx.as_view_mut(),
-                2.5,
+                Routing {
+                    ids: &dids.as_view(),
+                    wts: &dwts.as_view(),
+                },
                 n,
+                &mut dx.as_view_mut(),
             )
             .unwrap()
         });
