@@ -185,6 +185,47 @@ pub struct Routing<'a> {
     pub wts: &'a CudaView<'a, f32>,
 }
 
+/// The attention kernels' inputs for `rows` rows (consecutive positions from `pos[0]`): the
+/// fused projections `qkvg`, and the layer's q/k norms (with `eps`), rotary parameters and
+/// shapes.
+pub struct AttnRows<'a> {
+    pub qkvg: &'a CudaView<'a, f32>,
+    pub pos: &'a CudaView<'a, i32>,
+    pub q_norm: &'a CudaSlice<bf16>,
+    pub k_norm: &'a CudaSlice<bf16>,
+    pub eps: f32,
+    pub rope: &'a DevRope,
+    pub shape: AttnShape,
+    pub rows: usize,
+}
+
+/// The router's top-k: the experts' `bias` (added for the choice only), whether the k weights
+/// are renormalised (`norm_topk`), and the logits' `softcap` (0: none).
+#[derive(Clone, Copy)]
+pub struct TopK<'a> {
+    pub bias: &'a CudaSlice<f32>,
+    pub norm_topk: bool,
+    pub softcap: f32,
+}
+
+/// The router's weights: its input norm (with `eps`) and the `[E, H]` router matrix `w`.
+#[derive(Clone, Copy)]
+pub struct RouterWeights<'a> {
+    pub norm: &'a CudaSlice<bf16>,
+    pub eps: f32,
+    pub w: &'a CudaSlice<bf16>,
+}
+
+/// What `router` writes: the normed rows `xn`, the `logits`, the top-k `ids` and `wts`, and
+/// the per-row `counter` its blocks count themselves in.
+pub struct RouterOut<'a, 'v> {
+    pub xn: &'a mut CudaViewMut<'v, f32>,
+    pub logits: &'a mut CudaViewMut<'v, f32>,
+    pub ids: &'a mut CudaViewMut<'v, i32>,
+    pub wts: &'a mut CudaViewMut<'v, f32>,
+    pub counter: &'a mut CudaSlice<u32>,
+}
+
 /// Shapes of one attention layer, as the fused `qkvg` projection lays them out.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
@@ -265,21 +306,23 @@ fn rows_ok(what: &str, rows: usize) -> Result<()> {
 
 impl Gpu {
     /// Prefill side of the cache: `q_out[r, h] = norm_rope(q)`, and k, v of every row into the cache.
-    #[allow(clippy::too_many_arguments)]
     pub fn qk_norm_rope_store(
         &self,
-        qkvg: &CudaView<f32>,
-        q_norm: &CudaSlice<bf16>,
-        k_norm: &CudaSlice<bf16>,
-        pos: &CudaView<i32>,
-        rope: &DevRope,
-        eps: f32,
-        shape: AttnShape,
-        rows: usize,
+        a: AttnRows,
         q_out: &mut CudaViewMut<f32>,
         ck: &mut CudaSlice<f32>,
         cv: &mut CudaSlice<f32>,
     ) -> Result<()> {
+        let AttnRows {
+            qkvg,
+            pos,
+            q_norm,
+            k_norm,
+            eps,
+            rope,
+            shape,
+            rows,
+        } = a;
         shape.check("qk_norm_rope_store")?;
         let (h, kvh, d) = (shape.heads, shape.kv_heads, shape.head_dim);
         if qkvg.len() < rows * shape.width() || q_out.len() < rows * h * d || pos.len() < rows {
@@ -313,23 +356,25 @@ impl Gpu {
 
     /// Split-KV attention of `rows` rows (consecutive positions from `pos[0]`) from their fused
     /// projections, writing each row's k/v into the cache and the gated output to `out`.
-    #[allow(clippy::too_many_arguments)]
     pub fn attend_decode(
         &self,
-        qkvg: &CudaView<f32>,
-        q_norm: &CudaSlice<bf16>,
-        k_norm: &CudaSlice<bf16>,
-        pos: &CudaView<i32>,
-        rope: &DevRope,
-        eps: f32,
-        shape: AttnShape,
-        rows: usize,
+        a: AttnRows,
         ck: &mut CudaSlice<f32>,
         cv: &mut CudaSlice<f32>,
         part: &mut CudaSlice<f32>,
         counters: &mut CudaSlice<u32>,
         out: &mut CudaViewMut<f32>,
     ) -> Result<()> {
+        let AttnRows {
+            qkvg,
+            pos,
+            q_norm,
+            k_norm,
+            eps,
+            rope,
+            shape,
+            rows,
+        } = a;
         shape.check("attend_decode")?;
         rows_ok("attend_decode", rows)?;
         let (h, kvh, d) = (shape.heads, shape.kv_heads, shape.head_dim);
@@ -404,18 +449,20 @@ impl Gpu {
     }
 
     /// Top-k selection of `rows` rows of router logits (any number of rows).
-    #[allow(clippy::too_many_arguments)]
     pub fn router_topk(
         &self,
         logits: &CudaView<f32>,
-        bias: &CudaSlice<f32>,
+        topk: TopK,
+        shape: MoeShape,
+        rows: usize,
         ids: &mut CudaViewMut<i32>,
         wts: &mut CudaViewMut<f32>,
-        shape: MoeShape,
-        norm_topk: bool,
-        softcap: f32,
-        rows: usize,
     ) -> Result<()> {
+        let TopK {
+            bias,
+            norm_topk,
+            softcap,
+        } = topk;
         shape.check()?;
         let (e, k) = (shape.experts, shape.top_k);
         if logits.len() < rows * e || ids.len() < rows * k || wts.len() < rows * k {
@@ -451,24 +498,28 @@ impl Gpu {
     /// The whole router of up to 16 rows in one launch: `xn = RMSNorm(x)`, logits, top-k ids and
     /// weights, each row on blocks of its own that run the one-row code (so each row gets its
     /// one-row bits). `counter` holds a zero per row between launches (the kernel resets them).
-    #[allow(clippy::too_many_arguments)]
     pub fn router(
         &self,
         x: &CudaView<f32>,
-        norm: &CudaSlice<bf16>,
-        eps: f32,
-        w: &CudaSlice<bf16>,
-        bias: &CudaSlice<f32>,
+        weights: RouterWeights,
+        topk: TopK,
         shape: MoeShape,
-        norm_topk: bool,
-        softcap: f32,
         rows: usize,
-        xn: &mut CudaViewMut<f32>,
-        logits: &mut CudaViewMut<f32>,
-        ids: &mut CudaViewMut<i32>,
-        wts: &mut CudaViewMut<f32>,
-        counter: &mut CudaSlice<u32>,
+        out: RouterOut,
     ) -> Result<()> {
+        let RouterWeights { norm, eps, w } = weights;
+        let TopK {
+            bias,
+            norm_topk,
+            softcap,
+        } = topk;
+        let RouterOut {
+            xn,
+            logits,
+            ids,
+            wts,
+            counter,
+        } = out;
         shape.check()?;
         rows_ok("router", rows)?;
         let (hd, e, k) = (shape.hidden, shape.experts, shape.top_k);

@@ -21,7 +21,9 @@ use half::bf16;
 use crate::dense::{Accumulate, MatShape, Norm, RowShape};
 use crate::error::{CudaError, Result};
 use crate::model::{moe_shape, CudaModel, DevFfn, DevLayer, DevMoe};
-use crate::ops::{AttnShape, Routing, ATT_SPLITS, MAX_ROWS};
+use crate::ops::{
+    AttnRows, AttnShape, RouterOut, RouterWeights, Routing, TopK, ATT_SPLITS, MAX_ROWS,
+};
 use crate::prefill::{GroupedSplit, PrefillAttn};
 use crate::profile::mark;
 
@@ -521,14 +523,16 @@ impl CudaTarget {
             let (ck, cv) = &mut self.kv[li];
             // The queries are computed and dropped (the attention scratch holds them).
             g.qk_norm_rope_store(
-                &s.rows.qkvg.slice(0..n * width),
-                &l.q_norm,
-                &l.k_norm,
-                &s.rows.pos.slice(0..n),
-                &l.rope,
-                eps,
-                shape,
-                n,
+                AttnRows {
+                    qkvg: &s.rows.qkvg.slice(0..n * width),
+                    pos: &s.rows.pos.slice(0..n),
+                    q_norm: &l.q_norm,
+                    k_norm: &l.k_norm,
+                    eps,
+                    rope: &l.rope,
+                    shape,
+                    rows: n,
+                },
                 &mut s.att.slice_mut(0..n * l.heads * d),
                 ck,
                 cv,
@@ -746,14 +750,16 @@ impl<'m> Step<'m> {
         )?;
         self.mark("norm + gemv qkvg")?;
         g.attend_decode(
-            &s.rows.qkvg.as_view(),
-            &l.q_norm,
-            &l.k_norm,
-            &s.rows.pos.as_view(),
-            &l.rope,
-            eps,
-            shape,
-            n,
+            AttnRows {
+                qkvg: &s.rows.qkvg.as_view(),
+                pos: &s.rows.pos.as_view(),
+                q_norm: &l.q_norm,
+                k_norm: &l.k_norm,
+                eps,
+                rope: &l.rope,
+                shape,
+                rows: n,
+            },
             ck,
             cv,
             &mut s.part,
@@ -838,19 +844,25 @@ impl<'m> Step<'m> {
         let ms = moe_shape(c);
         g.router(
             &s.rows.x.as_view(),
-            &l.post_norm,
-            eps,
-            &e.router,
-            &e.bias,
+            RouterWeights {
+                norm: &l.post_norm,
+                eps,
+                w: &e.router,
+            },
+            TopK {
+                bias: &e.bias,
+                norm_topk: c.norm_topk_prob,
+                softcap: c.moe_router_logit_softcapping as f32,
+            },
             ms,
-            c.norm_topk_prob,
-            c.moe_router_logit_softcapping as f32,
             n,
-            &mut s.rows.xn.as_view_mut(),
-            &mut s.rows.router_logits.as_view_mut(),
-            &mut s.rows.ids.as_view_mut(),
-            &mut s.rows.wts.as_view_mut(),
-            &mut s.router_counter,
+            RouterOut {
+                xn: &mut s.rows.xn.as_view_mut(),
+                logits: &mut s.rows.router_logits.as_view_mut(),
+                ids: &mut s.rows.ids.as_view_mut(),
+                wts: &mut s.rows.wts.as_view_mut(),
+                counter: &mut s.router_counter,
+            },
         )?;
         self.mark("router (norm, logits, top-k)")?;
         if let Some(trace) = trace {
@@ -979,14 +991,16 @@ impl Step<'_> {
         )?;
         self.mark("prefill gemm qkvg (hi/lo)")?;
         g.qk_norm_rope_store(
-            &p.rows.qkvg.slice(0..n * width),
-            &l.q_norm,
-            &l.k_norm,
-            &p.rows.pos.slice(0..n),
-            &l.rope,
-            eps,
-            shape,
-            n,
+            AttnRows {
+                qkvg: &p.rows.qkvg.slice(0..n * width),
+                pos: &p.rows.pos.slice(0..n),
+                q_norm: &l.q_norm,
+                k_norm: &l.k_norm,
+                eps,
+                rope: &l.rope,
+                shape,
+                rows: n,
+            },
             &mut p.q.slice_mut(0..n * l.heads * d),
             ck,
             cv,
@@ -1118,13 +1132,15 @@ impl Step<'_> {
         )?;
         g.router_topk(
             &p.rows.router_logits.slice(0..n * ms.experts),
-            &e.bias,
+            TopK {
+                bias: &e.bias,
+                norm_topk: c.norm_topk_prob,
+                softcap: c.moe_router_logit_softcapping as f32,
+            },
+            ms,
+            n,
             &mut p.rows.ids.as_view_mut(),
             &mut p.rows.wts.as_view_mut(),
-            ms,
-            c.norm_topk_prob,
-            c.moe_router_logit_softcapping as f32,
-            n,
         )?;
         self.mark("prefill router (gemm + top-k)")?;
         let layer = e.layer(ms, c.moe_routed_scaling_factor as f32);

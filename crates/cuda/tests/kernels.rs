@@ -257,7 +257,7 @@ fn identity(n: usize) -> Linear {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant() {
-    use fastdecode_cuda::ops::{AttnShape, DevRope, ATT_SPLITS};
+    use fastdecode_cuda::ops::{AttnRows, AttnShape, DevRope, ATT_SPLITS};
     let g = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let yarn = RopeParams {
@@ -349,14 +349,16 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
                 let dpos = g.stream.clone_htod(&pos).unwrap();
                 let mut dout = g.stream.alloc_zeros::<f32>(n * heads * d).unwrap();
                 g.attend_decode(
-                    &dq.as_view(),
-                    &dqn,
-                    &dkn,
-                    &dpos.as_view(),
-                    &drope,
-                    1e-6,
-                    shape,
-                    n,
+                    AttnRows {
+                        qkvg: &dq.as_view(),
+                        pos: &dpos.as_view(),
+                        q_norm: &dqn,
+                        k_norm: &dkn,
+                        eps: 1e-6,
+                        rope: &drope,
+                        shape,
+                        rows: n,
+                    },
                     &mut ck,
                     &mut cv,
                     &mut part,
@@ -429,14 +431,16 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
         let mut ck = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
         let mut cv = g.stream.alloc_zeros::<f32>(slots * kvd).unwrap();
         g.qk_norm_rope_store(
-            &dq.as_view(),
-            &dqn,
-            &dkn,
-            &dpos.as_view(),
-            &drope,
-            1e-6,
-            shape,
-            n,
+            AttnRows {
+                qkvg: &dq.as_view(),
+                pos: &dpos.as_view(),
+                q_norm: &dqn,
+                k_norm: &dkn,
+                eps: 1e-6,
+                rope: &drope,
+                shape,
+                rows: n,
+            },
             &mut q_out.as_view_mut(),
             &mut ck,
             &mut cv,
@@ -461,7 +465,9 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
 #[ignore = "needs an NVIDIA GPU"]
 fn moe_kernels_match_cpu_and_are_batch_invariant() {
     use fastdecode_cuda::knobs::MoeKernel;
-    use fastdecode_cuda::ops::{MoeLayer, MoeShape, MoeWeights, Routing, MAX_ROWS};
+    use fastdecode_cuda::ops::{
+        MoeLayer, MoeShape, MoeWeights, RouterOut, RouterWeights, Routing, TopK, MAX_ROWS,
+    };
     let g = gpu();
     // (experts, top-k, hidden, intermediate, shared intermediate): awkward small sizes with more
     // experts than a warp and biases that make every selection key negative; then the XS 2.1
@@ -550,19 +556,25 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
                 .unwrap();
             g.router(
                 &dx.as_view(),
-                &dnorm,
-                1e-6,
-                &drouter,
-                &dbias,
+                RouterWeights {
+                    norm: &dnorm,
+                    eps: 1e-6,
+                    w: &drouter,
+                },
+                TopK {
+                    bias: &dbias,
+                    norm_topk: true,
+                    softcap: 0.0,
+                },
                 shape,
-                true,
-                0.0,
                 rows,
-                &mut xn.as_view_mut(),
-                &mut logits.as_view_mut(),
-                &mut ids.as_view_mut(),
-                &mut wts.as_view_mut(),
-                &mut counter,
+                RouterOut {
+                    xn: &mut xn.as_view_mut(),
+                    logits: &mut logits.as_view_mut(),
+                    ids: &mut ids.as_view_mut(),
+                    wts: &mut wts.as_view_mut(),
+                    counter: &mut counter,
+                },
             )
             .unwrap();
             g.moe_gate_up_by(
@@ -633,13 +645,15 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
             let mut wts2 = g.stream.alloc_zeros::<f32>(rows * k).unwrap();
             g.router_topk(
                 &logits.as_view(),
-                &dbias,
+                TopK {
+                    bias: &dbias,
+                    norm_topk: true,
+                    softcap: 0.0,
+                },
+                shape,
+                rows,
                 &mut ids2.as_view_mut(),
                 &mut wts2.as_view_mut(),
-                shape,
-                true,
-                0.0,
-                rows,
             )
             .unwrap();
             assert_eq!(g.stream.clone_dtoh(&ids2).unwrap(), gids);
