@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dflash  # noqa: E402
+import testing  # noqa: E402
 
 CFG = {
     "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 48, "num_attention_heads": 4,
@@ -108,5 +109,4 @@ def test_batched_matches_naive():
 
 
 if __name__ == "__main__":
-    test_batched_matches_naive()
-    print("1 passed, 0 failed")
+    testing.run_all(globals())

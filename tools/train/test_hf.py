@@ -9,6 +9,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import testing  # noqa: E402
 
 
 def model(impl="eager"):
@@ -68,9 +69,4 @@ def test_kv_cache_greedy_matches_full_forward():
 
 
 if __name__ == "__main__":
-    n = 0
-    for name, fn in sorted(globals().items()):
-        if name.startswith("test_") and callable(fn):
-            fn()
-            n += 1
-    print(f"{n} passed, 0 failed")
+    testing.run_all(globals())

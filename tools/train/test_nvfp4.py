@@ -9,6 +9,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nvfp4  # noqa: E402
+import testing  # noqa: E402
 
 
 def all_e4m3_positive():
@@ -127,9 +128,4 @@ def test_ste_grad():
 
 
 if __name__ == "__main__":
-    n = 0
-    for name, fn in sorted(globals().items()):
-        if name.startswith("test_") and callable(fn):
-            fn()
-            n += 1
-    print(f"{n} passed, 0 failed")
+    testing.run_all(globals())
