@@ -25,6 +25,19 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
+/// Runs a command that must succeed; returns its stderr (the notes it printed there).
+fn notes(args: &[&str]) -> String {
+    let o = run(args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{args:?} failed: {err}");
+    err
+}
+
+/// `generate --model MODEL` followed by `rest`.
+fn generate<'a>(model: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    [&["generate", "--model", model][..], rest].concat()
+}
+
 /// Runs a command that must fail cleanly; returns its stderr.
 fn fails(args: &[&str]) -> String {
     let o = run(args);
@@ -212,15 +225,10 @@ fn broken(tmp: &Path, name: &str, edit: &Edit<'_>) -> PathBuf {
 }
 
 fn gen_err(dir: &Path) -> String {
-    fails(&[
-        "generate",
-        "--model",
+    fails(&generate(
         dir.to_str().unwrap(),
-        "--prompt-ids",
-        "1,2",
-        "--max-new-tokens",
-        "2",
-    ])
+        &["--prompt-ids", "1,2", "--max-new-tokens", "2"],
+    ))
 }
 
 #[test]
@@ -327,32 +335,17 @@ fn bad_model_directories_give_clear_errors() {
     )
     .unwrap();
     // A run that drafts with it stops on it; a serial run does not need it, goes on and says so.
-    let e = fails(&[
-        "generate",
-        "--model",
-        d.to_str().unwrap(),
-        "--prompt-ids",
-        "1,2",
-        "--max-new-tokens",
-        "2",
-        "--block-size",
-        "2",
-    ]);
+    let d = d.to_str().unwrap();
+    let serial = ["--prompt-ids", "1,2", "--max-new-tokens", "2"];
+    let e = fails(&generate(
+        d,
+        &[&serial[..], &["--block-size", "2"]].concat(),
+    ));
     assert!(
         e.contains("drafter") && e.contains("num_target_layers"),
         "{e}"
     );
-    let o = run(&[
-        "generate",
-        "--model",
-        d.to_str().unwrap(),
-        "--prompt-ids",
-        "1,2",
-        "--max-new-tokens",
-        "2",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    let err = notes(&generate(d, &serial));
     assert!(
         err.contains("drafter/config.json")
             && err.contains("num_target_layers")
@@ -367,64 +360,48 @@ fn generate_and_bench_report_json() {
     let a = tmp.path().join("a");
     synth(&a, "3");
     let m = a.to_str().unwrap();
-    let out = ok(&[
-        "generate",
-        "--model",
+    let out = ok(&generate(
         m,
-        "--prompt",
-        "The quick brown fox",
-        "--max-new-tokens",
-        "20",
-        "--block-size",
-        "4",
-        "--draft",
-        "oracle:0.6",
-        "--ignore-eos",
-        "--json",
-    ]);
+        &[
+            "--prompt",
+            "The quick brown fox",
+            "--max-new-tokens",
+            "20",
+            "--block-size",
+            "4",
+            "--draft",
+            "oracle:0.6",
+            "--ignore-eos",
+            "--json",
+        ],
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["tokens"].as_array().unwrap().len(), 20);
     assert!(v["text"].is_string());
     assert!(v["rounds"].as_u64().unwrap() >= 5);
     assert!(v["accepted_drafts"].as_u64().is_some());
-    let e = fails(&[
-        "generate",
-        "--model",
-        m,
-        "--prompt-ids",
-        "1",
-        "--block-size",
-        "17",
-        "--draft",
-        "oracle:0.5",
-    ]);
+    let draft = |block_size, oracle| {
+        let rest = [
+            "--prompt-ids",
+            "1",
+            "--block-size",
+            block_size,
+            "--draft",
+            oracle,
+        ];
+        fails(&generate(m, &rest))
+    };
+    let e = draft("17", "oracle:0.5");
     assert!(e.contains("--block-size") && e.contains("17"), "{e}");
-    let e = fails(&[
-        "generate",
-        "--model",
-        m,
-        "--prompt-ids",
-        "1",
-        "--block-size",
-        "2",
-        "--draft",
-        "oracle:1.5",
-    ]);
+    let e = draft("2", "oracle:1.5");
     assert!(e.contains("oracle probability"), "{e}");
     // The engine's own output explains itself: a run that ends early says it met an
     // end-of-sequence token (this model and prompt meet one before 40 tokens), and DFlash's
     // slow-down on a CPU says why.
-    let o = run(&[
-        "generate",
-        "--model",
+    let err = notes(&generate(
         m,
-        "--prompt-ids",
-        "7",
-        "--max-new-tokens",
-        "40",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+        &["--prompt-ids", "7", "--max-new-tokens", "40"],
+    ));
     let emitted: usize = err
         .split("stopped at an end-of-sequence token after ")
         .nth(1)
@@ -434,23 +411,21 @@ fn generate_and_bench_report_json() {
     assert!(emitted < 40, "{err}");
     assert!(err.contains(&format!("serial: {emitted} tokens")), "{err}");
     assert!(err.contains("of the 40 new tokens asked for"), "{err}");
-    let o = run(&[
-        "generate",
-        "--model",
+    let err = notes(&generate(
         m,
-        "--prompt-ids",
-        "1",
-        "--max-new-tokens",
-        "16",
-        "--ignore-eos",
-        "--block-size",
-        "4",
-        "--draft",
-        "oracle:0.6",
-        "--compare",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+        &[
+            "--prompt-ids",
+            "1",
+            "--max-new-tokens",
+            "16",
+            "--ignore-eos",
+            "--block-size",
+            "4",
+            "--draft",
+            "oracle:0.6",
+            "--compare",
+        ],
+    ));
     assert!(
         err.contains("identical output; DFlash decode speed-up")
             && err.contains("on a CPU a verify of K rows costs about K one-row forwards")
