@@ -11,7 +11,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use support::*;
@@ -47,22 +47,6 @@ fn with(
         args,
         must,
     }
-}
-
-/// A directory with one golden of the fixture model, made once.
-fn goldens() -> &'static Path {
-    static G: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &G.get_or_init(|| {
-        let t = tempfile::tempdir().unwrap();
-        let g = t.path().join("goldens");
-        ok(fd()
-            .args(["golden", "make", "--count", "1", "--tokens", "8", "--model"])
-            .arg(&fixture().model)
-            .arg("--out")
-            .arg(&g));
-        (t, g)
-    })
-    .1
 }
 
 /// `{D}/m`: a copy of the model, edited by `edit`.

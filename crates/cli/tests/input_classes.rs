@@ -6,7 +6,7 @@ mod support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -313,17 +313,22 @@ fn class3_numeric_options_are_range_checked_by_name() {
     }
 }
 
+/// `gate` of the reference against the build `cand` on the fixture model and its one golden.
+fn gate_against(cand: &Path) -> Command {
+    let mut gate = fd();
+    gate.args(["gate", "--reference", BIN, "--candidate"])
+        .arg(cand)
+        .arg("--model")
+        .arg(&fixture().model)
+        .arg("--golden")
+        .arg(goldens());
+    gate
+}
+
 /// Class 4: the user's mistake reported as the user's, and a worker's stated reason carried.
 #[test]
 fn class4_user_mistakes_are_found_before_spawning_and_worker_reasons_are_kept() {
-    let f = fixture();
     let t = tempfile::tempdir().unwrap();
-    let goldens = t.path().join("goldens");
-    ok(fd()
-        .args(["golden", "make", "--count", "1", "--tokens", "8", "--model"])
-        .arg(&f.model)
-        .arg("--out")
-        .arg(&goldens));
     // A marker script as the candidate tells whether any worker was started.
     let marker = t.path().join("started");
     let cand = t.path().join("cand.sh");
@@ -331,16 +336,7 @@ fn class4_user_mistakes_are_found_before_spawning_and_worker_reasons_are_kept() 
         &cand,
         &format!("touch {}\nexec {BIN} \"$@\"", marker.display()),
     );
-    let gate = |extra: &[&str]| {
-        run(fd()
-            .args(["gate", "--reference", BIN, "--candidate"])
-            .arg(&cand)
-            .arg("--model")
-            .arg(&f.model)
-            .arg("--golden")
-            .arg(&goldens)
-            .args(extra))
-    };
+    let gate = |extra: &[&str]| run(gate_against(&cand).args(extra));
     for (extra, option) in [
         (&["--oracle-p", "2"][..], "--oracle-p"),
         (&["--block-size", "17"][..], "--block-size"),
@@ -382,28 +378,7 @@ fn class4_user_mistakes_are_found_before_spawning_and_worker_reasons_are_kept() 
 fn class5_hostile_workers_are_contained() {
     let f = fixture();
     let t = tempfile::tempdir().unwrap();
-    let goldens = t.path().join("goldens");
-    ok(fd()
-        .args(["golden", "make", "--count", "1", "--tokens", "8", "--model"])
-        .arg(&f.model)
-        .arg("--out")
-        .arg(&goldens));
-    let gate = |cand: &Path| {
-        run(fd()
-            .args([
-                "gate",
-                "--reference",
-                BIN,
-                "--ready-timeout",
-                "3",
-                "--candidate",
-            ])
-            .arg(cand)
-            .arg("--model")
-            .arg(&f.model)
-            .arg("--golden")
-            .arg(&goldens))
-    };
+    let gate = |cand: &Path| run(gate_against(cand).args(["--ready-timeout", "3"]));
     // A worker that starts a child and never answers: the child dies with it.
     let pidfile = t.path().join("child.pid");
     let kids = t.path().join("kids.sh");
@@ -748,7 +723,6 @@ fn class7_bad_weights_and_parts_are_refused_or_reported() {
 /// before the run, the default model not taken from the current directory.
 #[test]
 fn class8_messages_name_the_path_once_and_come_before_the_work() {
-    let f = fixture();
     let t = tempfile::tempdir().unwrap();
     let file = t.path().join("afile");
     std::fs::write(&file, b"x").unwrap();
@@ -786,25 +760,10 @@ fn class8_messages_name_the_path_once_and_come_before_the_work() {
         );
     }
     // A build that cannot start: the path and the OS's reason.
-    let goldens = t.path().join("goldens");
-    ok(fd()
-        .args(["golden", "make", "--count", "1", "--tokens", "8", "--model"])
-        .arg(&f.model)
-        .arg("--out")
-        .arg(&goldens));
     let broken = t.path().join("broken.sh");
     std::fs::write(&broken, "#!/nonexistent/interpreter\n").unwrap();
     std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let gate = |cand: &Path, extra: &[&str]| {
-        run(fd()
-            .args(["gate", "--reference", BIN, "--candidate"])
-            .arg(cand)
-            .arg("--model")
-            .arg(&f.model)
-            .arg("--golden")
-            .arg(&goldens)
-            .args(extra))
-    };
+    let gate = |cand: &Path, extra: &[&str]| run(gate_against(cand).args(extra));
     let o = gate(&broken, &[]);
     assert_clean_failure("a build that cannot start", &o);
     assert!(

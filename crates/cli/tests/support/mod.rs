@@ -150,6 +150,23 @@ pub fn fixture() -> &'static Fixture {
     })
 }
 
+/// A directory with one golden of the fixture model, made once per test binary. Tests only
+/// read it.
+pub fn goldens() -> &'static Path {
+    static G: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &G.get_or_init(|| {
+        let t = tempfile::tempdir().unwrap();
+        let g = t.path().join("goldens");
+        ok(fd()
+            .args(["golden", "make", "--count", "1", "--tokens", "8", "--model"])
+            .arg(&fixture().model)
+            .arg("--out")
+            .arg(&g));
+        (t, g)
+    })
+    .1
+}
+
 /// A copy of the directory `src` at `dst` whose files are hard links: cheap, and safe as long
 /// as a changed file is replaced (`replace`), never written in place.
 pub fn link_copy(src: &Path, dst: &Path) {
