@@ -9,7 +9,7 @@
 //! scatter measured before the lanes (pairs scattered by 20 %); restating them at the lanes'
 //! own noise is open (issue 47).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 
@@ -81,16 +81,22 @@ fn gate(fault: &str, extra: &[&str]) -> (bool, serde_json::Value) {
         .env("FASTDECODE_FAULT", fault)
         .output()
         .unwrap();
+    (o.status.success(), report(&o, &json))
+}
+
+/// The JSON report a run of the gate or the clock wrote at `path`, once it is checked that the
+/// run did not panic and that its exit status says what the report's `passed` does.
+fn report(o: &Output, path: &Path) -> serde_json::Value {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("panicked"), "{err}");
     let rep: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(
         o.status.success(),
         rep["passed"].as_bool().unwrap(),
         "exit status and report disagree"
     );
-    (o.status.success(), rep)
+    rep
 }
 
 fn category(rep: &serde_json::Value) -> String {
@@ -154,16 +160,19 @@ fn gate_names_the_category_and_step_of_each_fault() {
     );
 }
 
+/// Faults of a crashing, hung or lying worker, and the gate's category for each.
+const BROKEN_WORKERS: [(&str, &str); 5] = [
+    ("crash", "infra:worker_crashed"),
+    ("hang", "infra:worker_hung"),
+    ("lie_count", "violation:token_count"),
+    ("lie_vocab", "violation:token_out_of_vocab"),
+    ("lie_kv", "violation:kv_ledger"),
+];
+
 #[test]
 fn gate_reports_crashed_hung_and_lying_workers() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    for (fault, want) in [
-        ("crash", "infra:worker_crashed"),
-        ("hang", "infra:worker_hung"),
-        ("lie_count", "violation:token_count"),
-        ("lie_vocab", "violation:token_out_of_vocab"),
-        ("lie_kv", "violation:kv_ledger"),
-    ] {
+    for (fault, want) in BROKEN_WORKERS {
         let (passed, rep) = gate(fault, &[]);
         assert!(!passed, "{fault}");
         assert_eq!(category(&rep), want, "{fault}: {rep}");
@@ -236,14 +245,9 @@ fn price_on(
         .env("FASTDECODE_FAULT", fault)
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!err.contains("panicked"), "{err}");
-    let res: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
+    let res = report(&o, &dir.path().join("result.json"));
     let svg = std::fs::read_to_string(dir.path().join("pairs.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    assert_eq!(o.status.success(), res["passed"].as_bool().unwrap());
     // The progress line an arena runner forwards ends with the pricing's own count.
     let line = std::fs::read_to_string(dir.path().join("progress")).unwrap();
     let accepted = res["accepted_pair_count"].as_u64().unwrap_or(0);
@@ -463,18 +467,8 @@ fn a_quarter_slower_candidate_fails_the_floor() {
 fn dflash_track_normalises_by_the_noop_in_the_same_run() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     // Bounds as for the serial no-op above: no rejection, the score within [0.8, 1.25].
-    let (_, r) = price(
-        BIN,
-        "",
-        &[
-            "--track",
-            "dflash",
-            "--block-size",
-            "4",
-            "--draft",
-            "oracle:0.8",
-        ],
-    );
+    let dflash = ["--track=dflash", "--block-size=4", "--draft=oracle:0.8"];
+    let (_, r) = price(BIN, "", &dflash);
     assert_ne!(r["verdict"], "below_floor", "{r}");
     assert!(
         r["verdict"] == "passed" || r["verdict"] == "infra:inconclusive",
@@ -556,13 +550,9 @@ fn a_timed_output_the_reference_disowns_is_a_violation() {
 #[test]
 fn price_reports_crashed_hung_and_lying_workers_and_never_scores_them() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    for (fault, want) in [
-        ("crash", "infra:worker_crashed"),
-        ("hang", "infra:worker_stalled"),
-        ("lie_count", "violation:token_count"),
-        ("lie_vocab", "violation:token_out_of_vocab"),
-        ("lie_kv", "violation:kv_ledger"),
-    ] {
+    for (fault, gate_says) in BROKEN_WORKERS {
+        // A hang is the gate's timeout, but what the clock's stall watch catches.
+        let want = gate_says.replace("worker_hung", "worker_stalled");
         let (passed, r) = price(FAULTY, fault, &[]);
         assert!(!passed, "{fault}");
         assert_eq!(r["verdict"], want, "{fault}");
@@ -573,21 +563,15 @@ fn price_reports_crashed_hung_and_lying_workers_and_never_scores_them() {
     }
 }
 
+/// Four pairs on a machine that is never quiet enough: a busy fraction below zero, which no
+/// machine's is.
+const NEVER_QUIET: [&str; 3] = ["--quiet-cpu=-1", "--quiet-wait=0.1", "--pairs=4"];
+
 #[test]
 fn a_machine_that_never_quiets_gives_infra_not_a_score() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    // A busy fraction below zero: no machine is ever that quiet; with --require-quiet every
-    // pair is re-run until the attempts (twice the pairs) are spent.
-    let (passed, r) = price(
-        BIN,
-        "",
-        &[
-            "--quiet-cpu=-1",
-            "--quiet-wait=0.1",
-            "--pairs=4",
-            "--require-quiet",
-        ],
-    );
+    // With --require-quiet every pair is re-run until the attempts (twice the pairs) are spent.
+    let (passed, r) = price(BIN, "", &[&NEVER_QUIET[..], &["--require-quiet"]].concat());
     assert!(!passed);
     assert_eq!(r["verdict"], "infra:too_few_accepted_pairs", "{r}");
     assert!(r["score"].is_null());
@@ -601,11 +585,7 @@ fn a_machine_that_never_quiets_gives_infra_not_a_score() {
 #[test]
 fn a_machine_that_never_quiets_is_recorded_and_priced_unless_quiet_is_required() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let (_, r) = price(
-        BIN,
-        "",
-        &["--quiet-cpu=-1", "--quiet-wait=0.1", "--pairs=4"],
-    );
+    let (_, r) = price(BIN, "", &NEVER_QUIET);
     // Four pairs, whatever the noise: done, or (their interval straddling the floor) the
     // budget of four spent and the verdict inconclusive.
     assert_eq!(r["accepted_pair_count"], 4, "{r}");
