@@ -89,6 +89,18 @@ pub fn sqlite_url(data: &Path) -> String {
     format!("sqlite://{}", data.join("arena.db").display())
 }
 
+/// The URL of a new database, `{prefix}_{random}`, on the PostgreSQL server that
+/// `tools/test.sh` starts for the tests (`FASTDECODE_TEST_POSTGRES`); `Db::open` creates it.
+/// For tests, this crate's and the command line's: they fail without that server, never skip.
+pub fn test_postgres_url(prefix: &str) -> String {
+    let server = std::env::var("FASTDECODE_TEST_POSTGRES").expect(
+        "FASTDECODE_TEST_POSTGRES is not set: run the tests with tools/test.sh (the README's \
+         test command), which starts a PostgreSQL server for them",
+    );
+    let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+    format!("{base}/{prefix}_{}", hex::encode(rand::random::<[u8; 8]>()))
+}
+
 impl Db {
     /// Connects to `url` (`sqlite://PATH` or `postgres://…`), creating an SQLite file or a
     /// PostgreSQL database that does not exist yet, and applies the migrations.

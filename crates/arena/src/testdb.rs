@@ -19,14 +19,7 @@ pub enum On {
 pub fn url(on: On, dir: &Path) -> String {
     match on {
         On::Sqlite => crate::db::sqlite_url(dir),
-        On::Postgres => {
-            let server = std::env::var("FASTDECODE_TEST_POSTGRES").expect(
-                "FASTDECODE_TEST_POSTGRES is not set: run the tests with tools/test.sh (the \
-                 README's test command), which starts a PostgreSQL server for them",
-            );
-            let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
-            format!("{base}/record_{}", hex::encode(rand::random::<[u8; 8]>()))
-        }
+        On::Postgres => crate::db::test_postgres_url("record"),
     }
 }
 
