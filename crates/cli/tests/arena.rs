@@ -31,17 +31,9 @@ use fastdecode_arena::track::Track;
 /// the margin now and then by chance and is priced again, and held all the same (it changes no
 /// file, so it is never promoted).
 fn outcomes(v: &SubmissionView) -> Vec<(String, String)> {
-    v.stages
-        .iter()
-        .filter(|s| s.stage != "confirm")
-        .map(|s| (s.stage.clone(), s.outcome.clone().unwrap_or_default()))
-        .collect()
-}
-
-fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-    list.iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect()
+    let mut rows = rows(v);
+    rows.retain(|(stage, _)| stage != "confirm");
+    rows
 }
 
 const PASSED: &[(&str, &str)] = &[

@@ -17,7 +17,7 @@ mod arena_support;
 use std::process::Command;
 
 use arena_support::*;
-use fastdecode_arena::api::{Job, LeaseRequest, Report, ReportReply, SubmissionView};
+use fastdecode_arena::api::{Job, LeaseRequest, Report, ReportReply};
 use fastdecode_arena::bundle::Content;
 use fastdecode_arena::http::Api;
 use serde_json::{json, Value};
@@ -98,19 +98,6 @@ fn lease_until(r: &Api, stage: &str) -> Job {
         job = report(r, &job, "ok", Value::Null, false).expect("the next stage, kept");
     }
     job
-}
-
-fn rows(v: &SubmissionView) -> Vec<(String, String)> {
-    v.stages
-        .iter()
-        .map(|s| (s.stage.clone(), s.outcome.clone().unwrap_or_default()))
-        .collect()
-}
-
-fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-    list.iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect()
 }
 
 /// Two crashes of the candidate's worker are free, the third counts; a crash of the runner's

@@ -64,19 +64,10 @@ pub fn checkout() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// `git -C dir ARGS`'s standard output, trimmed; a failure fails the test with git's message.
 pub fn git(dir: &Path, args: &[&str]) -> String {
-    let o = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
+    let out = fastdecode_arena::git::output(dir, args).unwrap_or_else(|e| panic!("{e:#}"));
+    String::from_utf8_lossy(&out).trim().to_string()
 }
 
 pub fn fd(args: &[&str]) -> String {
@@ -87,6 +78,21 @@ pub fn fd(args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// (stage, outcome) of every row of a submission, a stage still open with an empty outcome.
+pub fn rows(v: &SubmissionView) -> Vec<(String, String)> {
+    v.stages
+        .iter()
+        .map(|s| (s.stage.clone(), s.outcome.clone().unwrap_or_default()))
+        .collect()
+}
+
+/// Expected rows, written as string literals, in the form `rows` returns.
+pub fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
 }
 
 pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
@@ -133,18 +139,7 @@ impl Database {
     pub fn url(self) -> Option<String> {
         match self {
             Database::Sqlite => None,
-            Database::Postgres => {
-                let server = std::env::var("FASTDECODE_TEST_POSTGRES").expect(
-                    "FASTDECODE_TEST_POSTGRES is not set: run the tests with tools/test.sh (the \
-                     README's test command), which starts a PostgreSQL server for them",
-                );
-                let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
-                let unique: u64 = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64;
-                Some(format!("{base}/arena_{}_{unique:x}", std::process::id()))
-            }
+            Database::Postgres => Some(fastdecode_arena::db::test_postgres_url("arena")),
         }
     }
 }
