@@ -18,7 +18,7 @@ use fastdecode_arena::bundle::{self, Content, Kind};
 use fastdecode_arena::track::Track;
 use fastdecode_arena::{policy, tokens};
 use fastdecode_fuzzing::{
-    apply, config, damage, keys, mutation, paths, text_damage, timed, Mutation, Seg, BOUND,
+    config, damage, keys, mutate_at, mutation, text_damage, timed, Mutation, Seg, BOUND,
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -58,12 +58,9 @@ proptest! {
     #[test]
     fn track_mutated_field(which in any::<prop::sample::Index>(), m in mutation(), probe in "[a-z/._*]{0,40}") {
         let mut v: Value = serde_json::to_value(toml::from_str::<toml::Value>(&track_text()).unwrap()).unwrap();
-        let mut all = vec![];
-        paths(&v, &mut vec![], &mut all);
-        let path = which.get(&all).clone();
         // TOML has no null: a null is a deletion.
         let m = match m { Mutation::Set(Value::Null) => Mutation::Delete, m => m };
-        apply(&mut v, &path, &m);
+        let path = mutate_at(&mut v, which, &m);
         let Ok(text) = toml::to_string(&v) else { return Ok(()) };
         match timed("Track::parse", || Track::parse(&text, Path::new(TRACK_FILE))) {
             Ok(t) => {
@@ -344,10 +341,7 @@ proptest! {
     #[test]
     fn api_mutated_body(i in 0usize..4, which in any::<prop::sample::Index>(), m in mutation(), d in proptest::option::of(text_damage())) {
         let mut v = bodies()[i].clone();
-        let mut all = vec![];
-        paths(&v, &mut vec![], &mut all);
-        let path = which.get(&all).clone();
-        apply(&mut v, &path, &m);
+        let path = mutate_at(&mut v, which, &m);
         let mut body = v.to_string().into_bytes();
         if let Some(d) = d {
             body = damage(&body, d);

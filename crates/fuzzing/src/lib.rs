@@ -133,6 +133,15 @@ pub fn apply(v: &mut Value, path: &[Seg], m: &Mutation) {
     }
 }
 
+/// Applies `m` at the path into `v` that `which` picks of all its paths; returns that path.
+pub fn mutate_at(v: &mut Value, which: prop::sample::Index, m: &Mutation) -> Vec<Seg> {
+    let mut all = vec![];
+    paths(v, &mut vec![], &mut all);
+    let path = which.get(&all).clone();
+    apply(v, &path, m);
+    path
+}
+
 /// The key names along a path (what an error about it may name): `a.b[2]` gives `a`, `b`.
 pub fn keys(path: &[Seg]) -> Vec<&str> {
     path.iter()

@@ -6,9 +6,7 @@
 //! The CI run is short (256 cases per property). The benchmark-sized run:
 //! `FASTDECODE_FUZZ_CASES=100000 cargo test --release -p fastdecode-gate --test fuzz`
 
-use fastdecode_fuzzing::{
-    apply, config, damage, mutation, paths, text_damage, timed, Mutation, Seg,
-};
+use fastdecode_fuzzing::{config, damage, mutate_at, mutation, text_damage, timed, Mutation, Seg};
 use fastdecode_gate::golden::Golden;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -91,10 +89,7 @@ proptest! {
     #[test]
     fn golden_mutated_field(which in any::<prop::sample::Index>(), m in mutation(), extra in proptest::option::of("[a-z_]{1,10}")) {
         let mut v = example();
-        let mut all = vec![];
-        paths(&v, &mut vec![], &mut all);
-        let path = which.get(&all).clone();
-        apply(&mut v, &path, &m);
+        let path = mutate_at(&mut v, which, &m);
         if let (Some(k), Value::Object(o)) = (&extra, &mut v) {
             // An unknown key next to the mutation (the format refuses unknown keys).
             if !o.contains_key(k) {

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use fastdecode_fuzzing::{
-    apply, config, damage, keys, mutation, paths, text_damage, timed, Mutation, Seg, BOUND,
+    apply, config, damage, keys, mutate_at, mutation, paths, text_damage, timed, Mutation, Seg,
+    BOUND,
 };
 use fastdecode_model::checkpoint::TensorStore;
 use fastdecode_model::inventory::TensorSpec;
@@ -95,10 +96,7 @@ proptest! {
     #[test]
     fn laguna_config_mutated_field(which in any::<prop::sample::Index>(), m in mutation(), second in proptest::option::of((any::<prop::sample::Index>(), mutation()))) {
         let mut v = laguna_example();
-        let mut all = vec![];
-        paths(&v, &mut vec![], &mut all);
-        let path = which.get(&all).clone();
-        apply(&mut v, &path, &m);
+        let path = mutate_at(&mut v, which, &m);
         if let Some((w2, m2)) = second {
             // A second mutation where a path still exists: the error must still be specific.
             let mut again = vec![];
@@ -131,10 +129,7 @@ proptest! {
     #[test]
     fn drafter_config_mutated_field(which in any::<prop::sample::Index>(), m in mutation()) {
         let mut v = drafter_example();
-        let mut all = vec![];
-        paths(&v, &mut vec![], &mut all);
-        let path = which.get(&all).clone();
-        apply(&mut v, &path, &m);
+        let path = mutate_at(&mut v, which, &m);
         let text = v.to_string();
         let r = timed("DrafterConfig", || DrafterConfig::from_json_str(&text));
         check_config_mutation(&path, &m, r.map(|_| ()).map_err(|e| e.to_string()));
@@ -324,14 +319,11 @@ proptest! {
     #[test]
     fn safetensors_mutated_header(which in any::<prop::sample::Index>(), m in prop_oneof![Just(None), st_value_mutation().prop_map(Some)], rename in proptest::option::of("[a-z.]{0,12}")) {
         let (mut header, data) = st_example();
-        let mut all = vec![];
-        paths(&header, &mut vec![], &mut all);
-        let path = which.get(&all).clone();
         let m = match m {
             None => Mutation::Delete,
             Some(v) => Mutation::Set(v),
         };
-        apply(&mut header, &path, &m);
+        let path = mutate_at(&mut header, which, &m);
         if let (Some(new), Value::Object(o)) = (rename, &mut header) {
             // A tensor under another name (a duplicate, a stray or an empty one).
             if let Some(Seg::Key(k)) = path.first() {

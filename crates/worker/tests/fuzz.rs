@@ -12,7 +12,7 @@ use std::io::BufReader;
 use std::time::Instant;
 
 use fastdecode_fuzzing::{
-    apply, config, damage, mutation, paths, text_damage, timed, Mutation, Seg, BOUND,
+    config, damage, mutate_at, mutation, text_damage, timed, Mutation, Seg, BOUND,
 };
 use fastdecode_worker::lines::{read_line, skip_line, Bounded};
 use fastdecode_worker::{Reply, Request};
@@ -112,10 +112,7 @@ where
     T: Message,
 {
     let mut v = i.get(&examples).clone();
-    let mut all = vec![];
-    paths(&v, &mut vec![], &mut all);
-    let path = which.get(&all).clone();
-    apply(&mut v, &path, m);
+    let path = mutate_at(&mut v, which, m);
     let line = v.to_string();
     let r = parse_line::<T>(&line)?;
     if let (Err(msg), Mutation::Delete, Some(Seg::Key(k))) = (&r, m, path.last()) {
