@@ -296,38 +296,19 @@ mod tests {
         let bytes: usize = inv.iter().map(TensorSpec::nbytes).sum();
         assert_eq!(bytes, 21_561_408_512);
         let find = |n: &str| inv.iter().find(|t| t.name == n).unwrap().shape.clone();
-        assert_eq!(
-            find("model.layers.1.mlp.switch_mlp.gate_proj.weight"),
-            vec![256, 512, 256]
-        );
-        assert_eq!(
-            find("model.layers.1.mlp.switch_mlp.gate_proj.scales"),
-            vec![256, 512, 128]
-        );
-        assert_eq!(
-            find("model.layers.7.mlp.switch_mlp.down_proj.weight"),
-            vec![256, 2048, 64]
-        );
-        assert_eq!(
-            find("model.layers.7.mlp.switch_mlp.down_proj.scales"),
-            vec![256, 2048, 32]
-        );
-        assert_eq!(
-            find("model.layers.39.mlp.shared_expert.gate_proj.weight"),
-            vec![512, 256]
-        );
-        assert_eq!(
-            find("model.layers.39.mlp.shared_expert.gate_proj.scales"),
-            vec![512, 128]
-        );
-        assert_eq!(
-            find("model.layers.0.self_attn.q_proj.weight"),
-            vec![6144, 2048]
-        );
-        assert_eq!(
-            find("model.layers.1.self_attn.q_proj.weight"),
-            vec![8192, 2048]
-        );
+        let shapes: &[(&str, &[usize])] = &[
+            ("layers.1.mlp.switch_mlp.gate_proj.weight", &[256, 512, 256]),
+            ("layers.1.mlp.switch_mlp.gate_proj.scales", &[256, 512, 128]),
+            ("layers.7.mlp.switch_mlp.down_proj.weight", &[256, 2048, 64]),
+            ("layers.7.mlp.switch_mlp.down_proj.scales", &[256, 2048, 32]),
+            ("layers.39.mlp.shared_expert.gate_proj.weight", &[512, 256]),
+            ("layers.39.mlp.shared_expert.gate_proj.scales", &[512, 128]),
+            ("layers.0.self_attn.q_proj.weight", &[6144, 2048]),
+            ("layers.1.self_attn.q_proj.weight", &[8192, 2048]),
+        ];
+        for &(name, shape) in shapes {
+            assert_eq!(find(&format!("model.{name}")), shape, "{name}");
+        }
     }
 
     #[test]

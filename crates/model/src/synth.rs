@@ -176,27 +176,19 @@ pub fn runtime_tensor_bytes(seed: u64, spec: &TensorSpec) -> Vec<u8> {
 
 /// Dequantised values `[E or 1, rows, cols]` of one runtime NVFP4 pair `base.{weight,scales}`.
 fn dequantized(seed: u64, base: &str, lead: &[usize], rows: usize, cols: usize) -> Vec<f32> {
-    let shape = |last: usize| [lead, &[rows, last]].concat();
-    let codes = runtime_tensor_bytes(
-        seed,
-        &TensorSpec {
-            name: format!("{base}.weight"),
-            dtype: Dtype::U32,
-            shape: shape(cols / 8),
-        },
-    );
-    let codes: Vec<u32> = codes
+    let part = |suffix: &str, dtype, last: usize| {
+        let spec = TensorSpec {
+            name: format!("{base}.{suffix}"),
+            dtype,
+            shape: [lead, &[rows, last]].concat(),
+        };
+        runtime_tensor_bytes(seed, &spec)
+    };
+    let codes: Vec<u32> = part("weight", Dtype::U32, cols / 8)
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
-    let scales = runtime_tensor_bytes(
-        seed,
-        &TensorSpec {
-            name: format!("{base}.scales"),
-            dtype: Dtype::U8,
-            shape: shape(cols / 16),
-        },
-    );
+    let scales = part("scales", Dtype::U8, cols / 16);
     let total_rows: usize = lead.iter().product::<usize>() * rows;
     let mut out = vec![0f32; total_rows * cols];
     for r in 0..total_rows {
@@ -331,8 +323,7 @@ pub fn write_synthetic(
     let total: usize = t_specs.iter().chain(&d_specs).map(TensorSpec::nbytes).sum();
     progress.set_length(total as u64);
     crate::files::check_free_space(out, total as u64)?;
-    let mut digest = String::new();
-    crate::files::with_staging_dir(out, |dir| {
+    crate::files::write_pinned_dir(out, |dir| {
         write_atomic(&dir.join("config.json"), &pretty_json(&target.to_hf_json()))?;
         let produce = |s: &TensorSpec| match layout {
             Layout::Runtime => runtime_tensor_bytes(seed, s),
@@ -356,10 +347,8 @@ pub fn write_synthetic(
             &produce,
             progress,
         )?;
-        digest = crate::manifest::write(dir, &ProgressBar::hidden())?;
         Ok(())
-    })?;
-    Ok(digest)
+    })
 }
 
 #[cfg(test)]

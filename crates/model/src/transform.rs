@@ -18,7 +18,7 @@ use crate::checkpoint::{
 };
 use crate::config::{DrafterConfig, LagunaConfig};
 use crate::error::{Error, Result};
-use crate::files::{read_bounded, read_text, refuse_overlap, with_staging_dir, MAX_TEXT_BYTES};
+use crate::files::{read_bounded, read_text, refuse_overlap, write_pinned_dir, MAX_TEXT_BYTES};
 use crate::inventory::{drafter_inventory, target_inventory, Layout, TensorSpec};
 use crate::nvfp4::quantize_row;
 use crate::synth::pretty_json;
@@ -226,8 +226,7 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
     cfg_json["quantization"] = q.clone();
     cfg_json["quantization_config"] = q;
 
-    let mut digest = String::new();
-    with_staging_dir(output, |dir| {
+    write_pinned_dir(output, |dir| {
         write_atomic(&dir.join("config.json"), &pretty_json(&cfg_json))?;
         let produce = |s: &TensorSpec| match expert_source(&rt_cfg, layout, &s.name) {
             Some((src, is_scales)) => quantize_source(&store, &src, is_scales),
@@ -250,10 +249,8 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
             let produce = |s: &TensorSpec| float_bytes(dstore, Layout::Runtime, s);
             convert(&od.join("model.safetensors"), dspecs, &produce, progress)?;
         }
-        digest = crate::manifest::write(dir, &ProgressBar::hidden())?;
         Ok(())
-    })?;
-    Ok(digest)
+    })
 }
 
 #[cfg(test)]
