@@ -11,6 +11,7 @@ use serde_json::json;
 
 use fastdecode_engine::model_dir::{default_model_dir, Needs};
 use fastdecode_engine::session::{dflash, max_block, serial};
+use fastdecode_engine::traces;
 use fastdecode_engine::{DraftPlan, DraftSpec, Generation, LoadedModel};
 use fastdecode_model::manifest;
 
@@ -90,27 +91,14 @@ fn prompts(a: &BenchArgs, model: &LoadedModel) -> Result<Vec<Vec<u32>>> {
     match &a.prompts {
         Some(path) if path.extension().is_some_and(|e| e == "json") => {
             // Greedy traces (`assets/traces/*.json`): their prompt ids, e.g. held-out prompts.
-            #[derive(serde::Deserialize)]
-            struct P {
-                prompt_ids: Vec<u32>,
-            }
-            #[derive(serde::Deserialize)]
-            struct T {
-                prompts: Vec<P>,
-            }
             let text = fastdecode_model::files::read_text(path)?;
-            let t: T = serde_json::from_str(&text).with_context(|| {
+            let mut out = traces::prompt_ids(&text).with_context(|| {
                 format!(
                     "{}: not a traces file with prompts[].prompt_ids",
                     path.display()
                 )
             })?;
-            let out: Vec<Vec<u32>> = t
-                .prompts
-                .into_iter()
-                .take(a.max_prompts)
-                .map(|p| p.prompt_ids)
-                .collect();
+            out.truncate(a.max_prompts);
             if out.is_empty() || out.iter().any(Vec::is_empty) {
                 bail!("{}: no prompts, or an empty one", path.display());
             }

@@ -1,5 +1,5 @@
 //! Decoding on top of a backend: serial greedy and DFlash rounds, draft sources, tokenizer and
-//! model directories.
+//! model directories, and the prompts of greedy traces.
 
 pub mod backend;
 pub mod cuda_backend;
@@ -9,6 +9,7 @@ pub mod model_dir;
 pub mod oracle;
 pub mod session;
 pub mod tokenizer;
+pub mod traces;
 
 pub use backend::{CpuDrafter, CpuTarget, DraftSource, TargetBackend};
 pub use decode::{generate, generate_observed, DecodeOptions, Generation, RoundReport};

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use fastdecode_engine::cuda_backend::CudaBackend;
 use fastdecode_engine::session::{self, DraftPlan};
+use fastdecode_engine::traces;
 use fastdecode_engine::{DraftSource, DraftSpec, TargetBackend};
 
 /// The bundled model: in this checkout, or (a test executable staged to a GPU machine by
@@ -23,22 +24,11 @@ fn bundled() -> PathBuf {
 
 /// The first `n` held-out prompts of the bundled traces.
 fn prompts(n: usize) -> Vec<Vec<u32>> {
-    #[derive(serde::Deserialize)]
-    struct P {
-        prompt_ids: Vec<u32>,
-    }
-    #[derive(serde::Deserialize)]
-    struct T {
-        prompts: Vec<P>,
-    }
     let text =
         std::fs::read_to_string(bundled().join("../traces/laguna-tiny-hf-greedy.json")).unwrap();
-    let t: T = serde_json::from_str(&text).unwrap();
-    t.prompts
-        .into_iter()
-        .take(n)
-        .map(|p| p.prompt_ids)
-        .collect()
+    let mut prompts = traces::prompt_ids(&text).unwrap();
+    prompts.truncate(n);
+    prompts
 }
 
 const NEW: usize = 512;
