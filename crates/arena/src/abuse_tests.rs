@@ -502,6 +502,17 @@ async fn an_inconclusive_pricing_runs_once_more_and_a_second_one_ends_it(on: On)
     );
 }
 
+/// The HTML stored beside submission `id`'s note: none until the note is rendered.
+async fn stored_note_html(s: &AppState, id: &str) -> Option<String> {
+    sqlx::query("SELECT note_html FROM submissions WHERE id = $1")
+        .bind(id)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap()
+        .try_get("note_html")
+        .unwrap()
+}
+
 /// A page view serves the note's stored HTML and renders nothing; a note stored before notes
 /// were rendered at intake is rendered once, however many views arrive together, and stored.
 async fn a_page_serves_the_stored_note_and_renders_an_old_one_once(on: On) {
@@ -547,13 +558,7 @@ async fn a_page_serves_the_stored_note_and_renders_an_old_one_once(on: On) {
         assert!(v.await.unwrap().contains("<h1>Fast</h1>"));
     }
     assert_eq!(count(), 2);
-    let stored: Option<String> = sqlx::query("SELECT note_html FROM submissions WHERE id = $1")
-        .bind(&id)
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap()
-        .try_get("note_html")
-        .unwrap();
+    let stored = stored_note_html(&s, &id).await;
     assert!(stored.unwrap().contains("<h1>Fast</h1>"));
     // A hostile note from before the bounds: not shown, and not rendered past its depth.
     sqlx::query(
@@ -604,13 +609,7 @@ async fn intake_refuses_a_note_past_the_bounds_naming_it() {
         .unwrap();
     assert_eq!(n, 0);
     let id = id_of(&post_note(&s, &alice, "k", &(">".repeat(31) + " x")).await);
-    let stored: Option<String> = sqlx::query("SELECT note_html FROM submissions WHERE id = $1")
-        .bind(&id)
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap()
-        .try_get("note_html")
-        .unwrap();
+    let stored = stored_note_html(&s, &id).await;
     assert_eq!(stored.unwrap().matches("<blockquote>").count(), 31);
 }
 

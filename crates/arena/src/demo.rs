@@ -274,6 +274,15 @@ fn ended(dir: &Path, removed: bool, cache: &Path) -> String {
     )
 }
 
+/// Puts the solver's clone at `commit`, nothing left of an example's patch.
+fn detach_at(solver: &Path, commit: &str) -> Result<()> {
+    git::output(
+        solver,
+        &["checkout", "--quiet", "--force", "--detach", commit],
+    )?;
+    Ok(())
+}
+
 /// Submits each example and follows it to its verdict; the leaderboard, and how many examples
 /// did not end as they should.
 fn examples(
@@ -296,16 +305,7 @@ fn examples(
                 "+refs/heads/*:refs/remotes/origin/*",
             ],
         )?;
-        git::output(
-            solver,
-            &[
-                "checkout",
-                "--quiet",
-                "--force",
-                "--detach",
-                &t.current_base,
-            ],
-        )?;
+        detach_at(solver, &t.current_base)?;
         if let Some(p) = patch {
             let p: PathBuf = checkout.join("tracks/examples").join(p);
             git::output(solver, &["apply", &p.to_string_lossy()])
@@ -328,16 +328,7 @@ fn examples(
         if v.status != *expected {
             unexpected.push(surprise(name, expected, &v, url));
         }
-        git::output(
-            solver,
-            &[
-                "checkout",
-                "--quiet",
-                "--force",
-                "--detach",
-                &t.current_base,
-            ],
-        )?;
+        detach_at(solver, &t.current_base)?;
     }
     // A promotion re-prices what was held: follow each re-pricing to its verdict.
     let held: SubmissionList =
