@@ -166,20 +166,49 @@ pub fn submit(o: &SubmitOptions) -> Result<SubmissionView> {
 /// Polls a submission (twice a second) until its verdict, printing each stage as it starts and
 /// ends: the same record its page follows.
 pub fn follow(api: &Api, id: &str) -> Result<SubmissionView> {
-    let mut shown = 0usize;
-    let mut open: Option<String> = None;
-    let mut last_pos = None;
-    let mut said = Said::default();
+    let mut progress = Progress::default();
+    poll(api, id, |v| progress.show(v))
+}
+
+/// Polls a submission twice a second, handing each view to `show`, until the submission is
+/// finished and `show` says it has shown all of it.
+pub fn poll(
+    api: &Api,
+    id: &str,
+    mut show: impl FnMut(&SubmissionView) -> bool,
+) -> Result<SubmissionView> {
     loop {
         let v: SubmissionView = api.get_json(&format!("/api/submissions/{id}"))?;
-        if v.queue_position != last_pos {
+        if show(&v) && v.finished() {
+            return Ok(v);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// What `follow` has printed of a submission so far.
+#[derive(Default)]
+struct Progress {
+    /// Stages printed with their outcome.
+    shown: usize,
+    /// The stage printed as running.
+    open: Option<String>,
+    /// The queue position printed last.
+    last_pos: Option<i64>,
+    said: Said,
+}
+
+impl Progress {
+    /// Prints what is new in `v`; whether every stage of it is printed with its outcome.
+    fn show(&mut self, v: &SubmissionView) -> bool {
+        if v.queue_position != self.last_pos {
             if let Some(p) = v.queue_position {
                 eprintln!("  queued: {p} ahead");
             }
-            last_pos = v.queue_position;
+            self.last_pos = v.queue_position;
         }
-        while shown < v.stages.len() {
-            let s = &v.stages[shown];
+        while self.shown < v.stages.len() {
+            let s = &v.stages[self.shown];
             match &s.outcome {
                 Some(out) => {
                     let secs = s.ended_ms.unwrap_or(s.started_ms) - s.started_ms;
@@ -188,37 +217,29 @@ pub fn follow(api: &Api, id: &str) -> Result<SubmissionView> {
                         s.stage,
                         out,
                         secs as f64 / 1000.0,
-                        s.detail
-                            .as_deref()
-                            .unwrap_or("")
-                            .lines()
-                            .next()
-                            .unwrap_or("")
+                        first_line(s.detail.as_deref())
                     );
-                    shown += 1;
-                    open = None;
+                    self.shown += 1;
+                    self.open = None;
                 }
                 None => {
-                    if open.as_deref() != Some(&s.stage) {
+                    if self.open.as_deref() != Some(&s.stage) {
                         eprintln!(
                             "  {:<8} running on {}",
                             s.stage,
                             s.runner.as_deref().unwrap_or("?")
                         );
-                        open = Some(s.stage.clone());
-                        said = Said::default();
+                        self.open = Some(s.stage.clone());
+                        self.said = Said::default();
                     }
-                    if let Some(p) = s.detail.as_deref().filter(|p| said.worth_saying(p)) {
+                    if let Some(p) = s.detail.as_deref().filter(|p| self.said.worth_saying(p)) {
                         eprintln!("  {:<8} {p}", s.stage);
                     }
                     break;
                 }
             }
         }
-        if v.finished() && shown == v.stages.len() {
-            return Ok(v);
-        }
-        std::thread::sleep(Duration::from_millis(500));
+        self.shown == v.stages.len()
     }
 }
 
@@ -243,6 +264,11 @@ impl Said {
         self.at = Some(std::time::Instant::now());
         true
     }
+}
+
+/// A detail's first line (the rest is on the submission's page); none is an empty line.
+fn first_line(detail: Option<&str>) -> &str {
+    detail.unwrap_or("").lines().next().unwrap_or("")
 }
 
 /// Whether a final status counts as passed.
@@ -280,13 +306,7 @@ pub fn table(v: &SubmissionView) -> String {
             row(
                 &mut t,
                 "detail",
-                verdict["detail"]
-                    .as_str()
-                    .unwrap_or("")
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_string(),
+                first_line(verdict["detail"].as_str()).to_string(),
             );
         }
         if let Some(m) = verdict["metrics"].as_object() {
@@ -321,12 +341,7 @@ pub fn status(server: &str, id: &str, json: bool) -> Result<bool> {
                 s.runner.as_deref().unwrap_or("service"),
                 s.outcome.as_deref().unwrap_or("-"),
                 secs,
-                s.detail
-                    .as_deref()
-                    .unwrap_or("")
-                    .lines()
-                    .next()
-                    .unwrap_or("")
+                first_line(s.detail.as_deref())
             )?;
         }
         if let Some(p) = v.queue_position {

@@ -305,7 +305,9 @@ pub fn run(
     }
     let mut rows = vec![];
     for (name, c, id) in posted {
-        let v = wait(api, &id).with_context(|| format!("case {name}: following {id}"))?;
+        // Quietly: the corpus prints one line a case.
+        let v = client::poll(api, &id, |_| true)
+            .with_context(|| format!("case {name}: following {id}"))?;
         let mut actual = actual(&v, c);
         if let Some(t) = shown(api, &id, &c.absent)? {
             actual = format!("{actual} (the record shows {t:?})");
@@ -342,17 +344,6 @@ fn shown(api: &Api, id: &str, texts: &[String]) -> Result<Option<String>> {
         String::from_utf8_lossy(&page)
     );
     Ok(texts.iter().find(|t| record.contains(t.as_str())).cloned())
-}
-
-/// Polls a submission until its verdict (quietly: the corpus prints one line a case).
-fn wait(api: &Api, id: &str) -> Result<SubmissionView> {
-    loop {
-        let v: SubmissionView = api.get_json(&format!("/api/submissions/{id}"))?;
-        if v.finished() {
-            return Ok(v);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    }
 }
 
 /// The table: case, expected, actual, verdict, and whether they agree.
