@@ -76,29 +76,19 @@ impl TensorSpec {
 /// The gated attention tensors under `a` (`…self_attn`): (query heads, kv heads, head_dim, hidden).
 fn attention_specs(v: &mut Vec<TensorSpec>, a: &str, (nh, kv, d, h): (usize, usize, usize, usize)) {
     let bf = Dtype::BF16;
-    v.push(TensorSpec::new(
-        format!("{a}.q_proj.weight"),
-        bf,
-        &[nh * d, h],
-    ));
-    v.push(TensorSpec::new(
-        format!("{a}.k_proj.weight"),
-        bf,
-        &[kv * d, h],
-    ));
-    v.push(TensorSpec::new(
-        format!("{a}.v_proj.weight"),
-        bf,
-        &[kv * d, h],
-    ));
-    v.push(TensorSpec::new(
-        format!("{a}.o_proj.weight"),
-        bf,
-        &[h, nh * d],
-    ));
-    v.push(TensorSpec::new(format!("{a}.g_proj.weight"), bf, &[nh, h]));
-    v.push(TensorSpec::new(format!("{a}.q_norm.weight"), bf, &[d]));
-    v.push(TensorSpec::new(format!("{a}.k_norm.weight"), bf, &[d]));
+    let projections = [
+        ("q_proj", [nh * d, h]),
+        ("k_proj", [kv * d, h]),
+        ("v_proj", [kv * d, h]),
+        ("o_proj", [h, nh * d]),
+        ("g_proj", [nh, h]),
+    ];
+    for (name, shape) in projections {
+        v.push(TensorSpec::new(format!("{a}.{name}.weight"), bf, &shape));
+    }
+    for name in ["q_norm", "k_norm"] {
+        v.push(TensorSpec::new(format!("{a}.{name}.weight"), bf, &[d]));
+    }
 }
 
 /// The SwiGLU triple under `p`: `gate_proj` and `up_proj` [inter, hidden], `down_proj` [hidden, inter].
