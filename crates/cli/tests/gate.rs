@@ -1,9 +1,10 @@
 //! Golden traces, the gate, bisection and the worker protocol with the plain `fastdecode`
 //! binary (faulty builds are in `faults.rs`).
 
-use std::io::{BufRead, BufReader, Write};
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fastdecode");
 
@@ -206,19 +207,8 @@ fn golden_files_are_parsed_strictly() {
 fn worker_speaks_the_protocol() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny(tmp.path());
-    let mut child = fd()
-        .arg("worker")
-        .arg("--model")
-        .arg(&model)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next =
-        || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
-    let ready = next();
+    let mut worker = support::WorkerProcess::start(&model);
+    let ready = worker.next();
     assert_eq!(
         (ready["type"].as_str(), ready["version"].as_u64()),
         (Some("ready"), Some(2))
@@ -227,17 +217,13 @@ fn worker_speaks_the_protocol() {
         ready["known_flags"],
         serde_json::json!(["unrolled_dot", "fast_exp"])
     );
-    writeln!(
-        input,
-        r#"{{"op":"window","id":4,"prompt":[1,2,3],"decode_tokens":5,"block_size":1}}"#
-    )
-    .unwrap();
-    let s = next();
+    worker.send(r#"{"op":"window","id":4,"prompt":[1,2,3],"decode_tokens":5,"block_size":1}"#);
+    let s = worker.next();
     assert_eq!(
         (s["type"].as_str(), s["kv_len"].as_u64()),
         (Some("seeded"), Some(3))
     );
-    let w = next();
+    let w = worker.next();
     assert_eq!(w["tokens"].as_array().unwrap().len(), 6);
     assert_eq!(w["kv_len"], 3 + 5, "ledger: prompt + tokens - 1");
     assert_eq!(w["tokens"][0], s["token"]);
@@ -251,15 +237,13 @@ fn worker_speaks_the_protocol() {
         .map(|(i, t)| t.as_u64().unwrap() ^ (i % 2) as u64)
         .collect();
     let drafts = serde_json::to_string(&drafts).unwrap();
-    writeln!(input, r#"{{"op":"window","id":5,"prompt":[1,2,3],"decode_tokens":5,"block_size":3,"draft":"oracle:0.5","drafts":{drafts}}}"#).unwrap();
-    next();
-    assert_eq!(next()["tokens"], w["tokens"]);
-    writeln!(
-        input,
+    worker.send(&format!(r#"{{"op":"window","id":5,"prompt":[1,2,3],"decode_tokens":5,"block_size":3,"draft":"oracle:0.5","drafts":{drafts}}}"#));
+    worker.next();
+    assert_eq!(worker.next()["tokens"], w["tokens"]);
+    worker.send(&format!(
         r#"{{"op":"replay","id":6,"prompt":[1,2,3],"chain":{truth},"probe":true}}"#
-    )
-    .unwrap();
-    let r = next();
+    ));
+    let r = worker.next();
     for (i, s) in r["steps"].as_array().unwrap().iter().enumerate() {
         assert_eq!(
             s["top"][0]["id"], w["tokens"][i],
@@ -267,16 +251,12 @@ fn worker_speaks_the_protocol() {
         );
         assert_eq!(s["probe_logit"], s["top"][0]["logit"]);
     }
-    writeln!(
-        input,
-        r#"{{"op":"window","id":7,"prompt":[1],"decode_tokens":1,"block_size":1,"turbo":1}}"#
-    )
-    .unwrap();
-    let e = next();
+    worker
+        .send(r#"{"op":"window","id":7,"prompt":[1],"decode_tokens":1,"block_size":1,"turbo":1}"#);
+    let e = worker.next();
     assert_eq!(e["type"], "error");
     assert!(e["message"].as_str().unwrap().contains("turbo"));
-    writeln!(input, r#"{{"op":"shutdown"}}"#).unwrap();
-    assert!(child.wait().unwrap().success());
+    worker.shut_down();
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -378,16 +378,21 @@ fn class4_user_mistakes_are_found_before_spawning_and_worker_reasons_are_kept() 
 fn class5_hostile_workers_are_contained() {
     let f = fixture();
     let t = tempfile::tempdir().unwrap();
-    let gate = |cand: &Path| run(gate_against(cand).args(["--ready-timeout", "3"]));
+    // The gate of a worker that is the script `body`, which must fail cleanly (`what` says how).
+    let gate_hostile = |file: &str, body: &str, what: &str| {
+        let cand = t.path().join(file);
+        script(&cand, body);
+        let o = run(gate_against(&cand).args(["--ready-timeout", "3"]));
+        assert_clean_failure(what, &o);
+        o
+    };
     // A worker that starts a child and never answers: the child dies with it.
     let pidfile = t.path().join("child.pid");
-    let kids = t.path().join("kids.sh");
-    script(
-        &kids,
+    let o = gate_hostile(
+        "kids.sh",
         &format!("sleep 300 &\necho $! > {}\nsleep 300", pidfile.display()),
+        "a hung worker with a child",
     );
-    let o = gate(&kids);
-    assert_clean_failure("a hung worker with a child", &o);
     assert!(o.stderr.contains("infra:worker_hung"), "{}", o.stderr);
     let pid: i32 = std::fs::read_to_string(&pidfile)
         .unwrap()
@@ -403,13 +408,11 @@ fn class5_hostile_workers_are_contained() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // A worker that sends 300 MB without a newline: a protocol fault, the parent stays small.
-    let flood = t.path().join("flood.sh");
-    script(
-        &flood,
+    let o = gate_hostile(
+        "flood.sh",
         "head -c 300000000 /dev/zero | tr '\\0' x\nsleep 300",
+        "a flooding worker",
     );
-    let o = gate(&flood);
-    assert_clean_failure("a flooding worker", &o);
     assert!(o.stderr.contains("infra:protocol"), "{}", o.stderr);
     assert!(
         o.max_rss_kib < 100 << 10,
@@ -419,13 +422,11 @@ fn class5_hostile_workers_are_contained() {
     // A worker that writes 200 MB to stderr without a newline and dies: the user's terminal gets
     // the first 64 KiB and a count of the rest, and the gate's own message a line of its own (no
     // race: the gate reports a crash once the worker's stderr has ended, `Worker::last_words`).
-    let noisy = t.path().join("noisy.sh");
-    script(
-        &noisy,
+    let o = gate_hostile(
+        "noisy.sh",
         "head -c 200000000 /dev/zero | tr '\\0' x >&2\nexit 3",
+        "a worker flooding stderr",
     );
-    let o = gate(&noisy);
-    assert_clean_failure("a worker flooding stderr", &o);
     assert!(
         o.stderr.len() < 80 << 10,
         "{} bytes on stderr",
@@ -448,39 +449,23 @@ fn class5_hostile_workers_are_contained() {
     );
     // Invalid UTF-8, and a request line longer than any request, get error replies; the worker
     // then serves the next request (PROTOCOL.md: it keeps reading).
-    let mut w = fd()
-        .arg("worker")
-        .arg("--model")
-        .arg(&f.model)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = w.stdin.take().unwrap();
-    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
-    let mut next =
-        || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
-    assert_eq!(next()["type"], "ready");
-    input.write_all(b"\xff\xfe{\"op\":\n").unwrap();
-    let e = next();
+    let mut w = WorkerProcess::start(&f.model);
+    assert_eq!(w.next()["type"], "ready");
+    w.input.write_all(b"\xff\xfe{\"op\":\n").unwrap();
+    let e = w.next();
     assert_eq!(e["type"], "error");
     assert!(e["message"].as_str().unwrap().contains("UTF-8"), "{e}");
-    input.write_all(&vec![b'x'; 8 << 20]).unwrap();
-    input.write_all(b"\n").unwrap();
-    let e = next();
+    w.input.write_all(&vec![b'x'; 8 << 20]).unwrap();
+    w.input.write_all(b"\n").unwrap();
+    let e = w.next();
     assert!(
         e["message"].as_str().unwrap().contains("longer than"),
         "{e}"
     );
-    writeln!(
-        input,
-        r#"{{"op":"window","id":9,"prompt":[1,2],"decode_tokens":2,"block_size":1}}"#
-    )
-    .unwrap();
-    assert_eq!(next()["type"], "seeded");
-    assert_eq!(next()["tokens"].as_array().unwrap().len(), 3);
-    writeln!(input, r#"{{"op":"shutdown"}}"#).unwrap();
-    assert!(w.wait().unwrap().success());
+    w.send(r#"{"op":"window","id":9,"prompt":[1,2],"decode_tokens":2,"block_size":1}"#);
+    assert_eq!(w.next()["type"], "seeded");
+    assert_eq!(w.next()["tokens"].as_array().unwrap().len(), 3);
+    w.shut_down();
 }
 
 /// Pauses `child` while it is hashing `file` (its read offset strictly inside the file);
@@ -622,6 +607,11 @@ fn class7_bad_weights_and_parts_are_refused_or_reported() {
             .args(["--max-new-tokens", "6", "--ignore-eos"])
             .args(args))
     };
+    let gen_ok = |m: &Path, args: &[&str]| {
+        let o = gen(m, args);
+        assert!(o.ok(), "{}", o.stderr);
+        o
+    };
     // NaN and Inf outside the experts, in the runtime and the HF layout.
     for (name, tensor, bits) in [
         ("nan", "model.norm.weight", 0x7fc0u16),
@@ -664,8 +654,7 @@ fn class7_bad_weights_and_parts_are_refused_or_reported() {
         "{}",
         o.stderr
     );
-    let o = gen(&m, &["--prompt-ids", "1,2"]);
-    assert!(o.ok(), "{}", o.stderr);
+    let o = gen_ok(&m, &["--prompt-ids", "1,2"]);
     assert!(
         o.stderr.contains("tokenizer.json") && o.stderr.contains("left out"),
         "{}",
@@ -685,8 +674,7 @@ fn class7_bad_weights_and_parts_are_refused_or_reported() {
             .unwrap()
             .retain(|t| t["id"].as_u64().unwrap() < 300);
     });
-    let json = gen(&m, &["--prompt-ids", "1,2", "--json"]);
-    assert!(json.ok(), "{}", json.stderr);
+    let json = gen_ok(&m, &["--prompt-ids", "1,2", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     let unknown = v["tokens"]
         .as_array()
@@ -694,8 +682,7 @@ fn class7_bad_weights_and_parts_are_refused_or_reported() {
         .iter()
         .filter(|t| t.as_u64().unwrap() >= 300)
         .count();
-    let o = gen(&m, &["--prompt-ids", "1,2"]);
-    assert!(o.ok(), "{}", o.stderr);
+    let o = gen_ok(&m, &["--prompt-ids", "1,2"]);
     assert!(!o.stdout.trim().is_empty(), "an empty result");
     assert_eq!(
         o.stderr.contains("have no entry"),
@@ -707,8 +694,7 @@ fn class7_bad_weights_and_parts_are_refused_or_reported() {
     let m = t.path().join("drafter");
     link_copy(&f.model, &m);
     replace(&m.join("drafter/config.json"), b"{ broken");
-    let o = gen(&m, &["--prompt-ids", "1,2"]);
-    assert!(o.ok(), "{}", o.stderr);
+    let o = gen_ok(&m, &["--prompt-ids", "1,2"]);
     assert!(
         o.stderr.contains("drafter/config.json") && o.stderr.contains("not needed"),
         "{}",

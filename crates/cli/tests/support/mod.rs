@@ -5,9 +5,9 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{BufRead, BufReader, Lines, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -148,6 +148,47 @@ pub fn fixture() -> &'static Fixture {
             hf,
         }
     })
+}
+
+/// A `fastdecode worker` on `model`, spoken to as a gate speaks to it: requests on its stdin,
+/// one JSON reply a line on its stdout.
+pub struct WorkerProcess {
+    child: Child,
+    pub input: ChildStdin,
+    replies: Lines<BufReader<ChildStdout>>,
+}
+
+impl WorkerProcess {
+    pub fn start(model: &Path) -> WorkerProcess {
+        let mut child = fd()
+            .arg("worker")
+            .arg("--model")
+            .arg(model)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        WorkerProcess {
+            input: child.stdin.take().unwrap(),
+            replies: BufReader::new(child.stdout.take().unwrap()).lines(),
+            child,
+        }
+    }
+
+    /// Sends one request line.
+    pub fn send(&mut self, request: &str) {
+        writeln!(self.input, "{request}").unwrap();
+    }
+
+    pub fn next(&mut self) -> serde_json::Value {
+        serde_json::from_str(&self.replies.next().unwrap().unwrap()).unwrap()
+    }
+
+    /// Asks the worker to shut down; it must exit with success.
+    pub fn shut_down(mut self) {
+        self.send(r#"{"op":"shutdown"}"#);
+        assert!(self.child.wait().unwrap().success());
+    }
 }
 
 /// A directory with one golden of the fixture model, made once per test binary. Tests only
