@@ -48,22 +48,34 @@ fn tiny(dir: &Path) -> PathBuf {
     m
 }
 
-fn goldens(model: &Path, out: &Path, count: &str, tokens: &str) {
+/// Makes `count` goldens of `tokens` tokens of `model` in `dir`/g; returns that directory.
+fn goldens(model: &Path, dir: &Path, count: &str, tokens: &str) -> PathBuf {
+    let out = dir.join("g");
     ok(fd()
         .args([
             "golden", "make", "--count", count, "--tokens", tokens, "--model",
         ])
         .arg(model)
         .arg("--out")
-        .arg(out));
+        .arg(&out));
+    out
+}
+
+/// `gate` of this build against itself on `model` and the goldens at `golden`.
+fn self_gate(model: &Path, golden: &Path) -> Command {
+    let mut gate = fd();
+    gate.args(["gate", "--reference", BIN, "--candidate", BIN, "--model"])
+        .arg(model)
+        .arg("--golden")
+        .arg(golden);
+    gate
 }
 
 #[test]
 fn golden_make_gate_and_bisect() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny(tmp.path());
-    let g = tmp.path().join("g");
-    goldens(&model, &g, "2", "32");
+    let g = goldens(&model, tmp.path(), "2", "32");
     let text = std::fs::read_to_string(g.join("golden-000.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["format"], "fastdecode-golden");
@@ -81,20 +93,7 @@ fn golden_make_gate_and_bisect() {
 
     // The build against itself, with and without its fast paths: every token exact.
     for flags in ["", "unrolled_dot,fast_exp"] {
-        let out = ok(fd()
-            .args([
-                "gate",
-                "--reference",
-                BIN,
-                "--candidate",
-                BIN,
-                "--candidate-flags",
-                flags,
-                "--model",
-            ])
-            .arg(&model)
-            .arg("--golden")
-            .arg(&g));
+        let out = ok(self_gate(&model, &g).args(["--candidate-flags", flags]));
         assert!(out.contains("gate: passed (2 goldens)"), "{out}");
         assert!(
             out.contains("replay             64         0      0"),
@@ -143,12 +142,7 @@ fn golden_make_gate_and_bisect() {
     ok(fd()
         .args(["synth", "--preset", "tiny", "--seed", "6", "--out"])
         .arg(&other));
-    let err = fails(
-        fd().args(["gate", "--reference", BIN, "--candidate", BIN, "--model"])
-            .arg(&other)
-            .arg("--golden")
-            .arg(&g),
-    );
+    let err = fails(&mut self_gate(&other, &g));
     assert!(err.contains("golden_model_mismatch"), "{err}");
 }
 
@@ -156,8 +150,7 @@ fn golden_make_gate_and_bisect() {
 fn golden_files_are_parsed_strictly() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny(tmp.path());
-    let g = tmp.path().join("g");
-    goldens(&model, &g, "1", "8");
+    let g = goldens(&model, tmp.path(), "1", "8");
     let good = std::fs::read_to_string(g.join("golden-000.json")).unwrap();
     let cases = [
         (
@@ -180,12 +173,7 @@ fn golden_files_are_parsed_strictly() {
     for (name, text, want) in cases {
         let p = tmp.path().join(name);
         std::fs::write(&p, text).unwrap();
-        let err = fails(
-            fd().args(["gate", "--reference", BIN, "--candidate", BIN, "--model"])
-                .arg(&model)
-                .arg("--golden")
-                .arg(&p),
-        );
+        let err = fails(&mut self_gate(&model, &p));
         assert!(err.contains(name) && err.contains(want), "{name}: {err}");
     }
     let err = fails(
