@@ -242,13 +242,7 @@ fn a_killed_runner_and_a_restarted_service_lose_no_stage(db: Database) {
     let mut a = Arena::on_track(db, 5, quick_clock);
     let mut r1 = a.runner("r1");
     let s1 = a.post(&[], "killed-runner").unwrap().id;
-    wait_for("r1 pricing", || {
-        a.view(&s1)
-            .stages
-            .iter()
-            .any(|s| s.stage == "price" && s.outcome.is_none())
-            .then_some(())
-    });
+    a.running(&s1, "price");
     // SIGKILL: no chance to report anything; its pricing dies with it.
     r1.0.kill().unwrap();
     r1.0.wait().unwrap();
@@ -282,13 +276,7 @@ fn a_killed_runner_and_a_restarted_service_lose_no_stage(db: Database) {
 
     // The service killed mid-gate and started again on the same files: every stage once.
     let s2 = a.post(&[], "restarted-service").unwrap().id;
-    wait_for("r2 gating", || {
-        a.view(&s2)
-            .stages
-            .iter()
-            .any(|s| s.stage == "gate" && s.outcome.is_none())
-            .then_some(())
-    });
+    a.running(&s2, "gate");
     a.kill_service();
     a.start_service();
     let v = a.finished(&s2);

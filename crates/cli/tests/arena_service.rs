@@ -241,13 +241,7 @@ fn a_cancel_stops_the_runner_pricing_the_job(db: Database) {
     });
     let runner = a.runner("r1");
     let id = a.post(&[], "long").unwrap().id;
-    wait_for("r1 pricing", || {
-        a.view(&id)
-            .stages
-            .iter()
-            .any(|s| s.stage == "price" && s.outcome.is_none())
-            .then_some(())
-    });
+    a.running(&id, "price");
     wait_for("r1's pricing process", || {
         (!children(runner.0.id()).is_empty()).then_some(())
     });

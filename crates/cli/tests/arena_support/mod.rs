@@ -474,6 +474,17 @@ impl Arena {
             .map_err(|e| format!("{e:#}"))
     }
 
+    /// Waits until `stage` of submission `id` is running (open, no outcome yet).
+    pub fn running(&self, id: &str, stage: &str) {
+        wait_for(&format!("{stage} of {id} running"), || {
+            self.view(id)
+                .stages
+                .iter()
+                .any(|s| s.stage == stage && s.outcome.is_none())
+                .then_some(())
+        });
+    }
+
     pub fn finished(&self, id: &str) -> SubmissionView {
         let v = wait_for(&format!("the verdict of {id}"), || {
             Some(self.view(id)).filter(|v| v.finished())
