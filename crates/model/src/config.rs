@@ -995,23 +995,17 @@ impl DrafterConfig {
 
     /// Checks that this drafter can run on `target` (it borrows the target's embedding and lm_head).
     pub fn check_target(&self, target: &LagunaConfig) -> Result<()> {
-        if self.hidden_size != target.hidden_size {
-            return Err(Error::field(
-                "hidden_size",
-                format!(
-                    "drafter hidden_size {} differs from the target's {}",
-                    self.hidden_size, target.hidden_size
-                ),
-            ));
-        }
-        if self.vocab_size != target.vocab_size {
-            return Err(Error::field(
-                "vocab_size",
-                format!(
-                    "drafter vocab_size {} differs from the target's {}",
-                    self.vocab_size, target.vocab_size
-                ),
-            ));
+        let shared = [
+            ("hidden_size", self.hidden_size, target.hidden_size),
+            ("vocab_size", self.vocab_size, target.vocab_size),
+        ];
+        for (field, ours, theirs) in shared {
+            if ours != theirs {
+                return Err(Error::field(
+                    field,
+                    format!("drafter {field} {ours} differs from the target's {theirs}"),
+                ));
+            }
         }
         if self.num_target_layers != target.num_hidden_layers {
             return Err(Error::field(

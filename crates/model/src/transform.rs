@@ -255,6 +255,8 @@ pub fn transform(input: &Path, output: &Path, progress: &ProgressBar) -> Result<
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
     use crate::synth::{preset, write_synthetic};
 
@@ -271,15 +273,19 @@ mod tests {
         v
     }
 
+    /// The tiny preset synthesised into `dir` at `seed`, in `layout`; returns `dir`.
+    fn tiny(dir: PathBuf, seed: u64, layout: Layout) -> PathBuf {
+        let p = preset("tiny").unwrap();
+        write_synthetic(&dir, &p, seed, layout, &ProgressBar::hidden()).unwrap();
+        dir
+    }
+
     #[test]
     fn transform_of_hf_synth_equals_runtime_synth_and_is_reproducible() {
         let tmp = tempfile::tempdir().unwrap();
-        let p = preset("tiny").unwrap();
         let hidden = ProgressBar::hidden();
-        let hf = tmp.path().join("hf");
-        write_synthetic(&hf, &p, 11, Layout::Hf, &hidden).unwrap();
-        let rt = tmp.path().join("rt");
-        write_synthetic(&rt, &p, 11, Layout::Runtime, &hidden).unwrap();
+        let hf = tiny(tmp.path().join("hf"), 11, Layout::Hf);
+        let rt = tiny(tmp.path().join("rt"), 11, Layout::Runtime);
         let a = tmp.path().join("a");
         let b = tmp.path().join("b");
         let da = transform(&hf, &a, &hidden).unwrap();
@@ -313,15 +319,12 @@ mod tests {
     #[test]
     fn transform_of_the_per_expert_hf_layout_equals_runtime_synth() {
         let tmp = tempfile::tempdir().unwrap();
-        let p = preset("tiny").unwrap();
         let hidden = ProgressBar::hidden();
-        let hf = tmp.path().join("hf-saved");
-        write_synthetic(&hf, &p, 5, Layout::HfSaved, &hidden).unwrap();
+        let hf = tiny(tmp.path().join("hf-saved"), 5, Layout::HfSaved);
         let store = TensorStore::open_dir(&hf).unwrap();
         assert!(store.contains("model.layers.1.mlp.experts.31.down_proj.weight"));
         assert!(store.contains("model.layers.1.mlp.shared_expert.up_proj.weight"));
-        let rt = tmp.path().join("rt");
-        write_synthetic(&rt, &p, 5, Layout::Runtime, &hidden).unwrap();
+        let rt = tiny(tmp.path().join("rt"), 5, Layout::Runtime);
         let out = tmp.path().join("out");
         transform(&hf, &out, &hidden).unwrap();
         let same = std::fs::read(out.join("model.safetensors")).unwrap()
@@ -348,10 +351,8 @@ mod tests {
     #[test]
     fn transform_rejects_bad_inputs_naming_the_tensor() {
         let tmp = tempfile::tempdir().unwrap();
-        let p = preset("tiny").unwrap();
         let hidden = ProgressBar::hidden();
-        let hf = tmp.path().join("hf");
-        write_synthetic(&hf, &p, 1, Layout::Hf, &hidden).unwrap();
+        let hf = tiny(tmp.path().join("hf"), 1, Layout::Hf);
         // Truncated safetensors file.
         let bytes = std::fs::read(hf.join("model.safetensors")).unwrap();
         let cut = tmp.path().join("cut");
