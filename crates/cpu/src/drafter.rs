@@ -13,7 +13,7 @@ use fastdecode_model::{Error, Result};
 use crate::kv_cache::LayerKv;
 use crate::layers::{normed, Attention, Linear, Mlp};
 use crate::ops::argmax;
-use crate::target::{linear, load_attention, read, TargetModel};
+use crate::target::{linear, load_attention, load_mlp, read, TargetModel};
 
 pub struct DrafterLayer {
     pub input_norm: Vec<f32>,
@@ -87,11 +87,7 @@ impl DrafterModel {
                     rope.clone(),
                     Some(c.sliding_window),
                 )?,
-                mlp: Mlp {
-                    gate: linear(store, &format!("{p}.mlp.gate_proj.weight"), w, h)?,
-                    up: linear(store, &format!("{p}.mlp.up_proj.weight"), w, h)?,
-                    down: linear(store, &format!("{p}.mlp.down_proj.weight"), h, w)?,
-                },
+                mlp: load_mlp(store, &format!("{p}.mlp"), w, h)?,
             });
         }
         Ok(DrafterModel {

@@ -54,6 +54,16 @@ pub(crate) fn linear(store: &TensorStore, name: &str, out: usize, inp: usize) ->
     })
 }
 
+/// The bf16 SwiGLU MLP under `prefix`: `gate_proj` and `up_proj` [inter, hidden], `down_proj`
+/// [hidden, inter].
+pub(crate) fn load_mlp(store: &TensorStore, prefix: &str, inter: usize, h: usize) -> Result<Mlp> {
+    Ok(Mlp {
+        gate: linear(store, &format!("{prefix}.gate_proj.weight"), inter, h)?,
+        up: linear(store, &format!("{prefix}.up_proj.weight"), inter, h)?,
+        down: linear(store, &format!("{prefix}.down_proj.weight"), h, inter)?,
+    })
+}
+
 /// The gated attention weights under `prefix` (`…self_attn`); `shape` is (query heads, kv heads,
 /// head_dim, hidden).
 pub(crate) fn load_attention(
@@ -153,21 +163,9 @@ fn load_moe(store: &TensorStore, c: &LagunaConfig, m: &str, layout: Layout) -> R
         }
         Layout::HfSaved => {
             let experts = (0..e)
-                .map(|x| {
-                    let p = format!("{m}.experts.{x}");
-                    Ok(Mlp {
-                        gate: linear(store, &format!("{p}.gate_proj.weight"), mi, h)?,
-                        up: linear(store, &format!("{p}.up_proj.weight"), mi, h)?,
-                        down: linear(store, &format!("{p}.down_proj.weight"), h, mi)?,
-                    })
-                })
+                .map(|x| load_mlp(store, &format!("{m}.experts.{x}"), mi, h))
                 .collect::<Result<Vec<_>>>()?;
-            let s = format!("{m}.shared_expert");
-            let shared = Mlp {
-                gate: linear(store, &format!("{s}.gate_proj.weight"), si, h)?,
-                up: linear(store, &format!("{s}.up_proj.weight"), si, h)?,
-                down: linear(store, &format!("{s}.down_proj.weight"), h, si)?,
-            };
+            let shared = load_mlp(store, &format!("{m}.shared_expert"), si, h)?;
             (experts, shared)
         }
         Layout::Hf => {
@@ -194,12 +192,7 @@ fn load_moe(store: &TensorStore, c: &LagunaConfig, m: &str, layout: Layout) -> R
                     },
                 })
                 .collect();
-            let s = format!("{m}.shared_experts");
-            let shared = Mlp {
-                gate: linear(store, &format!("{s}.gate_proj.weight"), si, h)?,
-                up: linear(store, &format!("{s}.up_proj.weight"), si, h)?,
-                down: linear(store, &format!("{s}.down_proj.weight"), h, si)?,
-            };
+            let shared = load_mlp(store, &format!("{m}.shared_experts"), si, h)?;
             (experts, shared)
         }
     };
@@ -251,12 +244,7 @@ impl TargetModel {
             let ffn = if c.is_sparse(i) {
                 Ffn::Moe(Box::new(load_moe(store, &c, &m, layout)?))
             } else {
-                let w = c.intermediate_size;
-                Ffn::Dense(Mlp {
-                    gate: linear(store, &format!("{m}.gate_proj.weight"), w, h)?,
-                    up: linear(store, &format!("{m}.up_proj.weight"), w, h)?,
-                    down: linear(store, &format!("{m}.down_proj.weight"), h, w)?,
-                })
+                Ffn::Dense(load_mlp(store, &m, c.intermediate_size, h)?)
             };
             layers.push(DecoderLayer {
                 input_norm: read(store, &format!("{p}.input_layernorm.weight"), &[h])?,
