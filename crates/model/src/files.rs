@@ -387,15 +387,13 @@ impl StagedDir {
     }
 }
 
-/// Creates the new checkpoint directory `out` through a staging directory renamed into place
-/// once `fill` has written its files and its MANIFEST pins them, so a failed or interrupted run
-/// never leaves a half-written directory under the final name. Returns the MANIFEST's digest.
-pub fn write_pinned_dir(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<String> {
+/// Creates the new directory `out` through a staging directory renamed into place once `fill`
+/// has completed it, so a failed or interrupted run never leaves a half-written directory under
+/// the final name.
+pub fn with_staging_dir(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let s = StagedDir::new(out, false)?;
     fill(s.path())?;
-    let digest = crate::manifest::write(s.path(), &indicatif::ProgressBar::hidden())?;
-    s.commit()?;
-    Ok(digest)
+    s.commit()
 }
 
 /// Checks, before a long run, that a report can be written to `path` later: it is not a

@@ -283,6 +283,20 @@ pub fn verify(dir: &Path, progress: &ProgressBar) -> Result<Verified> {
     })
 }
 
+/// Creates the new checkpoint directory `out` through a staging directory renamed into place
+/// once `fill` has written its files and their MANIFEST pins them, so a failed or interrupted
+/// run never leaves a half-written directory under the final name. Returns the MANIFEST's
+/// digest.
+pub fn write_pinned_dir(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<String> {
+    let mut digest = String::new();
+    crate::files::with_staging_dir(out, |dir| {
+        fill(dir)?;
+        digest = write(dir, &ProgressBar::hidden())?;
+        Ok(())
+    })?;
+    Ok(digest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -323,7 +323,7 @@ pub fn write_synthetic(
     let total: usize = t_specs.iter().chain(&d_specs).map(TensorSpec::nbytes).sum();
     progress.set_length(total as u64);
     crate::files::check_free_space(out, total as u64)?;
-    crate::files::write_pinned_dir(out, |dir| {
+    crate::manifest::write_pinned_dir(out, |dir| {
         write_atomic(&dir.join("config.json"), &pretty_json(&target.to_hf_json()))?;
         let produce = |s: &TensorSpec| match layout {
             Layout::Runtime => runtime_tensor_bytes(seed, s),

@@ -18,8 +18,9 @@ use crate::checkpoint::{
 };
 use crate::config::{DrafterConfig, LagunaConfig};
 use crate::error::{Error, Result};
-use crate::files::{read_bounded, read_text, refuse_overlap, write_pinned_dir, MAX_TEXT_BYTES};
+use crate::files::{read_bounded, read_text, refuse_overlap, MAX_TEXT_BYTES};
 use crate::inventory::{drafter_inventory, target_inventory, Layout, TensorSpec};
+use crate::manifest::write_pinned_dir;
 use crate::nvfp4::quantize_row;
 use crate::synth::pretty_json;
 
