@@ -14,7 +14,6 @@
 #
 # Arguments, when given, replace `--workspace --features fastdecode-cli/fault-injection` as what
 # `cargo test` is told, in one run (e.g. `tools/test.sh -p fastdecode-cli --test arena`).
-# FASTDECODE_TEST_EXTRA_JOBS (NAME=COMMAND, one a line) adds jobs to the whole run's lanes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -112,11 +111,6 @@ for t in "${long[@]}"; do
     jobs+=("$t=cargo test ${all[*]} --test $t")
 done
 jobs+=("rest=cargo test ${all[*]} --lib --bins ${rest[*]}" "doc=cargo test ${all[*]} --doc")
-# Jobs of the caller's, NAME=COMMAND one a line, last in the lanes: .ci/run gives its clippy
-# here, so that it runs in the lanes' last minutes, when one of them has no test left to run.
-while IFS= read -r j; do
-    if [ -n "$j" ]; then jobs+=("$j"); fi
-done <<<"${FASTDECODE_TEST_EXTRA_JOBS:-}"
 {
     cargo test "${all[@]}" --no-run
     python3 tools/ci/lanes.py --lanes 2 "${jobs[@]}"
