@@ -8,7 +8,9 @@ double-precision reference) before a GPU call, not of its speed or of the GPU's 
     tools/emu/run.py MODULE DRIVER.cpp [-DNAME=VALUE ...]     e.g. tools/emu/run.py dense tools/emu/gemv_bf16.cpp
 
 MODULE `none` compiles the driver with shim.h alone (tools/emu/selftest.cpp checks the emulator);
-A+B compiles modules A and B together (tools/emu/prefill.cpp takes prefill+moe+dense).
+A+B compiles modules A and B together (tools/emu/prefill.cpp takes prefill+moe+dense); a module
+named by a path ending .cu (from the repository root) is that file, after common.cuh as ever
+(tools/emu/persistent.cpp takes tools/emu/persistent_toy.cu).
 """
 import os
 import re
@@ -24,7 +26,8 @@ TIMEOUT_S = 1200
 # source's definition is dropped.
 DROPPED = ["after_wait", "block_arrives_last", "warp_arrives_last", "mma_bf16", "mma_f16", "cluster_rank",
            "cluster_barrier", "cluster_load", "e4m3_pair_x128", "pf_cp16", "pf_cp16w", "pf_cp8", "pf_cp16z",
-           "pf_cp_commit", "pf_cp_wait", "pf_ldsm4", "pf_ldsm4t"]
+           "pf_cp_commit", "pf_cp_wait", "pf_ldsm4", "pf_ldsm4t", "counter_acquire_load", "counter_release_add",
+           "page_flag_acquire_load", "page_flag_release_add", "wait_backoff"]
 
 
 def drop_functions(src):
@@ -55,7 +58,8 @@ def shared_decl(m):
     for ch in names + ",":
         if ch == "," and depth == 0:
             d = re.match(r"\s*(\w+)(.*)", cur)
-            out.append(f"auto& {d.group(1)} = emu_shared<{t.group(1)}{d.group(2).strip()}>({next(DECL_IDS)});")
+            out.append(f"auto& {d.group(1)} = emu_shared<{t.group(1)}{d.group(2).strip()}>({next(DECL_IDS)}, "
+                       f"\"{d.group(1)}\");")
             cur = ""
             continue
         depth += ch in "([" and 1 or ch in ")]" and -1 or 0
@@ -67,8 +71,9 @@ def source(module):
     if module == "none":
         return ""
     text = open(os.path.join(KERNELS, "common.cuh")).read()
-    for m in module.split("+"):  # several modules as A+B
-        text += "\n" + open(os.path.join(KERNELS, m + ".cu")).read()
+    for m in module.split("+"):  # several modules as A+B; a path ending .cu (from the root) is a module too
+        path = os.path.join(ROOT, m) if m.endswith(".cu") else os.path.join(KERNELS, m + ".cu")
+        text += "\n" + open(path).read()
     text = re.sub(r"^#include <cuda_(bf16|fp16)\.h>\n", "", text, flags=re.M)
     text = drop_functions(text)
     # Dynamic shared memory: a pointer into the block's buffer.
@@ -83,7 +88,8 @@ def main():
         sys.exit(__doc__)
     module, driver, defines = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(OUT, exist_ok=True)
-    stem = module.replace("+", "_") + "_" + os.path.splitext(os.path.basename(driver))[0]
+    stem = "_".join(os.path.basename(m).removesuffix(".cu") for m in module.split("+"))
+    stem += "_" + os.path.splitext(os.path.basename(driver))[0]
     tu = os.path.join(OUT, stem + ".cpp")
     with open(tu, "w") as f:
         f.write('#include "' + os.path.join(ROOT, "tools", "emu", "shim.h") + '"\n')

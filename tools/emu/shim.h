@@ -1,11 +1,14 @@
 // A CPU stand-in for the CUDA device environment our kernels use, so that a kernel's indexing,
 // barriers and reduction order can be checked on a machine without a GPU (tools/emu/run.py).
 // Each CUDA thread is a fiber (its own stack) on the launching host thread, switched at barriers,
-// shuffles and votes; the blocks of a cluster run at once, clusters one after another; a block's
+// shuffles and votes (and, in a persistent kernel's wait loops, wait_backoff); the blocks of a
+// cluster run at once, clusters one after another (emu_launch_resident: the whole grid at once,
+// blocks stalling at random, for persistent kernels whose blocks wait for each other); a block's
 // __shared__ data lives in its own arena (run.py rewrites each declaration to look it up there),
 // so a cluster's blocks can read each other's (distributed shared memory); warp shuffles trade
 // values through a per-warp slot array between two warp barriers. A barrier
-// that some thread never reaches is reported at once (no fiber can go on), not hung on.
+// that some thread never reaches, or a counter nothing will raise to a waiter's target, is
+// reported at once (no fiber can go on: emu_deadlock says who waits for what), not hung on.
 // Tensor-core m16n8k16 MMAs are emulated per lane from the warp's gathered fragments (products
 // exact, summed in k order onto the accumulator: not the tensor cores' own rounding), the
 // last-block and last-warp arrivals with plain counters (one host thread runs every fiber);
@@ -30,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -116,19 +120,29 @@ struct EmuFiber {
     };
     std::vector<Copy> open;                  // issued since the last commit
     std::vector<std::vector<Copy>> groups;  // committed, oldest first
+    // What it waits for while yielded, for a deadlock's report: a barrier, or (wait_backoff) a
+    // counter or flag `what` short of `target`.
+    enum class Wait { none, block_barrier, warp_barrier, cluster_barrier, value } wait = Wait::none;
+    const unsigned int* what = nullptr;
+    unsigned int target = 0;
 };
 
-// The running cluster: its blocks, barrier and fibers, the fiber running and the scheduler's
-// context, and whether any fiber arrived somewhere or ended in the current pass.
+// The running cluster (with emu_launch_resident, the whole grid): its blocks, barrier and fibers
+// (the first of emu_fibers), the fiber running and the scheduler's context, and whether any fiber
+// changed what a waiting fiber could see in the current pass: started, arrived at a barrier,
+// ended, or added to a counter (an atomic or a release; see emu_launch_resident).
 struct EmuCluster {
     std::vector<std::unique_ptr<EmuBlock>> blocks;
     std::unique_ptr<EmuBarrier> bar;
-    std::vector<EmuFiber> fibers;
+    EmuFiber* fibers = nullptr;
+    size_t n_fibers = 0;
     EmuFiber* running = nullptr;
     jmp_buf scheduler;
-    bool progress = false;
+    bool progress = false, resident = false;
     const std::function<void()>* kernel = nullptr;
 };
+// Every launch's fibers, kept from launch to launch (a stack is mapped once, not per launch).
+inline std::vector<EmuFiber> emu_fibers;
 inline EmuCluster* emu_cluster;
 inline EmuBlock* emu_block;
 
@@ -140,16 +154,24 @@ inline void emu_arrive_and_wait(EmuBarrier& b) {
     const uint64_t phase = b.phase;
     emu_cluster->progress = true;
     if (++b.arrived == b.expected) return b.next_phase();
+    EmuFiber& f = *emu_cluster->running;
+    f.wait = &b == &emu_block->bar          ? EmuFiber::Wait::block_barrier
+             : &b == emu_cluster->bar.get() ? EmuFiber::Wait::cluster_barrier
+                                            : EmuFiber::Wait::warp_barrier;
     while (b.phase == phase) emu_yield();
+    f.wait = EmuFiber::Wait::none;
 }
 inline void emu_drop(EmuBarrier& b) {
     b.expected--;
     if (b.arrived > 0 && b.arrived == b.expected) b.next_phase();
 }
 
+// The names of the __shared__ declarations, by run.py's id (for a deadlock's report).
+inline std::map<int, const char*> emu_shared_names;
 // The block's buffer for __shared__ declaration `id` (zeroed when first asked for).
 template <typename T>
-inline T& emu_shared(int id) {
+inline T& emu_shared(int id, const char* name = nullptr) {
+    if (name) emu_shared_names.emplace(id, name);
     auto& b = emu_block->shared[id];
     if (b.empty()) b.assign(sizeof(T) + 16, 0);
     return *reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(b.data()) + 15) & ~uintptr_t(15));
@@ -246,23 +268,30 @@ inline T __ldcg(const T* p) {
     return *p;
 }
 inline long long clock64() { return 0; }
-// Atomics: one host thread runs every fiber, so a plain read-modify-write is atomic here.
+// Atomics: one host thread runs every fiber, so a plain read-modify-write is atomic here. Each
+// counts as progress (a waiting fiber may be waiting for it).
+inline void emu_changed() {
+    if (emu_cluster) emu_cluster->progress = true;
+}
 template <typename T>
 inline T atomicAdd(T* p, T v) {
     const T old = *p;
     *p = old + v;
+    emu_changed();
     return old;
 }
 template <typename T>
 inline T atomicMin(T* p, T v) {
     const T old = *p;
     *p = std::min(old, v);
+    emu_changed();
     return old;
 }
 template <typename T>
 inline T atomicMax(T* p, T v) {
     const T old = *p;
     *p = std::max(old, v);
+    emu_changed();
     return old;
 }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
@@ -392,6 +421,42 @@ inline bool warp_arrives_last(unsigned int* counter, unsigned int total) {
     return __shfl_sync(0xffffffffu, last, 0);
 }
 
+// Persistent kernels' counters and page flags (common.cuh): one host thread runs every fiber, so
+// plain loads and adds; the memory ordering they give on the GPU is not checked here, their
+// targets and waits are. A release counts as progress; wait_backoff yields the fiber (the kernels'
+// own wait loops run here), recording what it waits for.
+inline unsigned int counter_acquire_load(const unsigned int* c) { return *c; }
+inline void counter_release_add(unsigned int* c, unsigned int v) {
+    *c += v;
+    emu_changed();
+}
+inline unsigned int page_flag_acquire_load(const unsigned int* f) { return *f; }
+inline void page_flag_release_add(unsigned int* f, unsigned int v) {
+    *f += v;
+    emu_changed();
+}
+inline void wait_backoff(const unsigned int* what, unsigned int, unsigned int target, unsigned int&) {
+    EmuFiber& f = *emu_cluster->running;
+    f.wait = EmuFiber::Wait::value;
+    f.what = what;
+    f.target = target;
+    emu_yield();
+    f.wait = EmuFiber::Wait::none;
+}
+
+// Names for a driver's buffers in a deadlock's report: the n unsigned counters from `base` are
+// `name`[0..n).
+struct EmuLabel {
+    const void* base;
+    size_t n;
+    const char* name;
+};
+inline std::vector<EmuLabel> emu_labels;
+inline void emu_label(const unsigned int* base, size_t n, const char* name) {
+    std::erase_if(emu_labels, [&](const EmuLabel& l) { return l.base == base; });
+    emu_labels.push_back({base, n, name});
+}
+
 // Two e4m3 bytes (bits 0..15 of s01) as f16 pairs (s0, s0) and (s1, s1), times 2^7 (moe.cu's
 // e4m3_pair_x128, a cvt.rn.f16x2.e4m3x2 there): every e4m3 value and its 2^7 multiple are f16s.
 inline float emu_e4m3(unsigned int b) {
@@ -474,7 +539,10 @@ inline void pf_ldsm4t(unsigned s, unsigned& r0, unsigned& r1, unsigned& r2, unsi
 // Clusters (__cluster_dims__): the block's rank, a barrier of all the cluster's threads, and a
 // float at p's place in block `rank`'s copy of the same shared buffer.
 inline unsigned int cluster_rank() { return emu_block->rank; }
-inline void cluster_barrier() { emu_arrive_and_wait(*emu_cluster->bar); }
+inline void cluster_barrier() {
+    if (emu_cluster->resident) emu_unsupported("a cluster barrier in a grid-resident launch");
+    emu_arrive_and_wait(*emu_cluster->bar);
+}
 inline float cluster_load(const float* p, unsigned int rank) {
     const auto* c = reinterpret_cast<const unsigned char*>(p);
     for (auto& [id, b] : emu_block->shared) {
@@ -500,12 +568,142 @@ inline void emu_fiber_main() {
     _longjmp(emu_cluster->scheduler, 1);
 }
 
+// Where fiber f waits, in words, for a deadlock's report.
+inline std::string emu_wait_text(const EmuFiber& f) {
+    char buf[256];
+    switch (f.wait) {
+        case EmuFiber::Wait::block_barrier: return "at the block's barrier (__syncthreads)";
+        case EmuFiber::Wait::warp_barrier: return "at the warp's barrier (__syncwarp, a shuffle or a vote)";
+        case EmuFiber::Wait::cluster_barrier: return "at the cluster's barrier";
+        case EmuFiber::Wait::none: return "nowhere known (it yielded outside a barrier or wait loop)";
+        case EmuFiber::Wait::value: break;
+    }
+    std::string where;
+    for (const auto& l : emu_labels) {
+        const auto* base = static_cast<const unsigned int*>(l.base);
+        if (f.what >= base && f.what < base + l.n)
+            where = std::string(l.name) + "[" + std::to_string(f.what - base) + "]";
+    }
+    for (const auto& [id, b] : f.home->shared) {
+        const auto* p = reinterpret_cast<const unsigned char*>(f.what);
+        if (where.empty() && p >= b.data() && p < b.data() + b.size()) {
+            const uintptr_t first = (reinterpret_cast<uintptr_t>(b.data()) + 15) & ~uintptr_t(15);  // emu_shared's
+            const size_t at = (reinterpret_cast<uintptr_t>(p) - first) / 4;
+            const auto name = emu_shared_names.find(id);
+            where = std::string("__shared__ ") + (name != emu_shared_names.end() ? name->second : "?") + "[" +
+                    std::to_string(at) + "]";
+        }
+    }
+    if (where.empty()) {
+        std::snprintf(buf, sizeof buf, "%p", (const void*)f.what);
+        where = buf;
+    }
+    std::snprintf(buf, sizeof buf, " to reach %u (it is %u)", f.target, *f.what);
+    return "for " + where + buf;
+}
+
+// No fiber can go on: every live one waits, at a barrier or for a value, and the last pass (every
+// live fiber resumed) changed nothing any of them waits on. Reports who waits for what (threads
+// of a block with the same wait as one line) and aborts the run.
+[[noreturn]] inline void emu_deadlock(const EmuCluster& c) {
+    std::fflush(stdout);  // what the driver printed so far, before the reason
+    std::fprintf(stderr, "emu: deadlock: every live thread waits and none can go on%s\n",
+                 c.resident ? " (grid-resident launch)" : "");
+    bool value_wait = false;
+    int lines = 0;
+    for (size_t i = 0; i < c.n_fibers;) {
+        const EmuFiber& f = c.fibers[i];
+        if (f.done) {
+            i++;
+            continue;
+        }
+        const std::string what = emu_wait_text(f);
+        size_t j = i + 1;
+        while (j < c.n_fibers && !c.fibers[j].done && c.fibers[j].home == f.home && emu_wait_text(c.fibers[j]) == what)
+            j++;
+        value_wait |= f.wait == EmuFiber::Wait::value;
+        if (lines++ < 48)
+            std::fprintf(stderr, "  block (%u, %u, %u) threads %u..%u wait %s\n", f.block.x, f.block.y, f.block.z,
+                         f.thread.x, c.fibers[j - 1].thread.x, what.c_str());
+        i = j;
+    }
+    if (lines > 48) std::fprintf(stderr, "  (%d more lines)\n", lines - 48);
+    if (value_wait && !c.resident)
+        std::fprintf(stderr, "  (a wait for another block's counter needs emu_launch_resident: emu_launch runs a "
+                             "grid's clusters one after another)\n");
+    std::abort();
+}
+
+// Runs c's fibers, made for the blocks `blocks` (x, y, z) of `threads` threads each, until every
+// one has returned: each pass resumes every live fiber once, in a new random order, so a read of
+// another thread's write with no barrier (or wait) between them gets the old value in some pass,
+// whichever thread comes first. With `stalls`, some passes leave a random quarter of the blocks
+// out (a slow SM), only after a pass that made progress. A pass with every fiber resumed in which
+// none made progress is a deadlock: the same pass would repeat for ever (emu_deadlock).
+inline void emu_run(EmuCluster& c, const std::vector<emu_dim3>& blocks, unsigned int threads, std::minstd_rand& rng,
+                    bool stalls) {
+    const size_t n = blocks.size() * threads;
+    if (emu_fibers.size() < n) emu_fibers.resize(n);
+    c.fibers = emu_fibers.data();
+    c.n_fibers = n;
+    c.blocks.clear();
+    for (unsigned int q = 0; q < blocks.size(); q++) {
+        c.blocks.push_back(std::make_unique<EmuBlock>(threads));
+        c.blocks.back()->rank = c.resident ? 0 : q;
+    }
+    c.bar = std::make_unique<EmuBarrier>((unsigned int)n);
+    for (size_t i = 0; i < n; i++) {
+        EmuFiber& f = c.fibers[i];
+        f.thread = {(unsigned int)(i % threads), 0, 0};
+        f.block = blocks[i / threads];
+        f.home = c.blocks[i / threads].get();
+        f.started = f.done = false;
+        f.wait = EmuFiber::Wait::none;
+        f.open.clear();
+        f.groups.clear();
+        getcontext(&f.start);
+        f.start.uc_stack = {f.stack->usable(), 0, EmuFiber::Stack::bytes};
+        f.start.uc_link = nullptr;
+        makecontext(&f.start, emu_fiber_main, 0);
+    }
+    std::vector<unsigned int> order(n);
+    std::vector<char> stalled(blocks.size(), 0);
+    bool stall = false;
+    for (unsigned int live = 1; live;) {
+        live = 0;
+        c.progress = false;
+        for (unsigned int i = 0; i < n; i++) order[i] = i;
+        std::shuffle(order.begin(), order.end(), rng);
+        for (auto& s : stalled) s = stall && rng() % 4 == 0;
+        bool skipped = false;
+        for (unsigned int i : order) {
+            EmuFiber& f = c.fibers[i];
+            if (f.done) continue;
+            live++;
+            if (stalled[i / threads]) {
+                skipped = true;
+                continue;
+            }
+            threadIdx = f.thread;
+            blockIdx = f.block;
+            emu_block = f.home;
+            c.running = &f;
+            if (!_setjmp(c.scheduler)) {
+                if (f.started) _longjmp(f.ctx, 1);
+                f.started = true;
+                c.progress = true;
+                setcontext(&f.start);
+            }
+        }
+        if (live && !c.progress && !skipped) emu_deadlock(c);
+        stall = stalls && c.progress;
+    }
+}
+
 // Runs kernel() over a grid of gx × gy × gz blocks of `threads` threads in clusters of `cluster`
-// blocks along x: a cluster's threads at once as fibers, each resumed once a pass until every one
-// has returned; clusters one after another. Each pass resumes them in a new random order (seeded:
-// EMU_SEED, default 1), so a read of another thread's write with no barrier between them gets
-// the old value in some pass, whichever thread comes first. A pass in which no fiber arrives
-// anywhere or returns means a barrier some thread never reaches: reported, and the run aborted.
+// blocks along x: a cluster's threads at once as fibers (emu_run, in an order seeded by EMU_SEED,
+// default 1), clusters one after another. A barrier some thread never reaches is reported (a
+// deadlock), and the run aborted.
 template <typename F>
 inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned int cluster = 1, unsigned int gy = 1,
                        unsigned int gz = 1) {
@@ -514,58 +712,36 @@ inline void emu_launch(unsigned int gx, unsigned int threads, F kernel, unsigned
     const std::function<void()> body = kernel;
     EmuCluster c;
     c.kernel = &body;
-    c.fibers.resize(cluster * threads);
     emu_cluster = &c;
     static std::minstd_rand order_rng(std::getenv("EMU_SEED") ? std::atoi(std::getenv("EMU_SEED")) : 1);
-    std::vector<unsigned int> order(cluster * threads);
     for (unsigned int z = 0; z < gz; z++)
         for (unsigned int y = 0; y < gy; y++)
             for (unsigned int c0 = 0; c0 < gx; c0 += cluster) {
-                c.blocks.clear();
-                for (unsigned int q = 0; q < cluster; q++) {
-                    c.blocks.push_back(std::make_unique<EmuBlock>(threads));
-                    c.blocks.back()->rank = q;
-                }
-                c.bar = std::make_unique<EmuBarrier>(cluster * threads);
-                for (unsigned int i = 0; i < cluster * threads; i++) {
-                    EmuFiber& f = c.fibers[i];
-                    f.thread = {i % threads, 0, 0};
-                    f.block = {c0 + i / threads, y, z};
-                    f.home = c.blocks[i / threads].get();
-                    f.started = f.done = false;
-                    f.open.clear();
-                    f.groups.clear();
-                    getcontext(&f.start);
-                    f.start.uc_stack = {f.stack->usable(), 0, EmuFiber::Stack::bytes};
-                    f.start.uc_link = nullptr;
-                    makecontext(&f.start, emu_fiber_main, 0);
-                }
-                for (unsigned int live = 1; live;) {
-                    live = 0;
-                    c.progress = false;
-                    for (unsigned int i = 0; i < order.size(); i++) order[i] = i;
-                    std::shuffle(order.begin(), order.end(), order_rng);
-                    for (unsigned int i : order) {
-                        EmuFiber& f = c.fibers[i];
-                        if (f.done) continue;
-                        live++;
-                        threadIdx = f.thread;
-                        blockIdx = f.block;
-                        emu_block = f.home;
-                        c.running = &f;
-                        if (!_setjmp(c.scheduler)) {
-                            if (f.started) _longjmp(f.ctx, 1);
-                            f.started = true;
-                            setcontext(&f.start);
-                        }
-                    }
-                    if (live && !c.progress) {
-                        std::fflush(stdout);  // what the driver printed so far, before the reason
-                        std::fprintf(stderr, "emu: block (%u, %u, %u)'s threads all wait at a barrier that some thread "
-                                             "never reaches\n", c0, y, z);
-                        std::abort();
-                    }
-                }
+                std::vector<emu_dim3> blocks;
+                for (unsigned int q = 0; q < cluster; q++) blocks.push_back({c0 + q, y, z});
+                emu_run(c, blocks, threads, order_rng, false);
             }
+    emu_cluster = nullptr;
+}
+
+// Runs kernel() over a grid of gx blocks of `threads` threads with the whole grid resident, as a
+// persistent kernel's grid (one block per SM) is on the GPU: every thread of every block a fiber
+// at once, so a block may wait for a counter a later block releases (common.cuh's
+// counter_wait_at_least; its wait loop yields here). The order is seeded by `seed`, and blocks
+// stall at random (emu_run). A state in which no thread can go on is reported as a deadlock with
+// what each waits for, and the run aborted. __syncthreads is per block as ever; no clusters.
+template <typename F>
+inline void emu_launch_resident(unsigned int gx, unsigned int threads, F kernel, uint64_t seed) {
+    gridDim = {gx, 1, 1};
+    blockDim = {threads, 1, 1};
+    const std::function<void()> body = kernel;
+    EmuCluster c;
+    c.kernel = &body;
+    c.resident = true;
+    emu_cluster = &c;
+    std::minstd_rand rng((uint32_t)(seed ^ (seed >> 32)) | 1);
+    std::vector<emu_dim3> blocks;
+    for (unsigned int b = 0; b < gx; b++) blocks.push_back({b, 0, 0});
+    emu_run(c, blocks, threads, rng, true);
     emu_cluster = nullptr;
 }
