@@ -169,6 +169,114 @@ __device__ __forceinline__ bool warp_arrives_last(unsigned int* counter, unsigne
     return __shfl_sync(0xffffffffu, last, 0);
 }
 
+// Persistent kernels (issue 44): one block per SM walks a queue of (layer, op, tile) items; a
+// loader warp fills a ring of shared-memory pages with the next items' weights while the compute
+// warps work. Two kinds of monotonic counter order the work; neither is ever reset (the next
+// decode step's targets are simply higher), so no reset can race with a late reader:
+//  - dependency counters in global memory, between blocks: an item's producer adds to its op's
+//    counter once its outputs are written (counter_release_add), a consumer waits until the
+//    counter reaches the item's target (counter_wait_at_least) and only then reads them;
+//  - page flags in shared memory, between a block's loader and compute warps: a page's "full"
+//    flag counts the times it was filled, its "empty" flag the compute warps' releases of it, so
+//    use u of a page waits for full >= u + 1, and its refill for empty >= (u + 1) · (compute warps).
+// Values are compared wrap-around (`(int)(v - target) >= 0`): a counter may pass 2^32 as long as
+// it stays within 2^31 of the targets it is compared with.
+// Every wait loop calls wait_backoff while short of its target: a sleep on the GPU, and in the
+// emulator (tools/emu, whose emu_launch_resident runs the whole grid at once) a switch to another
+// thread's fiber, so a schedule no grid could finish is reported there as a deadlock instead of
+// hanging. The loads and adds themselves are PTX, replaced by host versions in tools/emu/shim.h.
+#ifndef FD_WAIT_MAX_NS
+#define FD_WAIT_MAX_NS 256  // the longest sleep between two polls of a wait loop
+#endif
+
+// A dependency counter's value, with acquire semantics at GPU scope: once it shows the releases
+// a thread waited for, that thread's later loads see every write the releasing blocks made before
+// their release. Read such data (written by other SMs during this kernel) with __ldcg or plain
+// loads, never __ldg, ld.global.nc or through a `const __restrict__` pointer: the non-coherent
+// read-only path is not ordered by the acquire (it may serve a stale line) and NVVM treats those
+// loads as invariant, free to hoist above the wait (see after_wait). The project reads such data
+// at L2 (__ldcg), as block_arrives_last's readers do, so no L1 line from before can answer.
+__device__ __forceinline__ unsigned counter_acquire_load(const unsigned* c) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+    return v;
+}
+
+// Adds v to a dependency counter with release semantics at GPU scope (a reduction: the thread does
+// not wait for the L2 round trip). It publishes this thread's earlier writes, and other threads'
+// writes ordered before it by a barrier, so the pattern is: every thread's stores of the outputs;
+// then a barrier of the writing threads (__syncwarp() where one warp wrote, __syncthreads() or a
+// named barrier of the compute warps where several did); then ONE thread adds. No __threadfence:
+// the barrier orders the writes before the release, as block_arrives_last relies on. The add
+// must come after the writes it announces are done, never before (a reader could pass early).
+__device__ __forceinline__ void counter_release_add(unsigned* c, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" : : "l"(c), "r"(v) : "memory");
+}
+
+// The same two for a page flag in shared memory, at CTA scope (the loader and compute warps are
+// one block): page_flag_release_add after the loader's page writes are done (its lanes' stores,
+// then __syncwarp(), then lane 0; cp.async copies must have been waited for first) or after a
+// compute warp's last read of the page (the same order: the release also orders its reads before
+// the loader's next writes).
+__device__ __forceinline__ unsigned page_flag_acquire_load(const unsigned* f) {
+    unsigned v;
+    asm volatile("ld.acquire.cta.shared.u32 %0, [%1];"
+                 : "=r"(v)
+                 : "r"((unsigned)__cvta_generic_to_shared(f))
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ void page_flag_release_add(unsigned* f, unsigned v) {
+    asm volatile("red.release.cta.shared.add.u32 [%0], %1;" : : "r"((unsigned)__cvta_generic_to_shared(f)), "r"(v)
+                 : "memory");
+}
+
+// One turn of a wait loop that saw `what` at `seen`, short of `target`: on the GPU a sleep of ns
+// nanoseconds, doubling up to FD_WAIT_MAX_NS, so a waiting warp leaves the issue slots and the
+// memory system to the warps doing work; in the emulator a yield of the thread's fiber (shim.h),
+// which records what it waits for, for a deadlock's report (hence the unused arguments here).
+__device__ __forceinline__ void wait_backoff(const unsigned* what, unsigned seen, unsigned target, unsigned& ns) {
+#if __CUDA_ARCH__ >= 700
+    __nanosleep(ns);
+#endif
+    ns = ns < FD_WAIT_MAX_NS / 2 ? 2 * ns : FD_WAIT_MAX_NS;
+}
+
+// Waits, in the calling thread, until dependency counter c is at least target; returns the value
+// seen. The thread's later loads then see what the releases up to target published.
+__device__ __forceinline__ unsigned counter_wait_at_least(const unsigned* c, unsigned target) {
+    unsigned ns = 32, v;
+    while ((int)((v = counter_acquire_load(c)) - target) < 0) wait_backoff(c, v, target, ns);
+    return v;
+}
+// The same for a page flag in shared memory (shorter sleeps: the loader is on the same SM).
+__device__ __forceinline__ unsigned page_flag_wait_at_least(const unsigned* f, unsigned target) {
+    unsigned ns = 8, v;
+    while ((int)((v = page_flag_acquire_load(f)) - target) < 0) wait_backoff(f, v, target, ns);
+    return v;
+}
+
+// Warp-wide forms (every lane calls them): lane 0 polls while the other lanes wait at the warp
+// barrier, which orders its acquire before their loads (one poll per warp, not 32 at one address).
+__device__ __forceinline__ void warp_counter_wait_at_least(const unsigned* c, unsigned target) {
+    if (threadIdx.x % WARP == 0) counter_wait_at_least(c, target);
+    __syncwarp();
+}
+__device__ __forceinline__ void warp_page_flag_wait_at_least(const unsigned* f, unsigned target) {
+    if (threadIdx.x % WARP == 0) page_flag_wait_at_least(f, target);
+    __syncwarp();
+}
+// After the warp's own writes (or last reads, for a page): the warp barrier orders every lane's
+// before lane 0's release.
+__device__ __forceinline__ void warp_counter_release_add(unsigned* c, unsigned v) {
+    __syncwarp();
+    if (threadIdx.x % WARP == 0) counter_release_add(c, v);
+}
+__device__ __forceinline__ void warp_page_flag_release_add(unsigned* f, unsigned v) {
+    __syncwarp();
+    if (threadIdx.x % WARP == 0) page_flag_release_add(f, v);
+}
+
 // d += a·b for one m16n8k16 tile: a = 16×16 bf16 (row), b = 16×8 bf16 (col), d 16×8 f32.
 // Fragments (g = lane / 4, t = lane % 4): a0 = (row g, k 2t..2t+1), a1 = (row g+8, k 2t..),
 // a2 = (row g, k 2t+8..), a3 = (row g+8, k 2t+8..); b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., col g);
