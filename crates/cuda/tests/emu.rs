@@ -47,6 +47,24 @@ fn the_emulator_catches_a_missing_barrier_one_never_reached_and_a_stack_overflow
 }
 
 #[test]
+fn persistent_kernel_counters_and_page_flags_work_and_their_misuse_is_caught_run_on_the_cpu() {
+    let text = emulate("tools/emu/persistent_toy.cu", "tools/emu/persistent.cpp");
+    assert_says(
+        &text,
+        &[
+            "a wait for a later block: a deadlock block after block, released grid-resident",
+            "persistent toy: 50 shapes x 3 steps right",
+            "a missing release: deadlock reported",
+            "a target one past: deadlock reported",
+            "a dependency read without waiting: wrong output in",
+            "a target one short: wrong output in",
+            "a page read before it is full: wrong output in",
+            "a page refilled before it is empty: wrong output in",
+        ],
+    );
+}
+
+#[test]
 fn the_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
     let text = emulate("dense", "tools/emu/gemv_bf16.cpp");
     // Every shape was checked, and the driver says so.
