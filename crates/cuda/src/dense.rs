@@ -3,7 +3,7 @@
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use half::bf16;
 
-use crate::device::{launch_cfg, Gpu, MMA_COUNTERS, MMA_PARTIAL_FLOATS};
+use crate::device::{launch_cfg, row_blocks, Gpu, MMA_COUNTERS, MMA_PARTIAL_FLOATS};
 use crate::error::{check, Result};
 use crate::ops::MAX_ROWS;
 use crate::params::{kernel_params, Order};
@@ -171,7 +171,7 @@ impl Gpu {
             x,
             hidden: hidden as i32,
         };
-        let cfg = launch_cfg((rows as u32, 1), 256, 0);
+        let cfg = row_blocks(rows);
         // SAFETY: argument types and sizes match the kernel signature; shapes checked above.
         unsafe { self.run(Order::Overlapping, params, cfg) }?;
         Ok(())
@@ -423,13 +423,7 @@ impl Gpu {
             t: t as i32,
         };
         // SAFETY: argument types match the kernel; shapes checked above.
-        unsafe {
-            self.run(
-                Order::Overlapping,
-                params,
-                launch_cfg((rows as u32, 1), 256, 0),
-            )
-        }?;
+        unsafe { self.run(Order::Overlapping, params, row_blocks(rows)) }?;
         Ok(())
     }
 
@@ -462,13 +456,7 @@ impl Gpu {
             eps,
         };
         // SAFETY: as above.
-        unsafe {
-            self.run(
-                Order::Overlapping,
-                params,
-                launch_cfg((rows as u32, 1), 256, 0),
-            )
-        }?;
+        unsafe { self.run(Order::Overlapping, params, row_blocks(rows)) }?;
         Ok(())
     }
 }

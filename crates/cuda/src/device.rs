@@ -23,6 +23,11 @@ pub(crate) fn launch_cfg(
     }
 }
 
+/// A block of 256 threads per row, `rows` blocks: the row kernels' launch.
+pub(crate) fn row_blocks(rows: usize) -> cudarc::driver::LaunchConfig {
+    launch_cfg((rows as u32, 1), 256, 0)
+}
+
 /// The tensor-core GEMV's scratch (`Gpu::gemv_partial`, `Gpu::gemv_counters`): 32 MiB of
 /// per-slice sums (XS 2.1's lm_head in two slices of 16 rows takes 12.8 MB) and a counter per
 /// 16-output tile of up to a million outputs.

@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use half::bf16;
 
-use crate::device::{launch_cfg, Gpu};
+use crate::device::{launch_cfg, row_blocks, Gpu};
 use crate::error::{CudaError, Result};
 use crate::knobs::MoeKernel;
 use crate::params::{kernel_params, Order};
@@ -485,13 +485,7 @@ impl Gpu {
             rows: rows as i32,
         };
         // A block per row. SAFETY: as above.
-        unsafe {
-            self.run(
-                Order::Overlapping,
-                params,
-                launch_cfg((rows as u32, 1), 256, 0),
-            )
-        }?;
+        unsafe { self.run(Order::Overlapping, params, row_blocks(rows)) }?;
         Ok(())
     }
 

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, 
 use half::bf16;
 
 use crate::dense::{Accumulate, MatShape, Norm, RowShape};
-use crate::device::{launch_cfg, Gpu};
+use crate::device::{launch_cfg, row_blocks, Gpu};
 use crate::error::{check, CudaError, Result};
 use crate::ops::{AttnShape, DevNvfp4, MoeLayer, MoeShape, MoeWeights, Routing};
 use crate::params::{kernel_params, Order};
@@ -358,13 +358,7 @@ impl Gpu {
         };
         // SAFETY: argument types match the kernel (out and perm are pointers or null); shapes
         // checked above.
-        unsafe {
-            self.run(
-                Order::AfterPredecessor,
-                params,
-                launch_cfg((rows as u32, 1), 256, 0),
-            )
-        }?;
+        unsafe { self.run(Order::AfterPredecessor, params, row_blocks(rows)) }?;
         Ok(split)
     }
 
