@@ -293,6 +293,24 @@ impl MoeShape {
         }
         Ok(())
     }
+
+    /// `check`, and the expert kernels' buffers for `rows` rows: the lengths of the rows `x`
+    /// (`[rows, hidden]`), `ids` (`[rows, top_k]`) and `h` (`[rows, top_k + 1, slot_width]`).
+    fn check_rows(
+        &self,
+        what: &str,
+        rows: usize,
+        (x, ids, h): (usize, usize, usize),
+    ) -> Result<()> {
+        self.check()?;
+        let k = self.top_k;
+        if x < rows * self.hidden || ids < rows * k || h < rows * (k + 1) * self.slot_width() {
+            return Err(CudaError::Shape(format!(
+                "{what}: buffers too small for {rows} rows"
+            )));
+        }
+        Ok(())
+    }
 }
 
 fn rows_ok(what: &str, rows: usize) -> Result<()> {
@@ -584,14 +602,9 @@ impl Gpu {
         h: &mut CudaViewMut<f32>,
     ) -> Result<()> {
         let (w, shape) = (&layer.w, layer.shape);
-        shape.check()?;
+        shape.check_rows("moe_gate_up", rows, (xn.len(), ids.len(), h.len()))?;
         let (hd, k, i, is) = (shape.hidden, shape.top_k, shape.inter, shape.shared_inter);
         let sw = shape.slot_width();
-        if xn.len() < rows * hd || ids.len() < rows * k || h.len() < rows * (k + 1) * sw {
-            return Err(CudaError::Shape(format!(
-                "moe_gate_up: buffers too small for {rows} rows"
-            )));
-        }
         // A tensor-core block has at most 8 warps, one per slice of 256 input columns.
         let (f, cfg) = if kernel == MoeKernel::Mma2 && hd.div_ceil(256) <= 8 {
             (
@@ -658,14 +671,9 @@ impl Gpu {
     ) -> Result<()> {
         let (w, shape, scaling) = (&layer.w, layer.shape, layer.scaling);
         let Routing { ids, wts } = routing;
-        shape.check()?;
+        shape.check_rows("moe_down", rows, (x.len(), ids.len(), h.len()))?;
         let (hd, k, i, is) = (shape.hidden, shape.top_k, shape.inter, shape.shared_inter);
         let sw = shape.slot_width();
-        if x.len() < rows * hd || ids.len() < rows * k || h.len() < rows * (k + 1) * sw {
-            return Err(CudaError::Shape(format!(
-                "moe_down: buffers too small for {rows} rows"
-            )));
-        }
         let t = k * i / 32 + is / 32;
         if t > 8 * 32 {
             return Err(CudaError::Shape(format!(
