@@ -14,7 +14,7 @@ use fastdecode_model::rope::Rope;
 
 use crate::device::Gpu;
 use crate::error::{CudaError, Result};
-use crate::ops::{DevNvfp4, DevRope, MoeLayer, MoeShape, MoeWeights};
+use crate::ops::{DevNvfp4, DevRope, MoeLayer, MoeShape, MoeWeights, TopK};
 use crate::weights::WeightSource;
 
 pub struct DevMoe {
@@ -40,6 +40,15 @@ impl DevMoe {
             shared_down: &self.shared_down,
         };
         MoeLayer { w, shape, scaling }
+    }
+
+    /// The router's top-k as `c` configures it, with this layer's expert biases.
+    pub fn top_k(&self, c: &LagunaConfig) -> TopK<'_> {
+        TopK {
+            bias: &self.bias,
+            norm_topk: c.norm_topk_prob,
+            softcap: c.moe_router_logit_softcapping as f32,
+        }
     }
 }
 

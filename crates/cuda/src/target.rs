@@ -21,9 +21,7 @@ use half::bf16;
 use crate::dense::{Accumulate, MatShape, Norm, RowShape};
 use crate::error::{CudaError, Result};
 use crate::model::{moe_shape, CudaModel, DevFfn, DevLayer, DevMoe};
-use crate::ops::{
-    AttnRows, AttnShape, RouterOut, RouterWeights, Routing, TopK, ATT_SPLITS, MAX_ROWS,
-};
+use crate::ops::{AttnRows, AttnShape, RouterOut, RouterWeights, Routing, ATT_SPLITS, MAX_ROWS};
 use crate::prefill::{GroupedSplit, PrefillAttn};
 use crate::profile::mark;
 
@@ -849,11 +847,7 @@ impl<'m> Step<'m> {
                 eps,
                 w: &e.router,
             },
-            TopK {
-                bias: &e.bias,
-                norm_topk: c.norm_topk_prob,
-                softcap: c.moe_router_logit_softcapping as f32,
-            },
+            e.top_k(c),
             ms,
             n,
             RouterOut {
@@ -1132,11 +1126,7 @@ impl Step<'_> {
         )?;
         g.router_topk(
             &p.rows.router_logits.slice(0..n * ms.experts),
-            TopK {
-                bias: &e.bias,
-                norm_topk: c.norm_topk_prob,
-                softcap: c.moe_router_logit_softcapping as f32,
-            },
+            e.top_k(c),
             ms,
             n,
             &mut p.rows.ids.as_view_mut(),
