@@ -19,9 +19,12 @@ use fastdecode_cpu::ForwardOut;
 use half::bf16;
 
 use crate::dense::{Accumulate, MatShape, Norm, RowShape};
+use crate::device::Gpu;
 use crate::error::{CudaError, Result};
 use crate::model::{moe_shape, CudaModel, DevFfn, DevLayer, DevMoe};
-use crate::ops::{AttnRows, AttnShape, RouterOut, RouterWeights, Routing, ATT_SPLITS, MAX_ROWS};
+use crate::ops::{
+    AttnRows, AttnShape, MoeLayer, RouterOut, RouterWeights, Routing, ATT_SPLITS, MAX_ROWS,
+};
 use crate::prefill::{GroupedSplit, PrefillAttn};
 use crate::profile::mark;
 
@@ -64,6 +67,33 @@ impl Rows {
             gate_up: st.alloc_zeros(n * 2 * c.intermediate_size.max(1))?,
             act: st.alloc_zeros(n * c.intermediate_size.max(1))?,
         })
+    }
+
+    /// The step kernels' gate/up of the first `n` rows: `h` from `xn` and the router's `ids`.
+    fn moe_gate_up(&mut self, g: &Gpu, layer: &MoeLayer, n: usize) -> Result<()> {
+        g.moe_gate_up(
+            layer,
+            &self.xn.as_view(),
+            &self.ids.as_view(),
+            n,
+            &mut self.h.as_view_mut(),
+        )
+    }
+
+    /// The step kernels' down of the first `n` rows from `h`, weighted by the router's `wts`
+    /// and added onto `x`.
+    fn moe_down(&mut self, g: &Gpu, layer: &MoeLayer, n: usize) -> Result<()> {
+        let routing = Routing {
+            ids: &self.ids.as_view(),
+            wts: &self.wts.as_view(),
+        };
+        g.moe_down(
+            layer,
+            &self.h.as_view(),
+            routing,
+            n,
+            &mut self.x.as_view_mut(),
+        )
     }
 }
 
@@ -863,25 +893,9 @@ impl<'m> Step<'m> {
             trace.push(g.stream.clone_dtoh(&s.rows.ids.slice(0..n * ms.top_k))?);
         }
         let layer = e.layer(ms, c.moe_routed_scaling_factor as f32);
-        g.moe_gate_up(
-            &layer,
-            &s.rows.xn.as_view(),
-            &s.rows.ids.as_view(),
-            n,
-            &mut s.rows.h.as_view_mut(),
-        )?;
+        s.rows.moe_gate_up(g, &layer, n)?;
         self.mark("nvfp4 gate_up (routed + shared)")?;
-        let routing = Routing {
-            ids: &s.rows.ids.as_view(),
-            wts: &s.rows.wts.as_view(),
-        };
-        g.moe_down(
-            &layer,
-            &s.rows.h.as_view(),
-            routing,
-            n,
-            &mut s.rows.x.as_view_mut(),
-        )?;
+        s.rows.moe_down(g, &layer, n)?;
         self.mark("nvfp4 down + combine + residual")
     }
 
@@ -1146,24 +1160,8 @@ impl Step<'_> {
         }
         // Widths the grouped kernel does not take: the step kernels, every row reading its own
         // experts.
-        g.moe_gate_up(
-            &layer,
-            &p.rows.xn.as_view(),
-            &p.rows.ids.as_view(),
-            n,
-            &mut p.rows.h.as_view_mut(),
-        )?;
-        let routing = Routing {
-            ids: &p.rows.ids.as_view(),
-            wts: &p.rows.wts.as_view(),
-        };
-        g.moe_down(
-            &layer,
-            &p.rows.h.as_view(),
-            routing,
-            n,
-            &mut p.rows.x.as_view_mut(),
-        )?;
+        p.rows.moe_gate_up(g, &layer, n)?;
+        p.rows.moe_down(g, &layer, n)?;
         self.mark("prefill moe (step kernels)")
     }
 
