@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 mod common;
-use common::{gpu, max_rel, quant_moe, rand_vec, to_bf16};
+use common::{gpu, max_rel, moe_weights, quant_moe, rand_vec, to_bf16};
 
 #[test]
 fn no_gpu_is_an_error_not_a_panic() {
@@ -466,7 +466,7 @@ fn attention_matches_cpu_for_sliding_ring_and_full_yarn_and_is_batch_invariant()
 fn moe_kernels_match_cpu_and_are_batch_invariant() {
     use fastdecode_cuda::knobs::MoeKernel;
     use fastdecode_cuda::ops::{
-        MoeLayer, MoeShape, MoeWeights, RouterOut, RouterWeights, Routing, TopK, MAX_ROWS,
+        MoeLayer, MoeShape, RouterOut, RouterWeights, Routing, TopK, MAX_ROWS,
     };
     let g = gpu();
     // (experts, top-k, hidden, intermediate, shared intermediate): awkward small sizes with more
@@ -479,8 +479,7 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
         (300, 8, 64, 32, 32),
     ] {
         let mut rng = ChaCha8Rng::seed_from_u64(4 + hid as u64);
-        let ([gd, ud, dd, sgd, sud, sdd], [gq, uq, dq, sgq, suq, sdq]) =
-            quant_moe(&g, &mut rng, (e, hid, inter, sh));
+        let (dev, [gq, uq, dq, sgq, suq, sdq]) = quant_moe(&g, &mut rng, (e, hid, inter, sh));
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let router = linear(&mut rng, e, hid);
         let bias: Vec<f32> = rand_vec(&mut rng, e, 0.05)
@@ -526,14 +525,7 @@ fn moe_kernels_match_cpu_and_are_batch_invariant() {
             shared_inter: sh,
         };
         let moe_layer = MoeLayer {
-            w: MoeWeights {
-                gate: &gd,
-                up: &ud,
-                down: &dd,
-                shared_gate: &sgd,
-                shared_up: &sud,
-                shared_down: &sdd,
-            },
+            w: moe_weights(&dev),
             shape,
             scaling: 2.5,
         };
@@ -746,27 +738,15 @@ fn synthetic_weights_on_device_equal_synth_bytes() {
     for s in &specs {
         let want = store.get(&s.name).unwrap().data.to_vec();
         let got: Vec<u8> = match s.dtype {
-            safetensors::Dtype::BF16 => g
-                .stream
-                .clone_dtoh(&src.bf16(&g, &s.name).unwrap())
-                .unwrap()
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-            safetensors::Dtype::F32 => g
-                .stream
-                .clone_dtoh(&src.f32(&g, &s.name).unwrap())
-                .unwrap()
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-            safetensors::Dtype::U32 => g
-                .stream
-                .clone_dtoh(&src.u32(&g, &s.name).unwrap())
-                .unwrap()
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
+            safetensors::Dtype::BF16 => {
+                le_bytes(&g, &src.bf16(&g, &s.name).unwrap(), bf16::to_le_bytes)
+            }
+            safetensors::Dtype::F32 => {
+                le_bytes(&g, &src.f32(&g, &s.name).unwrap(), f32::to_le_bytes)
+            }
+            safetensors::Dtype::U32 => {
+                le_bytes(&g, &src.u32(&g, &s.name).unwrap(), u32::to_le_bytes)
+            }
             safetensors::Dtype::U8 => g.stream.clone_dtoh(&src.u8(&g, &s.name).unwrap()).unwrap(),
             other => panic!("unexpected dtype {other:?}"),
         };
@@ -776,4 +756,18 @@ fn synthetic_weights_on_device_equal_synth_bytes() {
             s.name
         );
     }
+}
+
+/// A device buffer's elements as their little-endian bytes, as a checkpoint stores them.
+fn le_bytes<T: cudarc::driver::DeviceRepr, const N: usize>(
+    g: &Gpu,
+    buf: &cudarc::driver::CudaSlice<T>,
+    bytes: fn(T) -> [u8; N],
+) -> Vec<u8> {
+    g.stream
+        .clone_dtoh(buf)
+        .unwrap()
+        .into_iter()
+        .flat_map(bytes)
+        .collect()
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use fastdecode_cpu::layers::{Attention, Linear, Mlp, Moe, Projected};
 use fastdecode_cpu::ops;
 use fastdecode_cuda::dense::{Accumulate, MatShape, Norm, RowShape};
-use fastdecode_cuda::ops::{AttnShape, DevNvfp4, MoeLayer, MoeShape, MoeWeights, Routing};
+use fastdecode_cuda::ops::{AttnShape, DevNvfp4, MoeLayer, MoeShape, Routing};
 use fastdecode_cuda::prefill::{GroupedSplit, PrefillAttn};
 use fastdecode_cuda::Gpu;
 use fastdecode_model::config::{RopeParams, RopeScaling};
@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 mod common;
-use common::{gpu, max_rel, quant_moe, rand_vec, to_bf16};
+use common::{gpu, max_rel, moe_weights, quant_moe, rand_vec, to_bf16};
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -224,8 +224,7 @@ fn moe_prefill_matches_cpu_and_is_deterministic() {
     // Is != I; more tokens than one 64-token tile for some experts (expert 3's bias makes every
     // row pick it), none at all for others (very negative biases).
     let (e, k, hid, inter, sh) = (40usize, 4usize, 256usize, 128usize, 384usize);
-    let ([gd, ud, dd, sgd, sud, sdd], [gq, uq, dq, sgq, suq, sdq]) =
-        quant_moe(&g, &mut rng, (e, hid, inter, sh));
+    let (dev, [gq, uq, dq, sgq, suq, sdq]) = quant_moe(&g, &mut rng, (e, hid, inter, sh));
     let router: Vec<f32> = to_bf16(&rand_vec(&mut rng, e * hid, (3.0 / hid as f32).sqrt()))
         .iter()
         .map(|x| x.to_f32())
@@ -269,14 +268,7 @@ fn moe_prefill_matches_cpu_and_is_deterministic() {
         norm_topk: true,
         softcap: 0.0,
     };
-    let weights = MoeWeights {
-        gate: &gd,
-        up: &ud,
-        down: &dd,
-        shared_gate: &sgd,
-        shared_up: &sud,
-        shared_down: &sdd,
-    };
+    let weights = moe_weights(&dev);
     let shape = MoeShape {
         experts: e,
         top_k: k,
@@ -441,29 +433,34 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
         );
         // The key positions the rows see: the first row's window through the last row.
         let seen = attn.first_visible(p0)..total;
+        let views = (
+            dq.as_view(),
+            dck.as_view(),
+            dcv.as_view(),
+            dg.as_view(),
+            dpos.as_view(),
+        );
+        // The kernels' inputs, for attend_prefill and attend_prefill_split alike.
+        let inputs = || PrefillAttn {
+            q: &views.0,
+            ck: &views.1,
+            cv: &views.2,
+            g: &views.3,
+            g_stride: gstride,
+            pos: &views.4,
+            shape: AttnShape {
+                heads,
+                kv_heads,
+                head_dim: d,
+                window,
+                ring,
+            },
+            rows,
+            keys: seen.clone(),
+        };
         let run = || {
             let mut dout = g.stream.alloc_zeros::<f32>(rows * heads * d).unwrap();
-            g.attend_prefill(
-                PrefillAttn {
-                    q: &dq.as_view(),
-                    ck: &dck.as_view(),
-                    cv: &dcv.as_view(),
-                    g: &dg.as_view(),
-                    g_stride: gstride,
-                    pos: &dpos.as_view(),
-                    shape: AttnShape {
-                        heads,
-                        kv_heads,
-                        head_dim: d,
-                        window,
-                        ring,
-                    },
-                    rows,
-                    keys: seen.clone(),
-                },
-                &mut dout.as_view_mut(),
-            )
-            .unwrap();
+            g.attend_prefill(inputs(), &mut dout.as_view_mut()).unwrap();
             g.stream.clone_dtoh(&dout).unwrap()
         };
         let got = run();
@@ -492,25 +489,7 @@ fn attend_prefill_matches_cpu_and_is_deterministic() {
         );
         assert!(same_bits(&got, &run()), "attend_prefill: rerun differs");
         // The split output (the o_proj GEMM's input) is exactly hi/lo of those rows.
-        let xs = g
-            .attend_prefill_split(PrefillAttn {
-                q: &dq.as_view(),
-                ck: &dck.as_view(),
-                cv: &dcv.as_view(),
-                g: &dg.as_view(),
-                g_stride: gstride,
-                pos: &dpos.as_view(),
-                shape: AttnShape {
-                    heads,
-                    kv_heads,
-                    head_dim: d,
-                    window,
-                    ring,
-                },
-                rows,
-                keys: seen.clone(),
-            })
-            .unwrap();
+        let xs = g.attend_prefill_split(inputs()).unwrap();
         assert_split_of(
             &g.stream.clone_dtoh(&xs).unwrap(),
             &got,
@@ -614,16 +593,16 @@ fn prefill_kernels_timing_xs_shapes() {
             )
             .unwrap(),
     };
-    let (gd, ud, dd) = (nv(e * inter, hid), nv(e * inter, hid), nv(e * hid, inter));
-    let (sgd, sud, sdd) = (nv(inter, hid), nv(inter, hid), nv(hid, inter));
-    let weights = MoeWeights {
-        gate: &gd,
-        up: &ud,
-        down: &dd,
-        shared_gate: &sgd,
-        shared_up: &sud,
-        shared_down: &sdd,
-    };
+    // Routed gate, up, down, then the shared expert's, drawn in that order.
+    let dev = [
+        nv(e * inter, hid),
+        nv(e * inter, hid),
+        nv(e * hid, inter),
+        nv(inter, hid),
+        nv(inter, hid),
+        nv(hid, inter),
+    ];
+    let weights = moe_weights(&dev);
     let shape = MoeShape {
         experts: e,
         top_k: k,

@@ -1,7 +1,7 @@
 //! Helpers shared by the GPU test files: opening the GPU, random inputs, bf16 and NVFP4 copies
 //! of them, and the relative error the comparisons use.
 
-use fastdecode_cuda::ops::DevNvfp4;
+use fastdecode_cuda::ops::{DevNvfp4, MoeWeights};
 use fastdecode_cuda::Gpu;
 use fastdecode_model::nvfp4::{dequantize_row, quantize_row};
 use half::bf16;
@@ -57,6 +57,20 @@ pub fn quant_moe(
         cpu.try_into()
             .unwrap_or_else(|_| unreachable!("six shapes")),
     )
+}
+
+/// The weights of `quant_moe`'s order (routed gate, up, down, then the shared expert's) as the
+/// expert kernels take them.
+pub fn moe_weights(w: &[DevNvfp4; 6]) -> MoeWeights<'_> {
+    let [gate, up, down, shared_gate, shared_up, shared_down] = w;
+    MoeWeights {
+        gate,
+        up,
+        down,
+        shared_gate,
+        shared_up,
+        shared_down,
+    }
 }
 
 /// Random NVFP4 weights `[rows, cols]`: the device copy and the dequantised f32 twin.
