@@ -16,12 +16,13 @@ use serde_json::{json, Value};
 use sqlx::Row;
 
 use crate::api::{encode_bundle, NewSubmission, Report};
-use crate::caps::{self, CANCELLED};
-use crate::lease::{self, Leased};
 use crate::server::intake;
+use crate::service::caps::{self, CANCELLED};
+use crate::service::lease::{self, Leased};
+use crate::service::stages;
+use crate::service::testdb::{base, service, On};
 use crate::service::{AppState, Service};
-use crate::testdb::{base, service, On};
-use crate::{cancel, notes, pages, stages, verdict};
+use crate::{cancel, notes, pages, verdict};
 
 const TRACK: &str = "serial-tiny";
 
@@ -33,7 +34,7 @@ async fn arena(dir: &std::path::Path, on: On, cap: u32) -> (AppState, String) {
         base(&s.db, t).await;
     }
     s.tracks.get_mut(TRACK).unwrap().caps.failures_per_day = cap;
-    let token = crate::state::add_token(&s.db, "solvers", "alice", "", |_| Ok(()))
+    let token = crate::service::state::add_token(&s.db, "solvers", "alice", "", |_| Ok(()))
         .await
         .unwrap();
     (Arc::new(s), token)
@@ -172,12 +173,12 @@ macro_rules! on_both_databases {
         mod $scenario {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn on_sqlite() {
-                super::$scenario(crate::testdb::On::Sqlite).await;
+                super::$scenario(crate::service::testdb::On::Sqlite).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn on_postgresql() {
-                super::$scenario(crate::testdb::On::Postgres).await;
+                super::$scenario(crate::service::testdb::On::Postgres).await;
             }
         }
     )*};
@@ -219,7 +220,7 @@ async fn unfinished_submissions_count_against_the_cap(on: On) {
     );
     // A key already used still answers with its submission; another solver is not capped.
     assert_eq!(post(&s, &alice, "k0").await.0, StatusCode::OK);
-    let bob = crate::state::add_token(&s.db, "solvers", "bob", "", |_| Ok(()))
+    let bob = crate::service::state::add_token(&s.db, "solvers", "bob", "", |_| Ok(()))
         .await
         .unwrap();
     id_of(&post(&s, &bob, "b0").await);
@@ -295,7 +296,7 @@ async fn candidate_caused_infra_failures_count_beyond_the_free_allowance(on: On)
     let track = &s.tracks[TRACK];
     let usage = || async {
         let mut c = s.db.pool.acquire().await.unwrap();
-        caps::usage(&mut c, "alice", track, crate::db::now_ms())
+        caps::usage(&mut c, "alice", track, crate::service::db::now_ms())
             .await
             .unwrap()
     };
@@ -783,10 +784,10 @@ async fn every_api_error_is_json_and_the_token_comes_first() {
     use tower::ServiceExt;
     let dir = tempfile::tempdir().unwrap();
     let (s, solver) = arena(dir.path(), On::Sqlite, 10).await;
-    let runner = crate::state::add_token(&s.db, "runners", "r1", "cpu", |_| Ok(()))
+    let runner = crate::service::state::add_token(&s.db, "runners", "r1", "cpu", |_| Ok(()))
         .await
         .unwrap();
-    let gpu = crate::state::add_token(&s.db, "runners", "g1", "cuda", |_| Ok(()))
+    let gpu = crate::service::state::add_token(&s.db, "runners", "g1", "cuda", |_| Ok(()))
         .await
         .unwrap();
     let app = crate::server::router(s.clone());

@@ -7,8 +7,8 @@
 use anyhow::{bail, Result};
 use sqlx::Row;
 
-use crate::caps::{Blame, CANCELLED};
-use crate::db::{now_ms, Backend, Db};
+use crate::service::caps::{Blame, CANCELLED};
+use crate::service::db::{now_ms, Backend, Db};
 use crate::verdict;
 
 /// What the record says of a cancelled job.

@@ -6,9 +6,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
-use crate::db::now_ms;
 use crate::demo::DemoArgs;
-use crate::state::{add_token, home, new_hidden, open_service, StateArgs};
+use crate::service::db::now_ms;
+use crate::service::state::{add_token, home, new_hidden, open_service, StateArgs};
 use crate::store::Store;
 use crate::track::check_name;
 use crate::{client, runner, server, service, track};
@@ -420,7 +420,7 @@ async fn admin(c: AdminCmd) -> Result<()> {
         }
         AdminCmd::Stages(a) => {
             let db = a.state.existing_db().await?;
-            let Some(rows) = crate::stages::private(&db, &a.id).await? else {
+            let Some(rows) = crate::service::stages::private(&db, &a.id).await? else {
                 bail!("{}: no such submission", a.id);
             };
             for r in rows {

@@ -15,7 +15,7 @@ use crate::api::{SubmissionList, SubmissionView, TrackView};
 use crate::client;
 use crate::git;
 use crate::http::Api;
-use crate::state::{add_token, home, new_hidden, open_service, StateArgs};
+use crate::service::state::{add_token, home, new_hidden, open_service, StateArgs};
 use crate::track::Track;
 
 const TRACK: &str = "serial-tiny";

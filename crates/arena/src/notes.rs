@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use pulldown_cmark::{html, Event, Options, Parser};
 use sqlx::Row;
 
-use crate::db::Db;
+use crate::service::db::Db;
 
 /// The most bytes of Markdown a note may have.
 pub const MAX_BYTES: usize = 64 << 10;

@@ -14,11 +14,12 @@ use serde_json::Value;
 use sqlx::Row;
 
 use crate::bundle::{self, Kind};
-use crate::db::new_id;
+use crate::git;
+use crate::service::db::new_id;
+use crate::service::stages;
 use crate::service::Service;
 use crate::store::Store;
 use crate::track::Track;
-use crate::{git, stages};
 
 /// The branch of a track's bases in the arena's repository (`arena-base/<track>`: its own
 /// namespace, so a branch named `arena` cannot block it).

@@ -13,10 +13,11 @@ use crate::api::{
     FrontierPoint, LeaderboardRow, PairPoint, PricingRow, QueueRow, Rules, SubmissionList,
     SubmissionSummary, SubmissionView, TrackView,
 };
-use crate::db::{now_ms, Db};
+use crate::promotion;
+use crate::service::db::{now_ms, Db};
 use crate::service::{current_base, Service};
+use crate::service::{lease, stages};
 use crate::store::Store;
-use crate::{lease, promotion, stages};
 
 /// The statuses a submission can have (what `?status=` accepts, with `cheat`).
 pub const STATUSES: &[&str] = &[
@@ -526,7 +527,7 @@ mod tests {
     use axum::http::StatusCode;
 
     use super::*;
-    use crate::testdb::{service, On};
+    use crate::service::testdb::{service, On};
 
     async fn exec(db: &Db, sql: &str) {
         sqlx::query(sql).execute(&db.pool).await.unwrap();

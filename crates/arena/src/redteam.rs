@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{encode_bundle, Accepted, NewSubmission, SubmissionView, TrackView};
 use crate::bundle::{pack, Content};
-use crate::db::now_ms;
 use crate::http::Api;
+use crate::service::db::now_ms;
 use crate::{client, git};
 
 /// What an honest control must end as.

@@ -27,10 +27,11 @@ use crate::api::{
     Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, NewSubmission, Report, ReportReply,
     SubmissionList, SubmissionView, TrackView,
 };
-use crate::db::{new_id, now_ms};
+use crate::service::db::{new_id, now_ms};
+use crate::service::{caps, lease, stages, tokens};
 use crate::service::{current_base, ApiError, ApiResult, AppState, Service};
 use crate::track::Track;
-use crate::{bundle, caps, lease, notes, pages, record, stages, tokens, verdict};
+use crate::{bundle, notes, pages, record, verdict};
 
 fn bearer(h: &HeaderMap) -> ApiResult<(String, String)> {
     let v = h

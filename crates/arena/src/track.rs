@@ -110,7 +110,7 @@ pub struct Caps {
     pub growth_bytes: u64,
     /// Failures a solver may have per day before intake answers 429: its attributable ones, its
     /// candidate-caused infrastructure failures beyond `free_infra_per_day`, and its submissions
-    /// still queued or running (`caps.rs`).
+    /// still queued or running (`service/caps.rs`).
     pub failures_per_day: u32,
     /// The largest binary a build may make.
     #[serde(default = "default_artifact_bytes")]

@@ -10,11 +10,12 @@ use serde_json::{json, Value};
 use sqlx::Row;
 
 use crate::api::Report;
-use crate::caps::Blame;
-use crate::db::now_ms;
+use crate::promotion;
+use crate::service::caps::Blame;
+use crate::service::db::now_ms;
 use crate::service::{current_base, ApiError, Service};
+use crate::service::{lease, stages};
 use crate::track::Track;
-use crate::{lease, promotion, stages};
 
 /// The lower end of a pricing's interval, from its private result.
 fn ci_low(result: &Value) -> Option<f64> {

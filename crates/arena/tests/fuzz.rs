@@ -15,8 +15,9 @@ use std::time::Instant;
 use base64::Engine;
 use fastdecode_arena::api::{Heartbeat, LeaseRequest, NewSubmission, Report};
 use fastdecode_arena::bundle::{self, Content, Kind};
+use fastdecode_arena::policy;
+use fastdecode_arena::service::tokens;
 use fastdecode_arena::track::Track;
-use fastdecode_arena::{policy, tokens};
 use fastdecode_fuzzing::{
     config, damage, keys, mutate_at, mutation, text_damage, timed, Mutation, Seg, BOUND,
 };

@@ -31,7 +31,7 @@ use crate::bundle::{self, digest};
 use crate::child::{self, Ended, Limits};
 use crate::http::Api;
 use crate::sandbox::Sandbox;
-use crate::stages;
+use crate::service::stages;
 use crate::store::{keep_by_digest, write_atomic};
 use crate::track::{Hidden, Track};
 use progress::Progress;

@@ -139,7 +139,7 @@ impl Database {
     pub fn url(self) -> Option<String> {
         match self {
             Database::Sqlite => None,
-            Database::Postgres => Some(fastdecode_arena::db::test_postgres_url("arena")),
+            Database::Postgres => Some(fastdecode_arena::service::db::test_postgres_url("arena")),
         }
     }
 }

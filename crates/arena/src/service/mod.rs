@@ -2,6 +2,20 @@
 //! operation on it answers with ([`ApiError`], an HTTP status and a one-line reason), the
 //! tracks' current bases, and the loading of the tracks at start-up. The routes are `server`'s;
 //! the record, verdicts and promotions act on a `Service` without knowing the routes.
+//!
+//! This folder is the service's core, what it keeps and how a job moves through it: `db` (the
+//! database), `state` (where an arena lives and what an operator adds to it), `tokens` (bearer
+//! tokens), `stages` (a submission's stages: their order, which kind of runner runs each, their
+//! rows), `lease` (the lease of a job) and `caps` (what counts against a solver's daily cap).
+
+pub mod caps;
+pub mod db;
+pub mod lease;
+pub mod stages;
+pub mod state;
+#[cfg(test)]
+pub(crate) mod testdb;
+pub mod tokens;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,7 +28,7 @@ use axum::Json;
 use sqlx::Row;
 
 use crate::api::ErrorBody;
-use crate::db::{now_ms, Db};
+use crate::service::db::{now_ms, Db};
 use crate::store::Store;
 use crate::track::Track;
 

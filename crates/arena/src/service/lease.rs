@@ -8,8 +8,8 @@
 use anyhow::Result;
 use sqlx::Row;
 
-use crate::db::{new_id, now_ms, Backend, Db};
-use crate::stages;
+use crate::service::db::{new_id, now_ms, Backend, Db};
+use crate::service::stages;
 
 /// A job just leased.
 pub struct Leased {

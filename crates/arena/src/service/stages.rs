@@ -10,7 +10,7 @@ use anyhow::Result;
 use sqlx::Row;
 
 use crate::api::StageView;
-use crate::db::{new_id, Db};
+use crate::service::db::{new_id, Db};
 use crate::track::Track;
 
 pub const POLICY: &str = "policy";

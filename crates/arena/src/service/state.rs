@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 
-use crate::db::{now_ms, sqlite_url, Db};
+use crate::service::db::{now_ms, sqlite_url, Db};
+use crate::service::tokens;
 use crate::service::{self, Service};
 use crate::store::Store;
-use crate::tokens;
 use crate::track::{self, check_name, Hidden};
 
 /// Where the service keeps its state.

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::db::Db;
+use crate::service::db::Db;
 use crate::service::Service;
 use crate::store::Store;
 
@@ -18,8 +18,8 @@ pub enum On {
 
 pub fn url(on: On, dir: &Path) -> String {
     match on {
-        On::Sqlite => crate::db::sqlite_url(dir),
-        On::Postgres => crate::db::test_postgres_url("record"),
+        On::Sqlite => crate::service::db::sqlite_url(dir),
+        On::Postgres => crate::service::db::test_postgres_url("record"),
     }
 }
 

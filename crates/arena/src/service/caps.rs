@@ -9,7 +9,7 @@
 use anyhow::Result;
 use sqlx::Row;
 
-use crate::db::Backend;
+use crate::service::db::Backend;
 use crate::track::Track;
 
 /// A day, in milliseconds: how long a failure counts.

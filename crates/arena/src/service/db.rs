@@ -27,17 +27,21 @@ pub struct Db {
 
 /// The schema's migrations, in the binary: `migrations/VERSION_DESCRIPTION.sql`, in order.
 const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (1, "arena", include_str!("../migrations/0001_arena.sql")),
-    (2, "record", include_str!("../migrations/0002_record.sql")),
+    (1, "arena", include_str!("../../migrations/0001_arena.sql")),
+    (
+        2,
+        "record",
+        include_str!("../../migrations/0002_record.sql"),
+    ),
     (
         3,
         "failure blame",
-        include_str!("../migrations/0003_failure_blame.sql"),
+        include_str!("../../migrations/0003_failure_blame.sql"),
     ),
     (
         4,
         "note html",
-        include_str!("../migrations/0004_note_html.sql"),
+        include_str!("../../migrations/0004_note_html.sql"),
     ),
 ];
 
