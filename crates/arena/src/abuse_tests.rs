@@ -16,13 +16,14 @@ use serde_json::{json, Value};
 use sqlx::Row;
 
 use crate::api::{encode_bundle, NewSubmission, Report};
+use crate::pages;
+use crate::record::{cancel, notes, verdict};
 use crate::server::intake;
 use crate::service::caps::{self, CANCELLED};
 use crate::service::lease::{self, Leased};
 use crate::service::stages;
 use crate::service::testdb::{base, service, On};
 use crate::service::{AppState, Service};
-use crate::{cancel, notes, pages, verdict};
 
 const TRACK: &str = "serial-tiny";
 

@@ -428,7 +428,7 @@ async fn admin(c: AdminCmd) -> Result<()> {
             }
         }
         AdminCmd::Cancel(a) => {
-            let stage = crate::cancel::cancel(&a.state.existing_db().await?, &a.id).await?;
+            let stage = crate::record::cancel::cancel(&a.state.existing_db().await?, &a.id).await?;
             outln!(
                 "{}: cancelled at {stage}; a runner holding it stops at its next heartbeat",
                 a.id

@@ -311,7 +311,7 @@ pub fn table(v: &SubmissionView) -> String {
         }
         if let Some(m) = verdict["metrics"].as_object() {
             for (k, val) in m {
-                row(&mut t, k, crate::metrics::text(val));
+                row(&mut t, k, crate::record::metrics::text(val));
             }
         }
         if let Some(w) = verdict["not_promoted"].as_str() {

@@ -13,9 +13,9 @@ use axum::response::{Html, IntoResponse, Response};
 
 use crate::api::{StageView, SubmissionView, TrackView};
 use crate::plots::{self, datetime, datetime_seconds};
+use crate::record::{self, notes};
 use crate::service::db::now_ms;
 use crate::service::AppState;
-use crate::{notes, record};
 
 /// What a page may load: its own script and nothing from elsewhere; no inline script, so
 /// even a note that got past the sanitiser could not run one.
@@ -115,7 +115,7 @@ struct MetricRow {
 /// A pricing's metrics in `metrics::METRICS`' order (a key it does not know, from an older
 /// record, last and unexplained).
 fn metrics(v: Option<&serde_json::Value>) -> Vec<MetricRow> {
-    use crate::metrics::METRICS;
+    use crate::record::metrics::METRICS;
     let Some(m) = v.and_then(|m| m.as_object()) else {
         return vec![];
     };
@@ -125,7 +125,7 @@ fn metrics(v: Option<&serde_json::Value>) -> Vec<MetricRow> {
             let at = METRICS.iter().position(|x| x.0 == k);
             let row = MetricRow {
                 name: k.clone(),
-                value: crate::metrics::text(v),
+                value: crate::record::metrics::text(v),
                 meaning: at.map_or("", |i| METRICS[i].1),
                 numeric: v.is_number() || v.is_array(),
             };

@@ -27,11 +27,12 @@ use crate::api::{
     Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, NewSubmission, Report, ReportReply,
     SubmissionList, SubmissionView, TrackView,
 };
+use crate::record::{self, notes, verdict};
 use crate::service::db::{new_id, now_ms};
 use crate::service::{caps, lease, stages, tokens};
 use crate::service::{current_base, ApiError, ApiResult, AppState, Service};
 use crate::track::Track;
-use crate::{bundle, notes, pages, record, verdict};
+use crate::{bundle, pages};
 
 fn bearer(h: &HeaderMap) -> ApiResult<(String, String)> {
     let v = h

@@ -422,7 +422,7 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
         let verdict = v.verdict.as_ref().expect("a passed verdict");
         assert_eq!(
             *ci,
-            fastdecode_arena::metrics::text(&verdict["metrics"]["ci95"])
+            fastdecode_arena::record::metrics::text(&verdict["metrics"]["ci95"])
         );
         assert!(
             ci.starts_with('[')

@@ -170,7 +170,7 @@ impl Runner {
 /// exited well.
 fn priced(res: &Value, success: bool, index: usize) -> Outcome {
     let mut metrics = serde_json::Map::new();
-    for k in crate::metrics::METRICS.iter().map(|m| m.0) {
+    for k in crate::record::metrics::METRICS.iter().map(|m| m.0) {
         if !res[k].is_null() {
             metrics.insert(k.into(), res[k].clone());
         }

@@ -7,9 +7,9 @@
 use anyhow::{bail, Result};
 use sqlx::Row;
 
+use crate::record::verdict;
 use crate::service::caps::{Blame, CANCELLED};
 use crate::service::db::{now_ms, Backend, Db};
-use crate::verdict;
 
 /// What the record says of a cancelled job.
 pub const DETAIL: &str = "cancelled by an operator";

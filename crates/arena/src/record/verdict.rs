@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use sqlx::Row;
 
 use crate::api::Report;
-use crate::promotion;
+use crate::record::promotion;
 use crate::service::caps::Blame;
 use crate::service::db::now_ms;
 use crate::service::{current_base, ApiError, Service};

@@ -2,6 +2,17 @@
 //! ranking, the frontier, the queue and a submission's history). Nothing here reads hidden
 //! material: stage results are private, and only the pairs' scores are taken from the pricing's
 //! (ratios of timings, what the clock's own pairs plot shows).
+//!
+//! This folder is what writes the record: `verdict` (a stage's report recorded, the job moved
+//! on, the verdict written), `promotion` (a confirmed winner becomes its track's base),
+//! `cancel` (an operator's cancel of a job), `notes` (a submission's note, bounded and rendered
+//! once) and `metrics` (the metrics a pricing keeps, and how a person reads one).
+
+pub mod cancel;
+pub mod metrics;
+pub mod notes;
+pub mod promotion;
+pub mod verdict;
 
 use std::path::Path;
 
@@ -13,7 +24,6 @@ use crate::api::{
     FrontierPoint, LeaderboardRow, PairPoint, PricingRow, QueueRow, Rules, SubmissionList,
     SubmissionSummary, SubmissionView, TrackView,
 };
-use crate::promotion;
 use crate::service::db::{now_ms, Db};
 use crate::service::{current_base, Service};
 use crate::service::{lease, stages};
