@@ -16,9 +16,9 @@ use serde_json::{json, Value};
 use sqlx::Row;
 
 use crate::api::{encode_bundle, NewSubmission, Report};
-use crate::pages;
 use crate::record::{cancel, notes, verdict};
 use crate::server::intake;
+use crate::server::pages;
 use crate::service::caps::{self, CANCELLED};
 use crate::service::lease::{self, Leased};
 use crate::service::stages;

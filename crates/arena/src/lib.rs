@@ -25,8 +25,6 @@ pub mod client;
 pub mod demo;
 pub mod git;
 pub mod http;
-pub mod pages;
-pub mod plots;
 pub mod policy;
 pub mod record;
 pub mod redteam;

@@ -698,19 +698,22 @@ mod tests {
                 .unwrap();
             (status, String::from_utf8(b.to_vec()).unwrap())
         };
-        let (st, html) =
-            body(crate::pages::submission(State(state.clone()), UrlPath("s-cheat".into())).await)
-                .await;
+        let (st, html) = body(
+            crate::server::pages::submission(State(state.clone()), UrlPath("s-cheat".into())).await,
+        )
+        .await;
         assert_eq!(st, StatusCode::OK);
         assert!(html.contains("marked this submission as a cheat: timed a cached answer"));
-        let (st, html) =
-            body(crate::pages::submission(State(state.clone()), UrlPath("s-nope".into())).await)
-                .await;
+        let (st, html) = body(
+            crate::server::pages::submission(State(state.clone()), UrlPath("s-nope".into())).await,
+        )
+        .await;
         assert_eq!(st, StatusCode::NOT_FOUND);
         assert!(html.contains("There is no submission s-nope."), "{html}");
-        let (st, html) =
-            body(crate::pages::track(State(state.clone()), UrlPath("serial-tiny".into())).await)
-                .await;
+        let (st, html) = body(
+            crate::server::pages::track(State(state.clone()), UrlPath("serial-tiny".into())).await,
+        )
+        .await;
         assert_eq!(st, StatusCode::OK);
         // The page ranks as the API does, and lists both unfinished jobs.
         let at = |id: &str| {
@@ -725,13 +728,15 @@ mod tests {
         // Without JavaScript a page with a running job reloads itself; a finished one does not.
         let refresh = r#"<noscript><meta http-equiv="refresh""#;
         assert!(html.contains(refresh) && html.contains(r#"data-live="1""#));
-        let (_, html) =
-            body(crate::pages::submission(State(state.clone()), UrlPath("s-run".into())).await)
-                .await;
+        let (_, html) = body(
+            crate::server::pages::submission(State(state.clone()), UrlPath("s-run".into())).await,
+        )
+        .await;
         assert!(html.contains(refresh), "{html}");
-        let (_, html) =
-            body(crate::pages::submission(State(state.clone()), UrlPath("s-later".into())).await)
-                .await;
+        let (_, html) = body(
+            crate::server::pages::submission(State(state.clone()), UrlPath("s-later".into())).await,
+        )
+        .await;
         assert!(!html.contains(refresh) && html.contains(r#"data-live="0""#));
     }
 

@@ -8,6 +8,12 @@
 //! Solvers: `POST /api/submissions`. Runners: `POST /api/runner/{lease,heartbeat,report}`,
 //! `GET /api/trees/{commit}`, `GET|PUT /api/artifacts/{digest}`, `GET /api/builds/{key}`,
 //! `GET /api/hidden/{digest}`.
+//!
+//! This folder is the service's HTTP face: these routes (the JSON API), the public pages
+//! (`pages`, HTML) and the record's plots on them (`plots`, SVG).
+
+pub mod pages;
+pub mod plots;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,12 +33,12 @@ use crate::api::{
     Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, NewSubmission, Report, ReportReply,
     SubmissionList, SubmissionView, TrackView,
 };
+use crate::bundle;
 use crate::record::{self, notes, verdict};
 use crate::service::db::{new_id, now_ms};
 use crate::service::{caps, lease, stages, tokens};
 use crate::service::{current_base, ApiError, ApiResult, AppState, Service};
 use crate::track::Track;
-use crate::{bundle, pages};
 
 fn bearer(h: &HeaderMap) -> ApiResult<(String, String)> {
     let v = h

@@ -12,8 +12,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 
 use crate::api::{StageView, SubmissionView, TrackView};
-use crate::plots::{self, datetime, datetime_seconds};
 use crate::record::{self, notes};
+use crate::server::plots::{self, datetime, datetime_seconds};
 use crate::service::db::now_ms;
 use crate::service::AppState;
 
