@@ -15,7 +15,7 @@ use std::time::Instant;
 use base64::Engine;
 use fastdecode_arena::api::{Heartbeat, LeaseRequest, NewSubmission, Report};
 use fastdecode_arena::bundle::{self, Content, Kind};
-use fastdecode_arena::policy;
+use fastdecode_arena::runner::policy;
 use fastdecode_arena::service::tokens;
 use fastdecode_arena::track::Track;
 use fastdecode_fuzzing::{

@@ -715,7 +715,7 @@ fn a_hung_worker_times_out_when_no_sampler_watches() {
 /// and the stall guard killed any window longer than it.
 #[test]
 fn the_clock_sees_a_sandboxed_worker() {
-    use fastdecode_arena::sandbox::{Mount, Sandbox};
+    use fastdecode_arena::runner::sandbox::{Mount, Sandbox};
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let f = fixture();
     let sandbox = Sandbox::find("cpu").expect("bubblewrap is installed (tools/test.sh)");

@@ -10,10 +10,10 @@ use serde_json::json;
 
 use super::{failed, ok, overrun, Outcome, Runner};
 use crate::api::{BuildRecord, Job};
-use crate::builder::{self, BuildDir};
 use crate::bundle::digest;
-use crate::child::{self, Ended, Limits};
-use crate::sandbox::BuildMounts;
+use crate::runner::builder::{self, BuildDir};
+use crate::runner::child::{self, Ended, Limits};
+use crate::runner::sandbox::BuildMounts;
 use crate::store::{keep_by_digest, write_atomic};
 use crate::track::Track;
 

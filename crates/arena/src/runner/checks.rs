@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use super::{failed, ok, Outcome, Runner};
 use crate::api::Job;
 use crate::bundle;
-use crate::policy;
-use crate::review::{self, External};
+use crate::runner::policy;
+use crate::runner::review::{self, External};
 
 impl Runner {
     pub(super) fn policy(&self, job: &Job) -> Result<Outcome> {

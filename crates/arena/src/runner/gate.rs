@@ -17,10 +17,10 @@ use serde_json::{json, Value};
 
 use super::{bucket, failed, ok, overrun, Judged, Outcome, Runner};
 use crate::api::Job;
-use crate::builder;
 use crate::bundle::digest;
-use crate::child::{self, Limits};
-use crate::sandbox::Mount;
+use crate::runner::builder;
+use crate::runner::child::{self, Limits};
+use crate::runner::sandbox::Mount;
 use crate::track::Track;
 
 /// The one category of every candidate-caused failure on a hidden golden.

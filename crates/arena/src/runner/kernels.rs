@@ -14,8 +14,8 @@ use serde_json::json;
 
 use super::{failed, ok, overrun, Outcome, Runner};
 use crate::api::Job;
-use crate::child::{self, Ended, Limits};
-use crate::sandbox::Mount;
+use crate::runner::child::{self, Ended, Limits};
+use crate::runner::sandbox::Mount;
 use crate::track::Track;
 
 /// The variable a worker reads its compiled modules' directory from (crates/cuda/src/nvrtc.rs).

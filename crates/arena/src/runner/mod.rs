@@ -9,13 +9,22 @@
 //! `kernels` (a CUDA build's modules, compiled once), `gate`, `price`. Every child a stage
 //! starts has a deadline (`child`); nothing the candidate writes becomes a stage's public
 //! detail, only the runner's own words.
+//!
+//! What those stages work with is in this folder too: `policy` and `review` (the rules that
+//! `checks` applies), `builder` (a build's own directory, its seed and the build cache),
+//! `sandbox` (bubblewrap around every candidate process) and `child` (a stage's child process).
 
 mod build;
+pub mod builder;
 mod checks;
+pub mod child;
 mod gate;
 mod kernels;
+pub mod policy;
 mod price;
 mod progress;
+pub mod review;
+pub mod sandbox;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -28,13 +37,13 @@ use serde_json::Value;
 
 use crate::api::{Heartbeat, Job, LeaseRequest, Report, ReportReply};
 use crate::bundle::{self, digest};
-use crate::child::{self, Ended, Limits};
 use crate::http::Api;
-use crate::sandbox::Sandbox;
 use crate::service::stages;
 use crate::store::{keep_by_digest, write_atomic};
 use crate::track::{Hidden, Track};
+use child::{Ended, Limits};
 use progress::Progress;
+use sandbox::Sandbox;
 
 pub struct Options {
     pub server: String,

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::{failed, ok, overrun, Judged, Outcome, Runner};
 use crate::api::Job;
-use crate::child::{self, Ended, Limits};
+use crate::runner::child::{self, Ended, Limits};
 use crate::service::stages;
 
 /// The one category of every candidate-caused failure of a pricing.

@@ -563,7 +563,7 @@ mod tests {
         let filter = [
             "--ignored",
             "--exact",
-            "sandbox::tests::probe_child",
+            "runner::sandbox::tests::probe_child",
             "--nocapture",
         ];
         let mut c = if inside {

@@ -355,7 +355,7 @@ mod tests {
     /// at the shared paths, not at their own), and what it writes lands in its own only.
     #[test]
     fn two_builds_see_none_of_each_others_files() {
-        use crate::sandbox::{build_mounts, BuildMounts, Sandbox};
+        use crate::runner::sandbox::{build_mounts, BuildMounts, Sandbox};
         let sandbox = Sandbox::find("cpu").expect("bubblewrap is installed (tools/test.sh)");
         // Not under /tmp: the sandbox's /tmp is its own, which would hide it anyway.
         let root = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
