@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
-use crate::demo::DemoArgs;
+use crate::client::demo::DemoArgs;
 use crate::service::db::now_ms;
 use crate::service::state::{add_token, home, new_hidden, open_service, StateArgs};
 use crate::store::Store;
@@ -279,13 +279,13 @@ pub fn arena(cmd: ArenaCmd) -> Result<()> {
             Ok(())
         }
         ArenaCmd::Admin(c) => runtime()?.block_on(admin(c)),
-        ArenaCmd::Demo(a) => crate::demo::run(a),
+        ArenaCmd::Demo(a) => crate::client::demo::run(a),
         ArenaCmd::Redteam(a) => redteam(a),
     }
 }
 
 fn redteam(a: RedteamArgs) -> Result<()> {
-    let mut cases = crate::redteam::load(&a.cases)?;
+    let mut cases = crate::client::redteam::load(&a.cases)?;
     if let Some(o) = &a.only {
         cases.retain(|(n, _)| n.contains(o.as_str()));
         if cases.is_empty() {
@@ -302,7 +302,7 @@ fn redteam(a: RedteamArgs) -> Result<()> {
         a.cases.display(),
         a.server
     );
-    let rows = crate::redteam::run(&api, &a.repo, &cases, |r| {
+    let rows = crate::client::redteam::run(&api, &a.repo, &cases, |r| {
         eprintln!(
             "  {:<32} {} ({})",
             r.case,
@@ -314,7 +314,7 @@ fn redteam(a: RedteamArgs) -> Result<()> {
             r.actual
         );
     })?;
-    eprint!("\n{}", crate::redteam::table(&rows));
+    eprint!("\n{}", crate::client::redteam::table(&rows));
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&rows)?)?;
     }

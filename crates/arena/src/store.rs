@@ -249,7 +249,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         fifo(&d.path().join("case.toml"));
         let dir = d.path().to_path_buf();
-        let e = promptly(move || crate::redteam::load(&dir).unwrap_err());
+        let e = promptly(move || crate::client::redteam::load(&dir).unwrap_err());
         assert!(format!("{e:#}").contains("case.toml: a FIFO"), "{e:#}");
     }
 

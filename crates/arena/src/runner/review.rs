@@ -713,7 +713,7 @@ mod tests {
 
     /// The repository root, and the files of `case`'s bundle as `(path, base, new)` against its
     /// track's pinned baseline.
-    fn bundle(case: &crate::redteam::Case) -> Vec<(String, String, String)> {
+    fn bundle(case: &crate::client::redteam::Case) -> Vec<(String, String, String)> {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let tracks = crate::track::load_dir(&repo.join("tracks")).unwrap();
         let base = &tracks[&case.track].baseline;
@@ -734,7 +734,7 @@ mod tests {
     #[test]
     fn every_review_case_of_the_corpus_is_stopped_by_its_category_and_the_controls_pass() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../redteam");
-        let cases = crate::redteam::load(&dir).unwrap();
+        let cases = crate::client::redteam::load(&dir).unwrap();
         let mut reviewed = 0;
         for (name, c) in cases
             .iter()
@@ -766,7 +766,7 @@ mod tests {
             "speedup-cuda.patch",
             "wrong-token-cuda.patch",
         ] {
-            let case = crate::redteam::Case::parse(
+            let case = crate::client::redteam::Case::parse(
                 &format!(
                     "description = \"d\"\ntrack = \"serial-tiny\"\nstage = \"verdict\"\n\
                      category = \"passed\"\npatch = \"tracks/examples/{patch}\"\n"

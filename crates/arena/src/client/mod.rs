@@ -1,6 +1,13 @@
 //! `fastdecode submit` and `fastdecode arena status`: bundle what the working tree changed on
 //! a track's surface against its current base, show it, upload it with an idempotency key,
 //! then follow the stages live to the verdict table.
+//!
+//! This folder is what drives an arena from outside, as a solver does: this module, the demo
+//! (`demo`: the whole challenge on one machine, the bundled examples submitted with this
+//! module's code) and the red team (`redteam`: the corpus of cheats, run against a real arena).
+
+pub mod demo;
+pub mod redteam;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
