@@ -2,16 +2,17 @@
 """Import loops between the files (modules) of each crate, which CI refuses.
 
 A newcomer should find no circular dependencies between a crate's files: each reads with the
-files it uses below it (the arena's service core was moved into `service.rs` and `state.rs` for
-this). In each `crates/*/src`, `foo.rs` and `foo/mod.rs` are module `foo`, `foo/bar.rs` is
-`foo::bar`; module A depends on B when A's code names B through `crate::` (a `use`, grouped or
-not, or an inline path) or `super::`, counted for the longest prefix that is a module
-(`crate::runner::gate::X` is `runner::gate`, else `runner`). Left out: the crate roots (lib.rs,
-main.rs, Cargo.toml's [lib]/[[bin]] paths: they declare and re-export all), src/bin/, files
-declared under `#[cfg(test)]`, any item under `#[cfg(test)]` (`mod tests { ... }`), comments,
-strings, and edges between a module and its own ancestors or descendants (`runner` and
-`runner::gate`). `#[path]` is not followed. A loop is a strongly connected component (Tarjan)
-of several modules, printed with its edges (`a -> b: names`); the exit status is then 1.
+files it uses below it (the arena's service core was moved into `service/mod.rs` and
+`service/state.rs` for this). In each `crates/*/src`, `foo.rs` and `foo/mod.rs` are module
+`foo`, `foo/bar.rs` is `foo::bar` (`foo/bar/baz.rs` `foo::bar::baz`, at any depth); module A
+depends on B when A's code names B through `crate::` (a `use`, grouped or not, or an inline
+path) or `super::`, counted for the longest prefix that is a module (`crate::runner::gate::X` is
+`runner::gate`, else `runner`). Left out: the crate roots (lib.rs, main.rs, Cargo.toml's
+[lib]/[[bin]] paths: they declare and re-export all), src/bin/, files declared under
+`#[cfg(test)]`, any item under `#[cfg(test)]` (`mod tests { ... }`), comments, strings, and
+edges between a module and its own ancestors or descendants (`runner` and `runner::gate`).
+`#[path]` is not followed. A loop is a strongly connected component (Tarjan) of several modules,
+printed with its edges (`a -> b: names`); the exit status is then 1.
 """
 
 import argparse
@@ -213,7 +214,7 @@ def check(root: Path, out=print) -> tuple[int, int, list[list[str]]]:
 FAKE = {  # a loop top::a -> top::b -> top::c -> top::a, and what must not join it
     "Cargo.toml": '[package]\nname = "fake"\n',
     "src/lib.rs": "pub mod top;\npub mod solo;\n#[cfg(test)]\nmod testonly;\n",
-    "src/top/mod.rs": "pub mod a;\npub mod b;\npub mod c;\n"
+    "src/top/mod.rs": "pub mod a;\npub mod b;\npub mod c;\npub mod d;\n"
                       "pub use crate::top::a::A;\npub struct S;\n",
     "src/top/a.rs": "//! Used by crate::solo (a doc comment: no edge).\n"
                     "use super::{b::{B, f}, S};\n"
@@ -221,7 +222,10 @@ FAKE = {  # a loop top::a -> top::b -> top::c -> top::a, and what must not join 
                     "#[cfg(test)]\nmod tests {\n    use crate::solo;\n    use crate::top::c;\n}\n",
     "src/top/b.rs": "use crate::top::c::{self as see, C};\npub struct B;\npub fn f() {}\n",
     "src/top/c.rs": "use crate::top::a::g;\npub struct C;\n",
-    "src/solo.rs": "use crate::top::S;\nfn s() { crate::top::a::g(); }\nuse crate::testonly::T;\n",
+    "src/top/d.rs": "pub mod e;\n",  # a folder beside its file, two deep: top::d::e
+    "src/top/d/e.rs": "use crate::solo::s;\nuse super::super::b::B;\n",
+    "src/solo.rs": "use crate::top::S;\npub fn s() { crate::top::a::g(); }\n"
+                   "use crate::testonly::T;\n",
     "src/testonly.rs": "use crate::solo::*;\npub struct T;\n",
 }
 
@@ -234,12 +238,14 @@ def self_test() -> int:
             (crate / rel).parent.mkdir(parents=True, exist_ok=True)
             (crate / rel).write_text(text)
         modules, edges = crate_graph(crate)
-        assert modules == {"top", "top::a", "top::b", "top::c", "solo"}, modules
+        assert modules == {"top", "top::a", "top::b", "top::c", "top::d", "top::d::e",
+                           "solo"}, modules
         assert edges == {("top::a", "top::b"): {"B", "f"}, ("top::b", "top::c"): {"c", "C"},
                          ("top::c", "top::a"): {"g"}, ("solo", "top::a"): {"g"},
+                         ("top::d::e", "solo"): {"s"}, ("top::d::e", "top::b"): {"B"},
                          ("solo", "top"): {"S"}}, edges
         lines: list[str] = []
-        assert check(Path(tmp), lines.append) == (1, 5, [["top::a", "top::b", "top::c"]]), lines
+        assert check(Path(tmp), lines.append) == (1, 7, [["top::a", "top::b", "top::c"]]), lines
     print("\n".join(lines))
     print("import_loops.py: self-test passed")
     return 0
