@@ -6,7 +6,8 @@
 //! the queue with a waiting job and the runner holding the other, a submission page that follows
 //! its job without a reload, the hostile note's script gone, the code diff, a frontier with one
 //! point per promotion,
-//! a cheat leaving the ranking. Each page's screenshot is written to `docs/screenshots/`.
+//! a cheat leaving the ranking. Each page's screenshot is written to `screenshots/` in the target
+//! directory (`target/screenshots/`), never into the tree.
 //!
 //! Nothing here decides on timing: waits have the harness's deadlines; both changes pass (the
 //! floor is 0.5), and the speed-up is promoted (it prices near 1.8 with an interval of about
@@ -180,7 +181,9 @@ impl Browser {
         serde_json::from_value(v.unwrap_or_else(|e| panic!("{css}: {e}"))).unwrap()
     }
 
-    /// The whole page as a PNG in docs/screenshots/: the window grown to the page's height.
+    /// The whole page as a PNG in `screenshots/` of the target directory (the parent of
+    /// `CARGO_TARGET_TMPDIR`, which cargo makes `<target>/tmp`, so `CARGO_TARGET_DIR` is
+    /// followed): the window grown to the page's height.
     fn screenshot(&self, name: &str) -> PathBuf {
         let h = self
             .js("return document.documentElement.scrollHeight;")
@@ -192,7 +195,8 @@ impl Browser {
             .unwrap();
         let png = self.rt.block_on(self.c().screenshot()).unwrap();
         assert_eq!(&png[1..4], b"PNG", "a PNG");
-        let dir = checkout().join("docs/screenshots");
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let dir = tmp.parent().unwrap_or(tmp).join("screenshots");
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join(format!("{name}.png"));
         std::fs::write(&p, png).unwrap();
