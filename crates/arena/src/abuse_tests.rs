@@ -17,13 +17,11 @@ use sqlx::Row;
 
 use crate::api::{encode_bundle, NewSubmission, Report};
 use crate::record::{cancel, notes, verdict};
-use crate::server::intake;
-use crate::server::pages;
+use crate::server::{intake, pages};
 use crate::service::caps::{self, CANCELLED};
 use crate::service::lease::{self, Leased};
-use crate::service::stages;
 use crate::service::testdb::{base, service, On};
-use crate::service::{AppState, Service};
+use crate::service::{stages, AppState, Service};
 
 const TRACK: &str = "serial-tiny";
 

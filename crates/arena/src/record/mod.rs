@@ -25,8 +25,7 @@ use crate::api::{
     SubmissionSummary, SubmissionView, TrackView,
 };
 use crate::service::db::{now_ms, Db};
-use crate::service::{current_base, Service};
-use crate::service::{lease, stages};
+use crate::service::{current_base, lease, stages, Service};
 use crate::store::Store;
 
 /// The statuses a submission can have (what `?status=` accepts, with `cheat`).

@@ -16,8 +16,7 @@ use sqlx::Row;
 use crate::bundle::{self, Kind};
 use crate::git;
 use crate::service::db::new_id;
-use crate::service::stages;
-use crate::service::Service;
+use crate::service::{stages, Service};
 use crate::store::Store;
 use crate::track::Track;
 

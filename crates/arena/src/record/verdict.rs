@@ -13,8 +13,7 @@ use crate::api::Report;
 use crate::record::promotion;
 use crate::service::caps::Blame;
 use crate::service::db::now_ms;
-use crate::service::{current_base, ApiError, Service};
-use crate::service::{lease, stages};
+use crate::service::{current_base, lease, stages, ApiError, Service};
 use crate::track::Track;
 
 /// The lower end of a pricing's interval, from its private result.

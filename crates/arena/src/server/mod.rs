@@ -36,8 +36,9 @@ use crate::api::{
 use crate::bundle;
 use crate::record::{self, notes, verdict};
 use crate::service::db::{new_id, now_ms};
-use crate::service::{caps, lease, stages, tokens};
-use crate::service::{current_base, ApiError, ApiResult, AppState, Service};
+use crate::service::{
+    caps, current_base, lease, stages, tokens, ApiError, ApiResult, AppState, Service,
+};
 use crate::track::Track;
 
 fn bearer(h: &HeaderMap) -> ApiResult<(String, String)> {

@@ -8,8 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 
 use crate::service::db::{now_ms, sqlite_url, Db};
-use crate::service::tokens;
-use crate::service::{self, Service};
+use crate::service::{self, tokens, Service};
 use crate::store::Store;
 use crate::track::{self, check_name, Hidden};
 
