@@ -21,6 +21,13 @@
 //! interval's half-width reaches the target, clear of the floor, or a budget ends (`score::Rule`);
 //! the verdict is below the floor only when the whole interval is, and `infra:inconclusive` when
 //! the budget ends with the interval straddling it.
+//!
+//! A rejection must be the build's, not the machine's: every window's run-queue wait (time the
+//! worker was ready to run while another process had its CPU, `telemetry`) is also taken out of
+//! it, and the score of those figures ("without waits") is computed beside the priced one. It
+//! is never a score (a build could move time into waits), only a check: a wall-clock interval
+//! below the floor stands as `below_floor` only when the interval without waits is below it too;
+//! else the slowdown was waiting for a CPU, and the verdict is `infra:inconclusive`.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -216,6 +223,9 @@ pub struct PriceResult {
     pub candidate_seconds_per_token: Option<f64>,
     pub noop_seconds_per_token: Option<f64>,
     pub mean_statistic: Option<MeanStatistic>,
+    /// The score and interval of each phase's best window with its run-queue wait taken out:
+    /// never priced, only what a rejection is checked against (`WithoutWaits`).
+    pub without_waits: Option<WithoutWaits>,
     pub noise: Option<NoiseReport>,
     pub warmup_windows: usize,
     pub windows_per_phase: Option<usize>,
@@ -270,6 +280,7 @@ impl PriceResult {
             candidate_seconds_per_token: None,
             noop_seconds_per_token: None,
             mean_statistic: None,
+            without_waits: None,
             noise: None,
             warmup_windows: p.warmup_windows,
             windows_per_phase: None,
@@ -288,6 +299,20 @@ impl PriceResult {
             pairs: vec![],
         }
     }
+}
+
+/// The score as it would be without the time the workers waited on a run queue: per phase, the
+/// minimum over its scored windows of the window less its worker's run-queue wait. Under a load
+/// that lands on one side's workers more than the other's (the scheduler's placement, not the
+/// build) the wall-clock score falls while this one does not; a build that is slower in what it
+/// runs (or sleeps) is slower here too. Absent where the kernel keeps no schedstat.
+#[derive(Debug, Clone, Serialize)]
+pub struct WithoutWaits {
+    pub score: f64,
+    pub ci95: [f64; 2],
+    /// Whether it overruled a rejection: the wall-clock interval was below the floor, this one
+    /// was not.
+    pub overruled_rejection: bool,
 }
 
 /// Where a pricing's time went, in seconds: the noise measurement and the baseline's tokens of
@@ -527,6 +552,8 @@ struct Pricing<'a> {
     /// The accepted pairs' figures: the phases' minima (what the score uses) and their means.
     robust_pairs: Vec<PairFigures>,
     mean_pairs: Vec<PairFigures>,
+    /// The accepted pairs' figures without run-queue waits, while every pair has them.
+    waitless_pairs: Option<Vec<PairFigures>>,
     /// The interval over the accepted pairs, once there are `min_pairs` of them.
     last: Option<Interval>,
     /// Pair attempts so far (re-runs of unaccepted pairs included).
@@ -567,6 +594,7 @@ impl<'a> Pricing<'a> {
             judge: Judge::default(),
             robust_pairs: vec![],
             mean_pairs: vec![],
+            waitless_pairs: Some(vec![]),
             last: None,
             attempts: 0,
             busy_streak: 0,
@@ -613,7 +641,7 @@ impl<'a> Pricing<'a> {
             score: None,
             mean_score: None,
         };
-        let mut figures: HashMap<Role, (Figures, Figures)> = HashMap::new();
+        let mut figures: HashMap<Role, PhaseFigures> = HashMap::new();
         // Re-running a disturbed or outlying pair would leave too few attempts for the pairs
         // still needed: keep it (the interval carries the noise).
         let last_chances =
@@ -664,13 +692,13 @@ impl<'a> Pricing<'a> {
     /// `role`'s phase of `pair`, added to it. The pair is not accepted when the phase started on
     /// a machine that never quieted (and quiet is required), or when none of its windows ran
     /// undisturbed (unless the pair must be kept: `KEEP_AFTER_DISTURBED`, `last_chances`).
-    /// Returns the phase's figures (robust, mean), or its worker's fault.
+    /// Returns the phase's figures (robust, mean, without waits), or its worker's fault.
     fn phase(
         &mut self,
         role: Role,
         pair: &mut Pair,
         last_chances: bool,
-    ) -> Result<Result<(Figures, Figures), Fault>> {
+    ) -> Result<Result<PhaseFigures, Fault>> {
         let p = self.inputs.p;
         self.progress.set_message(pair_message(
             self.robust_pairs.len() + 1,
@@ -697,6 +725,7 @@ impl<'a> Pricing<'a> {
             phase,
             robust,
             mean,
+            without_waits,
         } = match run {
             Ok(r) => r,
             Err(f) => return Ok(Err(f)),
@@ -714,7 +743,7 @@ impl<'a> Pricing<'a> {
                 .get_or_insert_with(|| "disturbed: no window without a run-queue wait".into());
         }
         pair.phases.push(phase);
-        Ok(Ok((robust, mean)))
+        Ok(Ok((robust, mean, without_waits)))
     }
 
     /// Between pairs, never beside a timed window: the reference judges what differed. The
@@ -738,12 +767,12 @@ impl<'a> Pricing<'a> {
 
     /// Scores `pair` from its phases' `figures`, adds an accepted pair's figures to the tally,
     /// and records it.
-    fn record(&mut self, mut pair: Pair, figures: &HashMap<Role, (Figures, Figures)>) {
+    fn record(&mut self, mut pair: Pair, figures: &HashMap<Role, PhaseFigures>) {
         let track = self.inputs.p.track;
         let of = |role: Role, robust: bool| {
             figures
                 .get(&role)
-                .map(|(r, m)| if robust { *r } else { *m })
+                .map(|(r, m, _)| if robust { *r } else { *m })
         };
         let pool_serial = self.pool_serial;
         let get = |robust: bool| PairFigures {
@@ -756,11 +785,32 @@ impl<'a> Pricing<'a> {
             noop: of(Role::Noop, robust),
         };
         let (rob, avg) = (get(true), get(false));
+        // Without waits: every timed phase's figure, or none for the pair. The DFlash track's
+        // baseline is the pool's serial windows (it cancels out of that score).
+        let waitless = |role: Role| figures.get(&role).map(|(_, _, w)| *w);
+        let without_waits = (|| {
+            Some(PairFigures {
+                baseline: waitless(Role::Baseline).unwrap_or(Some(pool_serial.0))?,
+                candidate: waitless(Role::Candidate)??,
+                noop: match waitless(Role::Noop) {
+                    Some(w) => Some(w?),
+                    None => None,
+                },
+            })
+        })();
         pair.score = Some(score::score(track, &[rob], &[0]).score);
         pair.mean_score = Some(score::score(track, &[avg], &[0]).score);
         if pair.accepted {
             self.robust_pairs.push(rob);
             self.mean_pairs.push(avg);
+            // One pair without the figure (no schedstat) and the check has nothing to go on.
+            self.waitless_pairs = match (self.waitless_pairs.take(), without_waits) {
+                (Some(mut v), Some(w)) => {
+                    v.push(w);
+                    Some(v)
+                }
+                _ => None,
+            };
             self.res.accepted_pair_count += 1;
             self.progress.inc(1);
         }
@@ -794,6 +844,7 @@ impl<'a> Pricing<'a> {
             self.inputs.p,
             &self.robust_pairs,
             &self.mean_pairs,
+            self.waitless_pairs.as_deref(),
             self.last,
         )
     }
@@ -838,7 +889,13 @@ struct PhaseRun {
     phase: Phase,
     robust: Figures,
     mean: Figures,
+    /// The robust figure of the windows less their run-queue waits (`WithoutWaits`); `None`
+    /// where a window's wait is unknown.
+    without_waits: Option<Figures>,
 }
+
+/// A phase's figures: robust, mean, and robust without run-queue waits.
+type PhaseFigures = (Figures, Figures, Option<Figures>);
 
 /// One phase of a pair: after waiting for a quiet machine, `role`'s fresh worker runs the
 /// pair's prompts in `order` (warm-up windows first), each window sampled for disturbance and
@@ -910,6 +967,17 @@ fn run_phase(
     // was disturbed throughout.
     let all: Vec<f64> = scored.iter().map(|w| w.window_seconds).collect();
     let (rob, avg) = (noise::robust(&all), noise::means(&all));
+    // A wait read over slightly more than the window (the sampler's first and last reads
+    // bracket it) can exceed it: the figure is never below zero.
+    let without_waits = scored
+        .iter()
+        .map(|w| {
+            w.telemetry
+                .runqueue_wait_seconds
+                .map(|q| (w.window_seconds - q).max(0.0))
+        })
+        .collect::<Option<Vec<f64>>>()
+        .map(|v| noise::robust(&v));
     let mismatch = windows
         .iter()
         .any(|w| w.tokens_match_baseline == Some(false));
@@ -927,6 +995,7 @@ fn run_phase(
         phase,
         robust: rob,
         mean: avg,
+        without_waits,
     }))
 }
 
@@ -1065,13 +1134,16 @@ fn outlying(pair: &Pair, earlier: &[Pair], factor: f64) -> bool {
 }
 
 /// The verdict from the accepted pairs (`robust_pairs` the phases' minima, `mean_pairs` their
-/// means) and the last interval: the timed near-tie budget, enough pairs, the score and its
-/// interval, the plausibility guard, then the floor.
+/// means, `waitless_pairs` their minima without run-queue waits, when known) and the last
+/// interval: the timed near-tie budget, enough pairs, the score and its interval, the
+/// plausibility guard, then the floor, a rejection standing only when the waits do not explain
+/// it (`WithoutWaits`).
 fn conclude(
     mut res: PriceResult,
     p: &PriceParams,
     robust_pairs: &[PairFigures],
     mean_pairs: &[PairFigures],
+    waitless_pairs: Option<&[PairFigures]>,
     last: Option<Interval>,
 ) -> PriceResult {
     let (r, dflash) = (&p.rule, p.track == Track::Dflash);
@@ -1151,6 +1223,24 @@ fn conclude(
         return res;
     }
     res.verdict = score::verdict(&iv, r.floor).into();
+    if let Some(w) = waitless_pairs.filter(|w| w.len() == n) {
+        let wiv = score::interval(p.track, w, r.min_pairs);
+        let overruled = res.verdict == "below_floor" && wiv.hi >= r.floor;
+        res.without_waits = Some(WithoutWaits {
+            score: wiv.score,
+            ci95: [wiv.lo, wiv.hi],
+            overruled_rejection: overruled,
+        });
+        if overruled {
+            res.verdict = "infra:inconclusive".into();
+            res.passed = false;
+            res.detail = Some(format!(
+                "the whole 95 % interval [{:.4}, {:.4}] is below the floor {}, but not without the time the workers waited for a CPU ({:.4} [{:.4}, {:.4}]): another process had the slower side's CPU, not the build",
+                iv.lo, iv.hi, r.floor, wiv.score, wiv.lo, wiv.hi
+            ));
+            return res;
+        }
+    }
     res.passed = res.verdict == "passed";
     res.detail = match res.verdict.as_str() {
         "below_floor" => Some(format!(
@@ -1248,6 +1338,13 @@ pub fn summary(r: &PriceResult) -> String {
                 .unwrap_or_else(|| "-".into()),
         ),
         (
+            "score without waits",
+            r.without_waits
+                .as_ref()
+                .map(|w| format!("{:.4} [{:.4}, {:.4}]", w.score, w.ci95[0], w.ci95[1]))
+                .unwrap_or_else(|| "-".into()),
+        ),
+        (
             "output mismatches",
             r.pairs_with_output_mismatch.to_string(),
         ),
@@ -1271,4 +1368,168 @@ pub fn summary(r: &PriceResult) -> String {
         s += &format!("{:<22} {d}\n", "detail");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 40 accepted pairs of a fresh-clone CI run (`be53d70`, issue 47) that rejected a
+    /// no-op, the same binary priced as both sides, while two clippy jobs shared the 2-core
+    /// machine: per pair the phases' best windows (ms) as priced, baseline then candidate, then
+    /// the same less each window's run-queue wait. From pair 7 on the candidate's workers
+    /// shared a CPU for whole phases (waiting about half of every window): 0.8505 [0.7726,
+    /// 0.9363] as priced, 0.9885 [0.9588, 1.0191] without the waits.
+    const CI_PAIRS: [(f64, f64, f64, f64); 40] = [
+        (35.5, 33.7, 32.1, 31.2),
+        (40.3, 33.2, 32.1, 32.7),
+        (36.5, 34.1, 31.4, 31.4),
+        (34.4, 34.7, 34.1, 32.0),
+        (44.4, 68.4, 32.9, 37.2),
+        (40.7, 43.2, 37.4, 39.0),
+        (42.8, 46.3, 34.5, 33.2),
+        (33.7, 40.7, 31.2, 34.0),
+        (34.3, 40.2, 31.4, 33.6),
+        (33.8, 33.8, 31.3, 31.2),
+        (56.8, 65.8, 32.7, 32.0),
+        (43.7, 40.5, 31.0, 36.0),
+        (44.2, 68.5, 32.7, 34.8),
+        (39.6, 53.2, 31.6, 32.9),
+        (35.7, 39.2, 32.7, 37.4),
+        (34.9, 60.2, 29.1, 33.5),
+        (39.9, 51.4, 39.9, 38.4),
+        (42.2, 35.6, 39.3, 32.6),
+        (45.8, 54.4, 33.9, 40.8),
+        (66.2, 35.2, 34.1, 34.0),
+        (36.8, 49.1, 32.8, 34.0),
+        (36.1, 38.9, 33.1, 33.6),
+        (41.0, 44.2, 32.7, 32.7),
+        (35.7, 38.1, 34.0, 32.8),
+        (38.2, 36.1, 31.7, 33.2),
+        (34.1, 34.8, 33.1, 32.0),
+        (34.1, 34.8, 31.5, 32.2),
+        (59.7, 53.9, 31.4, 31.6),
+        (35.4, 60.9, 33.2, 40.7),
+        (40.6, 41.7, 38.8, 38.0),
+        (43.4, 42.1, 38.9, 40.2),
+        (41.9, 82.0, 39.5, 41.8),
+        (41.8, 82.6, 38.1, 40.4),
+        (48.5, 71.8, 42.2, 31.9),
+        (42.8, 34.0, 36.1, 31.4),
+        (42.9, 71.4, 39.0, 38.4),
+        (41.1, 47.9, 41.0, 41.3),
+        (44.7, 71.9, 42.8, 39.6),
+        (35.8, 39.7, 32.9, 30.6),
+        (35.5, 35.1, 32.4, 32.1),
+    ];
+
+    fn params() -> PriceParams {
+        PriceParams {
+            track: Track::Serial,
+            rule: Rule {
+                min_pairs: 10,
+                max_pairs: 40,
+                target_half_width: Some(0.03),
+                floor: 0.95,
+            },
+            time_budget_seconds: 600.0,
+            prompt_tokens: 32,
+            decode_tokens: 32,
+            block_size: 1,
+            draft: String::new(),
+            seed: 0,
+            quiet: QuietParams {
+                max_cpu_busy: 1.0,
+                max_gpu_util_pct: 5,
+                max_gpu_temp_c: 60,
+                max_wait_seconds: 1.0,
+            },
+            require_quiet: false,
+            stall_seconds: 2.0,
+            outlier_factor: 3.0,
+            max_speedup: 100.0,
+            max_attempts: 80,
+            noise_windows: 16,
+            warmup_windows: 2,
+            windows: None,
+            envelope: 0.0,
+            budget_per_1000: 0.0,
+        }
+    }
+
+    /// `conclude` over `pairs` (as priced, then without waits, in ms).
+    fn verdict_of(pairs: &[(f64, f64, f64, f64)]) -> PriceResult {
+        let p = params();
+        let spec = Spec {
+            bin: "fastdecode".into(),
+            model: fastdecode_worker::protocol::ModelSource::Dir("m".into()),
+            backend: "cpu".into(),
+            flags: None,
+            ready_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+            drafter: false,
+        };
+        let sides = Sides {
+            baseline: spec.clone(),
+            candidate: spec.clone(),
+            noop: spec,
+        };
+        let model = ModelId {
+            source: fastdecode_worker::protocol::ModelSource::Dir("m".into()),
+            vocab: 256,
+            max_positions: 256,
+            digest: "d".into(),
+        };
+        let fig = |ms: f64| Figures {
+            window_seconds: ms / 1000.0,
+        };
+        let pair = |b: f64, c: f64| PairFigures {
+            baseline: fig(b),
+            candidate: fig(c),
+            noop: None,
+        };
+        let priced: Vec<PairFigures> = pairs.iter().map(|&(b, c, _, _)| pair(b, c)).collect();
+        let waitless: Vec<PairFigures> = pairs.iter().map(|&(_, _, b, c)| pair(b, c)).collect();
+        let last = score::interval(Track::Serial, &priced, p.rule.min_pairs);
+        let res = PriceResult::new(&p, &model, &sides, false);
+        conclude(res, &p, &priced, &priced, Some(&waitless), Some(last))
+    }
+
+    /// The CI run's no-op, rejected there, is inconclusive: its slowdown was all run-queue
+    /// waiting. Deterministic (recorded figures, no machine): it cannot fail by chance.
+    #[test]
+    fn a_slowdown_that_is_all_waiting_for_a_cpu_is_no_rejection() {
+        let r = verdict_of(&CI_PAIRS);
+        let w = r.without_waits.as_ref().expect("the waits were known");
+        assert_eq!(r.verdict, "infra:inconclusive", "{:?}", r.detail);
+        assert!(!r.passed);
+        assert!(w.overruled_rejection);
+        assert!(
+            r.ci95.unwrap()[1] < 0.95,
+            "rejected as priced: {:?}",
+            r.ci95
+        );
+        assert!(w.ci95[0] <= 1.0 && 1.0 <= w.ci95[1], "{w:?}");
+    }
+
+    /// The check never saves a build that is slower in what it runs: the same pairs with the
+    /// candidate 20 % slower in its own time (waits and all, as `fastdecode-faulty slow=1.2`
+    /// sleeps in proportion to its window) are rejected, and so is a quarter slower build on a
+    /// machine where neither side waited.
+    #[test]
+    fn a_build_slower_in_what_it_runs_is_still_rejected() {
+        let slowed: Vec<_> = CI_PAIRS
+            .iter()
+            .map(|&(b, c, bw, cw)| (b, 1.2 * c, bw, cw + 0.2 * c))
+            .collect();
+        let r = verdict_of(&slowed);
+        assert_eq!(r.verdict, "below_floor", "{:?}", r.without_waits);
+        assert!(!r.without_waits.unwrap().overruled_rejection);
+        let quiet: Vec<_> = CI_PAIRS
+            .iter()
+            .map(|&(_, _, b, c)| (b, 1.25 * c, b, 1.25 * c))
+            .collect();
+        let r = verdict_of(&quiet);
+        assert_eq!(r.verdict, "below_floor", "{:?}", r.without_waits);
+    }
 }
