@@ -280,7 +280,11 @@ fn the_same_build_prices_at_one_run_after_run() {
     //   errors, P < 2e-4 a run, and P < 1e-3 for the 5 runs only at that worst noise throughout.
     //   The interval's own calibration is the simulation in `clock::score::tests`.
     // - Inconclusive is the old "passed with an interval reaching below the floor": no longer a
-    //   pass, never a rejection. It needs the pair budget spent with the interval straddling.
+    //   pass, never a rejection. It needs the pair budget spent with the interval straddling,
+    //   or an interval below the floor that is not without the workers' run-queue waits: at
+    //   `be53d70` a CI run rejected this no-op at 0.8505 [0.7726, 0.9363] when the candidate's
+    //   workers shared a CPU with clippy's jobs for whole phases, 0.9885 [0.9588, 1.0191] without
+    //   the waits (`clock::price::tests` replays its pairs).
     // - The score within [0.8, 1.25]: 7 standard errors at the worst noise above.
     // - 1.0 outside the 95 % interval: Binomial(5, p) with p at most 0.07 for an interval that
     //   covers at least 93 % (the simulation's lower edge); P(X >= 4) = 1.1e-4. (The previous
@@ -304,7 +308,16 @@ fn the_same_build_prices_at_one_run_after_run() {
             verdict, "below_floor",
             "run {seed}: a no-op was rejected: {r}"
         );
-        if verdict == "infra:inconclusive" {
+        if r["without_waits"]["overruled_rejection"] == true {
+            // Below the floor as priced, but not without the time the workers waited for a
+            // CPU: the machine's load, not the build (`clock::price::WithoutWaits`).
+            assert_eq!(verdict, "infra:inconclusive", "{r}");
+            assert!(hi < 0.95, "{r}");
+            assert!(
+                r["without_waits"]["ci95"][1].as_f64().unwrap() >= 0.95,
+                "{r}"
+            );
+        } else if verdict == "infra:inconclusive" {
             assert!(lo < 0.95 && 0.95 <= hi, "{r}");
             assert_ne!(r["stopping_reason"], "target_reached", "{r}");
         } else {
