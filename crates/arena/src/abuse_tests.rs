@@ -70,6 +70,7 @@ async fn post_full(
         model: None,
         claimed_score: None,
         bundle: encode_bundle(&crate::bundle::pack(&[]).unwrap()),
+        mode: Default::default(),
     };
     let b = Bytes::from(serde_json::to_vec(&req).unwrap());
     match intake(State(s.clone()), h, b).await {

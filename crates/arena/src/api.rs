@@ -15,6 +15,60 @@ pub struct NewSubmission {
     pub claimed_score: Option<f64>,
     /// The gzip tar of changed files, base64.
     pub bundle: String,
+    /// What the run is for (`leaderboard` when absent, as before modes existed).
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+/// What a submission is for (issue 49). Every mode runs the same policy, review, build and gate
+/// in the same sandbox under the same size caps; they differ in where the pipeline ends, who
+/// may see the result and which daily allowance it draws on.
+///
+/// - `test`: ends after the gate (public and hidden goldens) with the status `tested`; nothing
+///   is priced.
+/// - `benchmark`: then a pricing against the current base, ending `benchmarked` with its score;
+///   never confirmed, promoted, re-priced or ranked.
+/// - `leaderboard`: the public submission, ranked and promoted as it earns.
+///
+/// `test` and `benchmark` are private runs: only their solver (with its token) sees them, they
+/// draw on the track's `caps.private_runs_per_day` instead of its failure cap, and runners
+/// lease them after every waiting leaderboard job of their kind. (`profile` is not offered yet.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Test,
+    Benchmark,
+    #[default]
+    Leaderboard,
+}
+
+impl Mode {
+    /// As the database and the API write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Test => "test",
+            Mode::Benchmark => "benchmark",
+            Mode::Leaderboard => "leaderboard",
+        }
+    }
+
+    /// From the database's column; anything else is a damaged row.
+    pub fn parse(s: &str) -> Option<Mode> {
+        [Mode::Test, Mode::Benchmark, Mode::Leaderboard]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+
+    /// A run only its solver sees (`test`, `benchmark`).
+    pub fn private(self) -> bool {
+        self != Mode::Leaderboard
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -49,8 +103,12 @@ pub struct SubmissionView {
     /// The submission that re-prices this one on a newer base.
     pub repriced_as: Option<String>,
     pub created_ms: i64,
+    /// `test`, `benchmark` or `leaderboard` (`Mode`).
+    #[serde(default)]
+    pub mode: Mode,
     /// `queued`, `running`, `held` (passed, not promoted), `promoted`, `repriced` (held, then
-    /// re-priced on a newer base as another submission), `failed`.
+    /// re-priced on a newer base as another submission), `failed`; a private run ends
+    /// `tested` (a test that passed the gate) or `benchmarked` (a benchmark priced).
     pub status: String,
     /// Why an operator marked it as a cheat (it is then out of the ranking; its record stays).
     pub cheat: Option<String>,
@@ -114,6 +172,9 @@ pub struct SubmissionSummary {
     pub solver: String,
     pub track: String,
     pub model: Option<String>,
+    /// `test`, `benchmark` or `leaderboard` (only its solver lists the first two).
+    #[serde(default)]
+    pub mode: Mode,
     pub status: String,
     /// A failed one's category (`gate:fidelity_divergence`, `policy:off_surface`, …).
     pub category: Option<String>,

@@ -240,9 +240,14 @@ pub struct SubmitArgs {
     /// The working tree to bundle.
     #[arg(long, default_value = ".")]
     pub repo: PathBuf,
-    /// The idempotency key (default: a digest of track, base, bundle and note).
+    /// The idempotency key (default: a digest of track, base, bundle, note and mode).
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// What the run is for: `test` (policy, review, build and the gate, no pricing),
+    /// `benchmark` (then priced against the current base, never promoted or ranked) — both
+    /// private to you, on their own daily quota — or `leaderboard` (the public submission).
+    #[arg(long, value_enum, default_value_t = crate::api::Mode::Leaderboard)]
+    pub mode: crate::api::Mode,
     /// Print the final submission as JSON (progress stays on stderr).
     #[arg(long)]
     pub json: bool,
@@ -449,6 +454,7 @@ pub fn submit(a: SubmitArgs) -> Result<()> {
         claimed_score: a.claimed_score,
         repo: a.repo,
         idempotency_key: a.idempotency_key,
+        mode: a.mode,
     })?;
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&v)?)?;

@@ -267,6 +267,7 @@ mod tests {
             claimed_score: None,
             repo: d.path().to_path_buf(),
             idempotency_key: None,
+            mode: crate::api::Mode::Leaderboard,
         };
         let e = promptly(move || crate::client::submit(&o).unwrap_err());
         assert!(

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::api::{Accepted, NewSubmission, SubmissionView, TrackView};
+use crate::api::{Accepted, Mode, NewSubmission, SubmissionView, TrackView};
 use crate::bundle::{self, Content};
 use crate::git;
 use crate::http::Api;
@@ -28,6 +28,7 @@ pub struct SubmitOptions {
     pub claimed_score: Option<f64>,
     pub repo: PathBuf,
     pub idempotency_key: Option<String>,
+    pub mode: Mode,
 }
 
 fn nul_list(b: &[u8]) -> Vec<String> {
@@ -141,10 +142,14 @@ pub fn submit(o: &SubmitOptions) -> Result<SubmissionView> {
     }
     say += &format!("bundle {digest}, {} bytes\n", bytes.len());
     eprint!("{say}");
-    // The same change, note and base make the same key: re-running after a lost answer is one
-    // submission, not two.
+    // The same change, note, base and mode make the same key: re-running after a lost answer
+    // is one submission, not two (a leaderboard key is what it was before modes existed).
     let key = o.idempotency_key.clone().unwrap_or_else(|| {
-        bundle::digest(format!("{}|{}|{digest}|{note}", track.name, track.current_base).as_bytes())
+        let mut k = format!("{}|{}|{digest}|{note}", track.name, track.current_base);
+        if o.mode != Mode::Leaderboard {
+            k += &format!("|{}", o.mode);
+        }
+        bundle::digest(k.as_bytes())
     });
     let req = NewSubmission {
         track: track.name.clone(),
@@ -152,6 +157,7 @@ pub fn submit(o: &SubmitOptions) -> Result<SubmissionView> {
         model: o.model.clone(),
         claimed_score: o.claimed_score,
         bundle: crate::api::encode_bundle(&bytes),
+        mode: o.mode,
     };
     let acc: Accepted = api
         .post("/api/submissions", &req, &[("Idempotency-Key", &key)])?
@@ -280,7 +286,10 @@ fn first_line(detail: Option<&str>) -> &str {
 
 /// Whether a final status counts as passed.
 pub fn passed(v: &SubmissionView) -> bool {
-    matches!(v.status.as_str(), "held" | "promoted" | "repriced")
+    matches!(
+        v.status.as_str(),
+        "held" | "promoted" | "repriced" | "tested" | "benchmarked"
+    )
 }
 
 /// The verdict table.
@@ -300,6 +309,13 @@ pub fn table(v: &SubmissionView) -> String {
     row(&mut t, "solver", v.solver.clone());
     if let Some(r) = &v.reprice_of {
         row(&mut t, "re-pricing of", r.clone());
+    }
+    if v.mode != Mode::Leaderboard {
+        row(
+            &mut t,
+            "mode",
+            format!("{} (private: only you see it)", v.mode),
+        );
     }
     row(&mut t, "status", v.status.clone());
     if let Some(verdict) = &v.verdict {

@@ -295,6 +295,7 @@ pub fn run(
             model: Some("redteam".into()),
             claimed_score: None,
             bundle: encode_bundle(&pack(&entries).with_context(|| format!("case {name}"))?),
+            mode: Default::default(),
         };
         let key = format!("redteam-{name}-{run_id}");
         let acc: Accepted = api

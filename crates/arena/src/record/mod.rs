@@ -21,7 +21,7 @@ use serde_json::Value;
 use sqlx::Row;
 
 use crate::api::{
-    FrontierPoint, LeaderboardRow, PairPoint, PricingRow, QueueRow, Rules, SubmissionList,
+    FrontierPoint, LeaderboardRow, Mode, PairPoint, PricingRow, QueueRow, Rules, SubmissionList,
     SubmissionSummary, SubmissionView, TrackView,
 };
 use crate::service::db::{now_ms, Db};
@@ -35,6 +35,12 @@ pub const STATUSES: &[&str] = &[
 
 /// The statuses that rank: passed and priced (held, promoted, or held then re-priced).
 const RANKED: &str = "('held', 'promoted', 'repriced')";
+
+/// A row's `mode` column.
+pub fn mode_of(r: &sqlx::any::AnyRow) -> Result<Mode> {
+    let m: String = r.try_get("mode")?;
+    Mode::parse(&m).with_context(|| format!("mode {m:?}: not a mode"))
+}
 
 fn verdict_json(v: Option<String>) -> Option<Value> {
     v.and_then(|v| serde_json::from_str(&v).ok())
@@ -322,8 +328,8 @@ pub async fn submissions(db: &Db, f: &Filter) -> Result<SubmissionList> {
     let total = count.fetch_one(&db.pool).await?;
     let offset = (f.page - 1).saturating_mul(f.per_page).min(i64::MAX as u64) as i64;
     let sql = format!(
-        "SELECT id, solver, track, model, status, category, cheat_reason, score, reprice_of, \
-         created_ms FROM submissions{cond} ORDER BY created_ms DESC, id DESC LIMIT {} \
+        "SELECT id, solver, track, model, mode, status, category, cheat_reason, score, \
+         reprice_of, created_ms FROM submissions{cond} ORDER BY created_ms DESC, id DESC LIMIT {} \
          OFFSET {offset}",
         f.per_page
     );
@@ -340,6 +346,7 @@ pub async fn submissions(db: &Db, f: &Filter) -> Result<SubmissionList> {
                 solver: r.try_get("solver")?,
                 track: r.try_get("track")?,
                 model: r.try_get("model")?,
+                mode: mode_of(&r)?,
                 status: r.try_get("status")?,
                 category: r.try_get("category")?,
                 cheat: r.try_get("cheat_reason")?,
@@ -457,7 +464,7 @@ fn diff(store: &Store, repo: &Path, digest: &str, base: &str) -> Result<String> 
 pub async fn submission_view(s: &Service, id: &str) -> Result<Option<SubmissionView>> {
     let r = sqlx::query(
         "SELECT id, solver, track, model, claimed_score, note, base_commit, reprice_of, \
-         created_ms, status, next_stage, verdict, cheat_reason, bundle_digest \
+         created_ms, mode, status, next_stage, verdict, cheat_reason, bundle_digest \
          FROM submissions WHERE id = $1",
     )
     .bind(id)
@@ -501,6 +508,7 @@ pub async fn submission_view(s: &Service, id: &str) -> Result<Option<SubmissionV
         note: r.try_get("note")?,
         reprice_of: r.try_get("reprice_of")?,
         created_ms: r.try_get("created_ms")?,
+        mode: mode_of(&r)?,
         cheat: r.try_get("cheat_reason")?,
         queue_position: lease::queue_position(&s.db, id).await?,
         next_stage: r.try_get("next_stage")?,

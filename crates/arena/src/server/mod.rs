@@ -379,8 +379,8 @@ async fn add(s: &Service, track: &Track, n: &Intake<'_>) -> ApiResult<Response> 
     let id = new_id("s");
     let inserted = sqlx::query(
         "INSERT INTO submissions (id, solver, track, idempotency_key, model, claimed_score, \
-         note, note_html, bundle_digest, base_commit, created_ms, status, next_stage, next_kind) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'queued', $12, $13)",
+         note, note_html, bundle_digest, base_commit, created_ms, status, next_stage, next_kind, \
+         mode) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'queued', $12, $13, $14)",
     )
     .bind(&id)
     .bind(n.solver)
@@ -395,6 +395,7 @@ async fn add(s: &Service, track: &Track, n: &Intake<'_>) -> ApiResult<Response> 
     .bind(now_ms())
     .bind(stages::POLICY)
     .bind(stages::kind(stages::POLICY, track))
+    .bind(n.req.mode.as_str())
     .execute(&mut *tx)
     .await;
     if let Err(e) = inserted {

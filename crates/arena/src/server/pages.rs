@@ -414,6 +414,8 @@ struct SubmissionPage {
     base: String,
     created: String,
     status: String,
+    /// The mode of a private run (`test`, `benchmark`), which only its solver sees.
+    private: Option<String>,
     cheat: Option<String>,
     note_html: String,
     queue_position: Option<String>,
@@ -473,6 +475,7 @@ fn submission_page(
         base: short(&v.base_commit),
         created: datetime(v.created_ms),
         status: v.status.clone(),
+        private: v.mode.private().then(|| v.mode.to_string()),
         cheat: v.cheat.clone(),
         note_html,
         queue_position: v

@@ -43,6 +43,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "note html",
         include_str!("../../migrations/0004_note_html.sql"),
     ),
+    (5, "modes", include_str!("../../migrations/0005_modes.sql")),
 ];
 
 /// `MIGRATIONS` as sqlx's migrator takes them. Built here rather than by `sqlx::migrate!`: that

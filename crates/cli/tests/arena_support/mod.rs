@@ -40,7 +40,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fastdecode_arena::api::{
-    encode_bundle, Accepted, NewSubmission, SubmissionList, SubmissionView, TrackView,
+    encode_bundle, Accepted, Mode, NewSubmission, SubmissionList, SubmissionView, TrackView,
 };
 use fastdecode_arena::bundle::{pack, Content};
 use fastdecode_arena::http::Api;
@@ -463,14 +463,28 @@ impl Arena {
         key: &str,
         note: &str,
     ) -> Result<Accepted, String> {
+        self.post_as(&self.solver, entries, key, note, Mode::Leaderboard)
+    }
+
+    /// The same by the solver holding `token`, in `mode`.
+    pub fn post_as(
+        &self,
+        token: &str,
+        entries: &[(String, Content)],
+        key: &str,
+        note: &str,
+        mode: Mode,
+    ) -> Result<Accepted, String> {
         let req = NewSubmission {
             track: TRACK.into(),
             note: note.to_string(),
             model: None,
             claimed_score: None,
             bundle: encode_bundle(&pack(entries).unwrap()),
+            mode,
         };
-        self.api()
+        Api::new(&self.url(), Some(token))
+            .unwrap()
             .post("/api/submissions", &req, &[("Idempotency-Key", key)])
             .map(|a| a.unwrap())
             .map_err(|e| format!("{e:#}"))
