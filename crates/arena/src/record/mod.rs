@@ -30,7 +30,14 @@ use crate::store::Store;
 
 /// The statuses a submission can have (what `?status=` accepts, with `cheat`).
 pub const STATUSES: &[&str] = &[
-    "queued", "running", "held", "promoted", "repriced", "failed",
+    "queued",
+    "running",
+    "held",
+    "promoted",
+    "repriced",
+    "failed",
+    verdict::TESTED,
+    verdict::BENCHMARKED,
 ];
 
 /// The statuses that rank: passed and priced (held, promoted, or held then re-priced).

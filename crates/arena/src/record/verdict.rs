@@ -2,19 +2,26 @@
 //! pipeline ends write the verdict (passed with score, interval and the original's metric
 //! names; or a failure category, the step already bucketed to 32 by the runner). A passed
 //! submission whose interval clears the current best by the track's margin gets a
-//! confirmation pricing, and is promoted when that clears it too (`promotion`).
+//! confirmation pricing, and is promoted when that clears it too (`promotion`). A private
+//! run ends sooner (`api::Mode`): a `test` after its gate (`tested`), a `benchmark` after its
+//! pricing (`benchmarked`, its score beside the current best), neither confirmed nor promoted.
 
 use anyhow::{Context, Result};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 use sqlx::Row;
 
-use crate::api::Report;
+use crate::api::{Mode, Report};
 use crate::record::promotion;
 use crate::service::caps::Blame;
 use crate::service::db::now_ms;
 use crate::service::{current_base, lease, stages, ApiError, Service};
 use crate::track::Track;
+
+/// The status of a `test` that passed its gate.
+pub const TESTED: &str = "tested";
+/// The status of a `benchmark` priced.
+pub const BENCHMARKED: &str = "benchmarked";
 
 /// The lower end of a pricing's interval, from its private result.
 fn ci_low(result: &Value) -> Option<f64> {
@@ -51,7 +58,7 @@ pub async fn on_report(
         ));
     }
     let again = r.finish_stage(&mut tx).await?;
-    let track = r.track(&mut tx).await?;
+    let (track, mode) = r.track(&mut tx).await?;
     if again {
         let k = stages::kind(&rep.stage, track);
         lease::advance(&mut tx, &rep.submission, &rep.stage, &k, None, r.now).await?;
@@ -69,13 +76,17 @@ pub async fn on_report(
         tx.commit().await?;
         return Ok(None);
     }
-    let kept = match stages::next(&rep.stage, track).filter(|_| !r.unconfirmed()) {
+    let kept = match stages::next(&rep.stage, track, mode).filter(|_| !r.unconfirmed()) {
         Some(next) => {
             let next_kind = stages::kind(next, track);
             let keep = next_kind == kind || (rep.builder && next_kind == stages::BUILDER);
             r.hand_on(&mut tx, next, &next_kind, keep).await?
         }
-        None => r.after_pricing(&mut tx, track).await?,
+        None => match mode {
+            Mode::Test => r.tested(&mut tx).await.map(|()| None)?,
+            Mode::Benchmark => r.benchmarked(&mut tx, track).await.map(|()| None)?,
+            Mode::Leaderboard => r.after_pricing(&mut tx, track).await?,
+        },
     };
     tx.commit().await?;
     Ok(kept)
@@ -137,18 +148,80 @@ impl<'a> Reporting<'a> {
         Ok(again)
     }
 
-    /// The track of the reported submission.
-    async fn track(&self, tx: &mut sqlx::AnyConnection) -> Result<&'a Track, ApiError> {
-        let row = sqlx::query("SELECT track FROM submissions WHERE id = $1")
+    /// The track and mode of the reported submission.
+    async fn track(&self, tx: &mut sqlx::AnyConnection) -> Result<(&'a Track, Mode), ApiError> {
+        let row = sqlx::query("SELECT track, mode FROM submissions WHERE id = $1")
             .bind(&self.rep.submission)
             .fetch_one(&mut *tx)
             .await?;
         let track_name: String = row.try_get("track")?;
-        Ok(self
+        let track = self
             .s
             .tracks
             .get(&track_name)
-            .with_context(|| format!("track {track_name} is no longer loaded"))?)
+            .with_context(|| format!("track {track_name} is no longer loaded"))?;
+        Ok((track, crate::record::mode_of(&row)?))
+    }
+
+    /// The end of a `test` that passed its gate: `tested`, nothing priced.
+    async fn tested(&self, tx: &mut sqlx::AnyConnection) -> Result<(), ApiError> {
+        let v = json!({"status": TESTED});
+        let why = "tested: it passed the gate (public and hidden goldens); a test is not priced";
+        self.conclude(tx, TESTED, None, &v, why).await
+    }
+
+    /// The end of a `benchmark` after its pricing: `benchmarked` with its score, beside the
+    /// current best it was priced against; never confirmed, promoted or ranked.
+    async fn benchmarked(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        track: &Track,
+    ) -> Result<(), ApiError> {
+        let (_, best, _) = current_base(&self.s.db, &track.name).await?;
+        let m = &self.rep.result["metrics"];
+        let v = json!({
+            "status": BENCHMARKED,
+            "score": m["score"],
+            "ci95": m["ci95"],
+            "metrics": m,
+            "current_best": best,
+        });
+        let why = match m["score"].as_f64() {
+            Some(score) => format!(
+                "benchmarked: score {score:.4} against the current best {best:.4}; a benchmark \
+                 is never promoted or ranked"
+            ),
+            None => "benchmarked; a benchmark is never promoted or ranked".into(),
+        };
+        self.conclude(tx, BENCHMARKED, m["score"].as_f64(), &v, &why)
+            .await
+    }
+
+    /// Writes the verdict `v` (`status`, the pricing's `score` if any, `why` on its row) and
+    /// ends the job.
+    async fn conclude(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        status: &str,
+        score: Option<f64>,
+        v: &Value,
+        why: &str,
+    ) -> Result<(), ApiError> {
+        let id = &self.rep.submission;
+        sqlx::query(
+            "UPDATE submissions SET status = $1, score = $2, verdict = $3, \
+             finished_ms = $4 WHERE id = $5",
+        )
+        .bind(status)
+        .bind(score)
+        .bind(v.to_string())
+        .bind(self.now)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        stages::record(tx, id, stages::VERDICT, status, why, self.now).await?;
+        lease::end(tx, id).await?;
+        Ok(())
     }
 
     /// Moves the job on to `stage`, which runners of `stage_kind` run; the reporting runner
@@ -252,28 +325,8 @@ impl<'a> Reporting<'a> {
             format!("passed, held: the interval does not clear the current best {best:.4}")
         };
         let status = v["status"].as_str().unwrap_or("held").to_string();
-        sqlx::query(
-            "UPDATE submissions SET status = $1, score = $2, verdict = $3, \
-             finished_ms = $4 WHERE id = $5",
-        )
-        .bind(&status)
-        .bind(price["metrics"]["score"].as_f64())
-        .bind(v.to_string())
-        .bind(self.now)
-        .bind(&rep.submission)
-        .execute(&mut *tx)
-        .await?;
-        stages::record(
-            tx,
-            &rep.submission,
-            stages::VERDICT,
-            &status,
-            &why,
-            self.now,
-        )
-        .await?;
-        lease::end(tx, &rep.submission).await?;
-        Ok(())
+        let score = price["metrics"]["score"].as_f64();
+        self.conclude(tx, &status, score, &v, &why).await
     }
 }
 

@@ -371,7 +371,7 @@ struct StageOut {
 fn stage_out(st: &StageView) -> StageOut {
     let outcome = st.outcome.clone().unwrap_or_else(|| "running".into());
     let class = match outcome.as_str() {
-        "ok" | "held" | "promoted" | "queued" => "ok",
+        "ok" | "held" | "promoted" | "queued" | "tested" | "benchmarked" => "ok",
         "running" => "running",
         "skipped" => "muted",
         _ => "bad",

@@ -9,7 +9,7 @@
 use anyhow::Result;
 use sqlx::Row;
 
-use crate::api::StageView;
+use crate::api::{Mode, StageView};
 use crate::service::db::{new_id, Db};
 use crate::track::Track;
 
@@ -32,15 +32,16 @@ pub const INCONCLUSIVE: &str = "infra:inconclusive";
 /// The runner kind that builds.
 pub const BUILDER: &str = "builder";
 
-/// The stage after `stage` in a submission's pipeline on `track` (`None` after pricing: the
-/// verdict decides whether a confirmation follows).
-pub fn next(stage: &str, track: &Track) -> Option<&'static str> {
+/// The stage after `stage` in a submission's pipeline on `track` in `mode` (`None` after the
+/// gate of a `test`, which is never priced; `None` after pricing: the verdict decides whether a
+/// confirmation follows).
+pub fn next(stage: &str, track: &Track, mode: Mode) -> Option<&'static str> {
     match stage {
         POLICY => Some(REVIEW),
         REVIEW => Some(BUILD),
         BUILD if track.model.backend == "cuda" => Some(KERNELS),
         BUILD | KERNELS => Some(GATE),
-        GATE => Some(PRICE),
+        GATE if mode != Mode::Test => Some(PRICE),
         _ => None,
     }
 }
@@ -238,4 +239,39 @@ fn view(r: &sqlx::any::AnyRow) -> Result<StageView> {
         outcome: r.try_get("outcome")?,
         detail: r.try_get("detail")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn track(name: &str) -> Track {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tracks");
+        crate::track::load_dir(&dir).unwrap().remove(name).unwrap()
+    }
+
+    /// The stages each mode runs, in order, from policy to where `next` ends it.
+    fn pipeline(track: &Track, mode: Mode) -> Vec<&'static str> {
+        let mut out = vec![POLICY];
+        while let Some(n) = next(out[out.len() - 1], track, mode) {
+            out.push(n);
+        }
+        out
+    }
+
+    #[test]
+    fn a_test_ends_at_its_gate_and_the_other_modes_are_priced() {
+        let cpu = track("serial-tiny");
+        let gate = [POLICY, REVIEW, BUILD, GATE];
+        assert_eq!(pipeline(&cpu, Mode::Test), gate);
+        for mode in [Mode::Benchmark, Mode::Leaderboard] {
+            assert_eq!(pipeline(&cpu, mode), [&gate[..], &[PRICE]].concat());
+        }
+        let mut cuda = cpu.clone();
+        cuda.model.backend = "cuda".into();
+        assert_eq!(
+            pipeline(&cuda, Mode::Test),
+            [POLICY, REVIEW, BUILD, KERNELS, GATE]
+        );
+    }
 }
