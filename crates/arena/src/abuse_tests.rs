@@ -529,7 +529,9 @@ async fn a_page_serves_the_stored_note_and_renders_an_old_one_once(on: On) {
     let id = id_of(&post_note(&s, &alice, "n1", &format!("# Fast\n\n*{marker}*")).await);
     assert_eq!(count(), 1, "rendered at intake");
     let html = |s: AppState, id: String| async move {
-        body(pages::submission(State(s), UrlPath(id)).await).await.2
+        body(pages::submission(State(s), Default::default(), UrlPath(id)).await)
+            .await
+            .2
     };
     let page = html(s.clone(), id.clone()).await;
     assert!(
@@ -660,7 +662,9 @@ async fn a_render_in_progress_holds_no_other_request() {
         .await
         .unwrap();
     let (s2, id2) = (s.clone(), id.clone());
-    let view = tokio::spawn(async move { pages::submission(State(s2), UrlPath(id2)).await });
+    let view = tokio::spawn(async move {
+        pages::submission(State(s2), Default::default(), UrlPath(id2)).await
+    });
     begun(&started_rx, &view).await;
     let (st, _, _) = body(pages::index(State(s.clone())).await).await;
     assert_eq!(st, StatusCode::OK);

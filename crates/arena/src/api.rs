@@ -259,8 +259,13 @@ pub struct FrontierPoint {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QueueRow {
+    /// Empty for a private run (`private`).
     pub submission: String,
+    /// Empty for a private run.
     pub solver: String,
+    /// A private run (`test`, `benchmark`): shown as waiting or running, not whose or which.
+    #[serde(default)]
+    pub private: bool,
     pub stage: String,
     /// The kind of runner the stage needs (`builder`, `cpu`, `cuda`).
     pub kind: String,

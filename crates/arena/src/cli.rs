@@ -83,6 +83,10 @@ pub struct StatusArgs {
     /// The service's URL.
     #[arg(long)]
     pub server: String,
+    /// Your solver token, to see your own private runs (`--mode test|benchmark`); or
+    /// $FASTDECODE_ARENA_TOKEN. Without one, only leaderboard submissions are found.
+    #[arg(long, env = "FASTDECODE_ARENA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// Print the submission as JSON.
     #[arg(long)]
     pub json: bool,
@@ -278,7 +282,7 @@ pub fn arena(cmd: ArenaCmd) -> Result<()> {
             })
         }
         ArenaCmd::Status(a) => {
-            if !client::status(&a.server, &a.id, a.json)? {
+            if !client::status(&a.server, a.token.as_deref(), &a.id, a.json)? {
                 std::process::exit(1);
             }
             Ok(())

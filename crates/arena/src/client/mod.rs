@@ -347,8 +347,8 @@ pub fn table(v: &SubmissionView) -> String {
     t
 }
 
-pub fn status(server: &str, id: &str, json: bool) -> Result<bool> {
-    let api = Api::new(server, None)?;
+pub fn status(server: &str, token: Option<&str>, id: &str, json: bool) -> Result<bool> {
+    let api = Api::new(server, token)?;
     let v: SubmissionView = api.get_json(&format!("/api/submissions/{id}"))?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&v)?)?;

@@ -178,10 +178,10 @@ pub async fn leaderboard(
     Ok(ranked)
 }
 
-/// The track's unfinished submissions, oldest first.
+/// The track's unfinished submissions, oldest first (a private run without its id or solver).
 pub async fn queue(db: &Db, track: &str) -> Result<Vec<QueueRow>> {
     let rows = sqlx::query(
-        "SELECT id, solver, next_stage, next_kind, lease_runner, lease_id, created_ms \
+        "SELECT id, solver, mode, next_stage, next_kind, lease_runner, lease_id, created_ms \
          FROM submissions WHERE track = $1 AND next_stage IS NOT NULL ORDER BY created_ms, id",
     )
     .bind(track)
@@ -191,6 +191,15 @@ pub async fn queue(db: &Db, track: &str) -> Result<Vec<QueueRow>> {
     for r in rows {
         let id: String = r.try_get("id")?;
         let lease: Option<String> = r.try_get("lease_id")?;
+        let private = mode_of(&r)?.private();
+        let solver: String = r.try_get("solver")?;
+        // A private run is in the queue, where it waits and what it holds, but not whose or
+        // which it is.
+        let (submission, solver) = if private {
+            (String::new(), String::new())
+        } else {
+            (id.clone(), solver)
+        };
         out.push(QueueRow {
             position: lease::queue_position(db, &id).await?,
             runner: if lease.is_some() {
@@ -198,13 +207,14 @@ pub async fn queue(db: &Db, track: &str) -> Result<Vec<QueueRow>> {
             } else {
                 None
             },
-            solver: r.try_get("solver")?,
+            solver,
+            private,
             stage: r.try_get("next_stage")?,
             kind: r
                 .try_get::<Option<String>, _>("next_kind")?
                 .unwrap_or_default(),
             created_ms: r.try_get("created_ms")?,
-            submission: id,
+            submission,
         });
     }
     Ok(out)
@@ -264,6 +274,9 @@ pub struct Filter {
     /// From 1.
     pub page: u64,
     pub per_page: u64,
+    /// The solver whose private runs the list may hold too (its own token); `None`: the
+    /// public, who see leaderboard submissions only.
+    pub viewer: Option<String>,
 }
 
 /// The most a page may hold.
@@ -298,7 +311,13 @@ impl Filter {
             status,
             page: number(page, "page", 1, u64::MAX >> 1)?,
             per_page: number(per_page, "per_page", 50, MAX_PER_PAGE)?,
+            viewer: None,
         })
+    }
+
+    /// The same as `viewer` sees it.
+    pub fn seen_by(self, viewer: Option<String>) -> Filter {
+        Filter { viewer, ..self }
     }
 }
 
@@ -312,6 +331,17 @@ pub async fn submissions(db: &Db, f: &Filter) -> Result<SubmissionList> {
             vals.push(v.clone());
             cond.push(format!("{col} = ${}", vals.len()));
         }
+    }
+    // A private run only in its own solver's list.
+    match &f.viewer {
+        Some(v) => {
+            vals.push(v.clone());
+            cond.push(format!(
+                "(mode = 'leaderboard' OR solver = ${})",
+                vals.len()
+            ));
+        }
+        None => cond.push("mode = 'leaderboard'".into()),
     }
     match f.status.as_deref() {
         Some("cheat") => cond.push("cheat_reason IS NOT NULL".into()),
@@ -681,6 +711,7 @@ mod tests {
             status: status.map(String::from),
             page,
             per_page,
+            viewer: None,
         };
         let l = submissions(db, &f(Some("alice"), None, 1, 50))
             .await
@@ -713,13 +744,23 @@ mod tests {
             (status, String::from_utf8(b.to_vec()).unwrap())
         };
         let (st, html) = body(
-            crate::server::pages::submission(State(state.clone()), UrlPath("s-cheat".into())).await,
+            crate::server::pages::submission(
+                State(state.clone()),
+                Default::default(),
+                UrlPath("s-cheat".into()),
+            )
+            .await,
         )
         .await;
         assert_eq!(st, StatusCode::OK);
         assert!(html.contains("marked this submission as a cheat: timed a cached answer"));
         let (st, html) = body(
-            crate::server::pages::submission(State(state.clone()), UrlPath("s-nope".into())).await,
+            crate::server::pages::submission(
+                State(state.clone()),
+                Default::default(),
+                UrlPath("s-nope".into()),
+            )
+            .await,
         )
         .await;
         assert_eq!(st, StatusCode::NOT_FOUND);
@@ -743,12 +784,22 @@ mod tests {
         let refresh = r#"<noscript><meta http-equiv="refresh""#;
         assert!(html.contains(refresh) && html.contains(r#"data-live="1""#));
         let (_, html) = body(
-            crate::server::pages::submission(State(state.clone()), UrlPath("s-run".into())).await,
+            crate::server::pages::submission(
+                State(state.clone()),
+                Default::default(),
+                UrlPath("s-run".into()),
+            )
+            .await,
         )
         .await;
         assert!(html.contains(refresh), "{html}");
         let (_, html) = body(
-            crate::server::pages::submission(State(state.clone()), UrlPath("s-later".into())).await,
+            crate::server::pages::submission(
+                State(state.clone()),
+                Default::default(),
+                UrlPath("s-later".into()),
+            )
+            .await,
         )
         .await;
         assert!(!html.contains(refresh) && html.contains(r#"data-live="0""#));

@@ -30,7 +30,7 @@ use base64::Engine;
 use sqlx::Row;
 
 use crate::api::{
-    Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, NewSubmission, Report, ReportReply,
+    Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, Mode, NewSubmission, Report, ReportReply,
     SubmissionList, SubmissionView, TrackView,
 };
 use crate::bundle;
@@ -81,6 +81,22 @@ async fn holder(
 async fn solver(s: &Service, h: &HeaderMap) -> ApiResult<String> {
     let (id, _) = holder(s, h, "SELECT secret_hash FROM solvers WHERE id = $1").await?;
     Ok(id)
+}
+
+/// Who reads a submission or a list: the solver whose token the request carries, or `None`
+/// without one (the public). A token that is not a solver's is refused, not read as no token.
+pub(crate) async fn viewer(s: &Service, h: &HeaderMap) -> ApiResult<Option<String>> {
+    if h.get("authorization").is_none() {
+        return Ok(None);
+    }
+    solver(s, h).await.map(Some)
+}
+
+/// Whether `viewer` may see a submission of `solver` in `mode`: a private run (`test`,
+/// `benchmark`) only by its own solver. Others are answered as if it did not exist (404, not
+/// 403), so that its existence does not leak.
+pub(crate) fn may_see(viewer: Option<&str>, solver: &str, mode: Mode) -> bool {
+    !mode.private() || viewer == Some(solver)
 }
 
 /// The runner a request's token belongs to, and its kind.
@@ -224,10 +240,14 @@ async fn one_track(
 }
 
 /// `?track=&solver=&status=&page=&per_page=`; any other parameter is refused by name.
+/// With a solver's token the list holds that solver's own private runs too; without one, or
+/// another solver's, only leaderboard submissions.
 async fn list_submissions(
     State(s): State<AppState>,
+    headers: HeaderMap,
     Query(mut q): Query<BTreeMap<String, String>>,
 ) -> ApiResult<Json<SubmissionList>> {
+    let viewer = viewer(&s, &headers).await?;
     let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, m);
     let mut take = |k: &str| q.remove(k);
     let f = record::Filter::parse(
@@ -237,7 +257,8 @@ async fn list_submissions(
         take("page"),
         take("per_page"),
     )
-    .map_err(|e| bad(format!("{e:#}")))?;
+    .map_err(|e| bad(format!("{e:#}")))?
+    .seen_by(viewer);
     if let Some(k) = q.keys().next() {
         return Err(bad(format!(
             "{k}: not a parameter (track, solver, status, page, per_page)"
@@ -423,10 +444,13 @@ fn accepted(id: String, duplicate: bool) -> Response {
 
 async fn one_submission(
     State(s): State<AppState>,
+    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SubmissionView>> {
+    let viewer = viewer(&s, &headers).await?;
     record::submission_view(&s, &id)
         .await?
+        .filter(|v| may_see(viewer.as_deref(), &v.solver, v.mode))
         .map(Json)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no submission {id}")))
 }

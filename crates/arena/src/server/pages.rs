@@ -8,7 +8,7 @@
 
 use askama::Template;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 
 use crate::api::{StageView, SubmissionView, TrackView};
@@ -206,6 +206,7 @@ struct FailedOut {
 const FAILED_SHOWN: u64 = 20;
 
 struct QueueOut {
+    /// Empty for a private run (its row says so instead).
     id: String,
     solver: String,
     stage: String,
@@ -304,6 +305,7 @@ pub async fn track(State(s): State<AppState>, Path(name): Path<String>) -> Respo
         status: Some("failed".into()),
         page: 1,
         per_page: FAILED_SHOWN,
+        viewer: None,
     };
     let failures = match record::submissions(&s.db, &failures).await {
         Ok(f) => f,
@@ -324,7 +326,11 @@ pub async fn track(State(s): State<AppState>, Path(name): Path<String>) -> Respo
         .iter()
         .map(|q| QueueOut {
             id: q.submission.clone(),
-            solver: q.solver.clone(),
+            solver: if q.private {
+                "–".into()
+            } else {
+                q.solver.clone()
+            },
             stage: q.stage.clone(),
             kind: q.kind.clone(),
             position: match (q.position, &q.runner) {
@@ -513,10 +519,20 @@ fn submission_page(
     }
 }
 
-pub async fn submission(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+/// A private run's page is its solver's only (a request with its token, as the API's); anyone
+/// else gets the page of an unknown id.
+pub async fn submission(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let viewer = match super::viewer(&s, &headers).await {
+        Ok(v) => v,
+        Err(e) => return error_page(e.0, e.1),
+    };
     let v = match record::submission_view(&s, &id).await {
-        Ok(Some(v)) => v,
-        Ok(None) => return not_found(format!("There is no submission {id}.")),
+        Ok(Some(v)) if super::may_see(viewer.as_deref(), &v.solver, v.mode) => v,
+        Ok(_) => return not_found(format!("There is no submission {id}.")),
         Err(e) => return trouble(e),
     };
     // Rendered at intake (or once, on a first view, for a note stored before that).
