@@ -122,6 +122,15 @@ pub struct Caps {
     /// broke the protocol) before each counts as a failure (default 2).
     #[serde(default = "default_free_infra_per_day")]
     pub free_infra_per_day: u32,
+    /// Private runs (`--mode test|benchmark`) a solver may start per day, whatever their
+    /// outcome; they count against this quota only, never against `failures_per_day` (default
+    /// 20; 0 takes no private runs on the track).
+    #[serde(default = "default_private_runs_per_day")]
+    pub private_runs_per_day: u32,
+}
+
+fn default_private_runs_per_day() -> u32 {
+    20
 }
 
 fn default_free_infra_per_day() -> u32 {
@@ -349,6 +358,23 @@ mod tests {
         assert!(
             format!("{e:#}").contains("caps.free_infra_per_day"),
             "{e:#}"
+        );
+        let bad = text.replace(
+            "free_infra_per_day = 2",
+            "free_infra_per_day = 2\nprivate_runs_per_day = 20000",
+        );
+        let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("caps.private_runs_per_day 20000: at most 10000"),
+            "{e:#}"
+        );
+        // Absent: 20 a day.
+        assert_eq!(
+            Track::parse(&text, Path::new("t.toml"))
+                .unwrap()
+                .caps
+                .private_runs_per_day,
+            20
         );
         let bad = text.replace("failures_per_day = 10", "failures_per_day = 0");
         let e = Track::parse(&bad, Path::new("t.toml")).unwrap_err();

@@ -308,8 +308,51 @@ fn capped(track: &Track, u: &caps::Usage) -> ApiError {
     )
 }
 
-/// Refuses a solver whose cap on `track` is full (`caps`).
-async fn within_cap(conn: &mut sqlx::AnyConnection, solver: &str, track: &Track) -> ApiResult<()> {
+/// The 429 of a solver whose private runs on `track` fill its quota (or a track taking none).
+fn over_quota(track: &Track, runs: &caps::PrivateRuns) -> ApiError {
+    let quota = i64::from(track.caps.private_runs_per_day);
+    if quota == 0 {
+        return ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "track {} takes no private runs (caps.private_runs_per_day is 0): submit with \
+                 --mode leaderboard",
+                track.name
+            ),
+        );
+    }
+    let retry = runs
+        .retry_after(quota, now_ms())
+        .unwrap_or(caps::IN_FLIGHT_RETRY_S);
+    ApiError(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!(
+            "{} private run(s) (test or benchmark) in the last day fill your daily quota of \
+             {quota} on track {} (caps.private_runs_per_day); retry in {retry} s, or submit \
+             with --mode leaderboard, which this quota does not count",
+            runs.created.len(),
+            track.name
+        ),
+        Some(retry),
+    )
+}
+
+/// Refuses a submission in `mode` beyond what `solver` may start on `track`: a private run
+/// past its daily quota (`caps.private_runs_per_day`), a leaderboard submission past the
+/// failure cap (`caps`). Neither counts the other's.
+async fn within_cap(
+    conn: &mut sqlx::AnyConnection,
+    solver: &str,
+    track: &Track,
+    mode: Mode,
+) -> ApiResult<()> {
+    if mode.private() {
+        let runs = caps::private_runs(conn, solver, track, now_ms()).await?;
+        if runs.created.len() as i64 >= i64::from(track.caps.private_runs_per_day) {
+            return Err(over_quota(track, &runs));
+        }
+        return Ok(());
+    }
     let u = caps::usage(conn, solver, track, now_ms()).await?;
     if u.counted() >= i64::from(track.caps.failures_per_day) {
         return Err(capped(track, &u));
@@ -356,7 +399,7 @@ pub(crate) async fn intake(
         .ok_or_else(|| bad(format!("track {:?}: no such track", req.track)))?;
     check_fields(&req).map_err(bad)?;
     // Before any work on the body; counted again where the submission is added.
-    within_cap(&mut *s.db.pool.acquire().await?, &solver, track).await?;
+    within_cap(&mut *s.db.pool.acquire().await?, &solver, track, req.mode).await?;
     // Bounded, and rendered once, here, off the executor (`notes`).
     let note_html = notes::render_off_executor(req.note.clone())
         .await?
@@ -396,7 +439,7 @@ async fn add(s: &Service, track: &Track, n: &Intake<'_>) -> ApiResult<Response> 
     if let Some(id) = existing(&mut *tx, n.solver, n.key).await? {
         return Ok(accepted(id, true));
     }
-    within_cap(&mut tx, n.solver, track).await?;
+    within_cap(&mut tx, n.solver, track, n.req.mode).await?;
     let id = new_id("s");
     let inserted = sqlx::query(
         "INSERT INTO submissions (id, solver, track, idempotency_key, model, claimed_score, \

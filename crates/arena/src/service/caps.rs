@@ -4,7 +4,9 @@
 //! of the last day beyond the track's free allowance (`caps.free_infra_per_day`: its worker
 //! crashed, hung or broke the protocol, which a candidate can do at will), and its submissions
 //! still queued or running (any of them may fail). Free: infrastructure failures the runner or
-//! the reference caused, cancelled jobs, and the re-pricings the service queues itself.
+//! the reference caused, cancelled jobs, and the re-pricings the service queues itself. Private
+//! runs (`test`, `benchmark`) are not counted here: they have their own quota
+//! (`caps.private_runs_per_day`, `PrivateRuns`), which leaderboard submissions never draw on.
 
 use anyhow::Result;
 use sqlx::Row;
@@ -126,7 +128,7 @@ pub async fn usage(
 ) -> Result<Usage> {
     let rows = sqlx::query(
         "SELECT status, attributable, finished_ms FROM submissions \
-         WHERE solver = $1 AND track = $2 AND ( \
+         WHERE solver = $1 AND track = $2 AND mode = 'leaderboard' AND ( \
            (status IN ('queued', 'running') AND reprice_of IS NULL) \
            OR (finished_ms > $3 AND (attributable = 1 OR candidate_caused = 1))) \
          ORDER BY finished_ms",
@@ -158,6 +160,53 @@ pub async fn usage(
     }
     u.finished.sort_by_key(|f| f.0);
     Ok(u)
+}
+
+/// A solver's private runs (`test`, `benchmark`) on a track in the last day, against the
+/// track's own quota (`caps.private_runs_per_day`): each counts from its start, whatever its
+/// outcome, for a day. Leaderboard submissions never count here, nor private runs there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrivateRuns {
+    /// When each was submitted, oldest first.
+    pub created: Vec<i64>,
+}
+
+impl PrivateRuns {
+    /// Seconds until fewer than `quota` count (the oldest ones aging out), if any are too many.
+    pub fn retry_after(&self, quota: i64, now: i64) -> Option<u64> {
+        let over = self.created.len() as i64 - quota;
+        if over < 0 {
+            return None;
+        }
+        // The run that must age out is the `over`-th oldest (from 0); with a quota of 0 none
+        // ever will.
+        let at = *self.created.get(over as usize).filter(|_| quota > 0)?;
+        Some(((at + DAY_MS - now) / 1000).max(1) as u64)
+    }
+}
+
+/// `solver`'s private runs on `track` in the day before `now`.
+pub async fn private_runs(
+    conn: &mut sqlx::AnyConnection,
+    solver: &str,
+    track: &Track,
+    now: i64,
+) -> Result<PrivateRuns> {
+    let rows = sqlx::query(
+        "SELECT created_ms FROM submissions WHERE solver = $1 AND track = $2 \
+         AND mode <> 'leaderboard' AND created_ms > $3 ORDER BY created_ms",
+    )
+    .bind(solver)
+    .bind(&track.name)
+    .bind(now - DAY_MS)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(PrivateRuns {
+        created: rows
+            .iter()
+            .map(|r| r.try_get("created_ms"))
+            .collect::<Result<_, _>>()?,
+    })
 }
 
 #[cfg(test)]
@@ -217,5 +266,24 @@ mod tests {
             "1 failure(s) in the last day, 1 candidate-caused infra failure(s) beyond the 2 free \
              a day (3 in all), 2 submission(s) queued or running"
         );
+    }
+
+    #[test]
+    fn the_private_quota_frees_a_place_when_its_oldest_run_ages_out() {
+        let now = 10 * DAY_MS;
+        let day_ago = now - DAY_MS;
+        let runs = |c: &[i64]| PrivateRuns {
+            created: c.to_vec(),
+        };
+        // Under the quota: nothing to wait for.
+        assert_eq!(runs(&[day_ago + 5_000]).retry_after(2, now), None);
+        // At it: the oldest run's aging out frees one place.
+        let full = runs(&[day_ago + 5_000, day_ago + 9_000]);
+        assert_eq!(full.retry_after(2, now), Some(5));
+        // Over it (the quota lowered since): as many must age out as are over, plus one.
+        let over = runs(&[day_ago + 5_000, day_ago + 9_000, day_ago + 20_000]);
+        assert_eq!(over.retry_after(1, now), Some(20));
+        // A quota of 0: no private runs on the track, ever.
+        assert_eq!(runs(&[]).retry_after(0, now), None);
     }
 }

@@ -11,6 +11,10 @@ use sqlx::Row;
 use crate::service::db::{new_id, now_ms, Backend, Db};
 use crate::service::stages;
 
+/// The order of the queue's first key: every leaderboard job (0) before any private run (1,
+/// `test` or `benchmark`), oldest first within each.
+const PRIORITY: &str = "(CASE WHEN mode = 'leaderboard' THEN 0 ELSE 1 END)";
+
 /// A job just leased.
 pub struct Leased {
     pub submission: String,
@@ -18,7 +22,8 @@ pub struct Leased {
     pub stage: String,
 }
 
-/// Leases the oldest job a runner of `kind` (and a builder, when `builder`) may run, if any.
+/// Leases the first job a runner of `kind` (and a builder, when `builder`) may run, if any:
+/// the oldest leaderboard job, else the oldest private run (`PRIORITY`).
 pub async fn take(
     db: &Db,
     runner: &str,
@@ -36,7 +41,7 @@ pub async fn take(
         "SELECT id, next_stage, lease_id FROM submissions \
          WHERE next_stage IS NOT NULL AND (next_kind = $1 OR next_kind = $2) \
          AND (lease_id IS NULL OR lease_expires_ms < $3) \
-         ORDER BY created_ms, id LIMIT 1{lock}"
+         ORDER BY {PRIORITY}, created_ms, id LIMIT 1{lock}"
     );
     let row = sqlx::query(&sql)
         .bind(kind)
@@ -197,12 +202,14 @@ pub async fn end(tx: &mut sqlx::AnyConnection, submission: &str) -> Result<()> {
     Ok(())
 }
 
-/// Submissions ahead of `submission` in the queue of its kind (while it waits).
+/// Submissions ahead of `submission` in the queue of its kind (while it waits), in the order
+/// `take` leases them: every waiting leaderboard job is ahead of a private run.
 pub async fn queue_position(db: &Db, submission: &str) -> Result<Option<i64>> {
-    let row = sqlx::query("SELECT next_kind, created_ms, lease_id FROM submissions WHERE id = $1")
-        .bind(submission)
-        .fetch_optional(&db.pool)
-        .await?;
+    let row =
+        sqlx::query("SELECT next_kind, created_ms, lease_id, mode FROM submissions WHERE id = $1")
+            .bind(submission)
+            .fetch_optional(&db.pool)
+            .await?;
     let Some(r) = row else { return Ok(None) };
     let kind: Option<String> = r.try_get("next_kind")?;
     let lease: Option<String> = r.try_get("lease_id")?;
@@ -210,10 +217,17 @@ pub async fn queue_position(db: &Db, submission: &str) -> Result<Option<i64>> {
         return Ok(None);
     };
     let created: i64 = r.try_get("created_ms")?;
-    let n: i64 = sqlx::query(
+    let mode: String = r.try_get("mode")?;
+    let older = "(created_ms < $2 OR (created_ms = $3 AND id < $4))";
+    let ahead = if mode == "leaderboard" {
+        format!("mode = 'leaderboard' AND {older}")
+    } else {
+        format!("(mode = 'leaderboard' OR {older})")
+    };
+    let n: i64 = sqlx::query(&format!(
         "SELECT COUNT(*) AS n FROM submissions WHERE next_kind = $1 AND lease_id IS NULL \
-         AND (created_ms < $2 OR (created_ms = $3 AND id < $4))",
-    )
+         AND {ahead}"
+    ))
     .bind(&kind)
     .bind(created)
     .bind(created)

@@ -193,6 +193,12 @@ fn check_caps(caps: &Caps) -> Result<()> {
             caps.free_infra_per_day
         );
     }
+    if caps.private_runs_per_day > 10_000 {
+        bail!(
+            "caps.private_runs_per_day {}: at most 10000",
+            caps.private_runs_per_day
+        );
+    }
     Ok(())
 }
 
