@@ -10,6 +10,11 @@
 //!   answered 409 at its next heartbeat and kills the pricing; a finished or unknown id is an
 //!   error naming it.
 //! - An inconclusive pricing runs once more, both rows on the record.
+//! - Modes (issue 49): a `test` ends after its gate, unpriced; a `benchmark` is priced, never
+//!   confirmed or promoted, and only its solver sees it (another solver and the public get 404,
+//!   lists and the leaderboard leave it out, the queue shows an anonymous row); private runs
+//!   have their own daily quota, which leaderboard submissions do not draw on (nor they on the
+//!   failure cap); a runner leases every waiting leaderboard job before a private run.
 
 #[macro_use]
 mod arena_support;
@@ -17,7 +22,7 @@ mod arena_support;
 use std::process::Command;
 
 use arena_support::*;
-use fastdecode_arena::api::{Job, LeaseRequest, Report, ReportReply};
+use fastdecode_arena::api::{Job, LeaseRequest, Mode, Report, ReportReply, SubmissionList};
 use fastdecode_arena::bundle::Content;
 use fastdecode_arena::http::Api;
 use serde_json::{json, Value};
@@ -27,6 +32,10 @@ on_both_databases!(
     a_candidates_own_infra_failures_count_beyond_the_free_allowance,
     an_inconclusive_pricing_is_priced_again_with_both_rows_kept,
     a_cancel_stops_the_runner_pricing_the_job,
+    a_test_ends_after_its_gate_unpriced,
+    a_benchmark_is_priced_for_its_solver_alone_and_never_promoted,
+    private_runs_have_their_own_quota,
+    leaderboard_jobs_are_leased_before_private_runs,
 );
 
 fn off_surface() -> Vec<(String, Content)> {
@@ -329,4 +338,207 @@ fn a_runner_with_a_refused_token_says_so_and_exits() {
         said.contains(&a.url()) && said.contains("token") && !said.contains("trying again"),
         "{said}"
     );
+}
+
+/// A second solver's token.
+fn another_solver(a: &Arena, name: &str) -> String {
+    let mut add = vec!["arena", "admin", "solver", "add", name]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    add.extend(a.state());
+    fd(&add.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// Posts a no-op as alice in `mode`.
+fn post_mode(a: &Arena, key: &str, mode: Mode) -> Result<String, String> {
+    a.post_as(&a.solver, &[], key, &format!("a {mode} run"), mode)
+        .map(|x| x.id)
+}
+
+fn a_test_ends_after_its_gate_unpriced(db: Database) {
+    let a = Arena::on(db, 30);
+    let r = fake_runner(&a, "fake");
+    let id = post_mode(&a, "test", Mode::Test).unwrap();
+    let job = lease_until(&r, "gate");
+    assert_eq!(job.submission, id);
+    // The gate passed: no next stage, no pricing.
+    assert!(report(&r, &job, "ok", Value::Null, false).is_none());
+    let v = a.finished(&id);
+    assert_eq!((v.mode, v.status.as_str()), (Mode::Test, "tested"));
+    assert_eq!(
+        rows(&v),
+        pairs(&[
+            ("policy", "ok"),
+            ("review", "ok"),
+            ("build", "ok"),
+            ("gate", "ok"),
+            ("verdict", "tested"),
+        ])
+    );
+    let verdict = v.verdict.unwrap();
+    assert!(verdict["score"].is_null(), "{verdict}");
+    assert!(lease_none(&r), "a job was left after the test's verdict");
+}
+
+/// Whether the runner `r` finds no job.
+fn lease_none(r: &Api) -> bool {
+    r.post::<_, Job>("/api/runner/lease", &LeaseRequest { builder: true }, &[])
+        .unwrap()
+        .is_none()
+}
+
+fn list(a: &Arena, token: Option<&str>) -> Vec<(String, Mode)> {
+    let l: SubmissionList = Api::new(&a.url(), token)
+        .unwrap()
+        .get_json("/api/submissions")
+        .unwrap();
+    l.submissions.into_iter().map(|s| (s.id, s.mode)).collect()
+}
+
+/// A benchmark whose pricing clears the best by far: a leaderboard submission would go on to
+/// its confirmation; the benchmark ends `benchmarked`, and no one but alice learns of it.
+fn a_benchmark_is_priced_for_its_solver_alone_and_never_promoted(db: Database) {
+    let a = Arena::on(db, 30);
+    let bob = another_solver(&a, "bob");
+    let r = fake_runner(&a, "fake");
+    let public_id = a.post(&[], "public").unwrap().id;
+    let id = post_mode(&a, "bench", Mode::Benchmark).unwrap();
+    // Waiting: the queue shows a private row, neither its id nor its solver.
+    let q = a.track().queue;
+    assert_eq!(q.len(), 2, "{q:?}");
+    let row = q.iter().find(|q| q.private).expect("a private row");
+    assert_eq!(
+        (row.submission.as_str(), row.solver.as_str(), row.position),
+        ("", "", Some(1))
+    );
+    let public = Api::new(&a.url(), None).unwrap();
+    let page = public
+        .get_bytes("/api/tracks/serial-tiny")
+        .unwrap()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&page).contains(&id));
+    let html = public.get_bytes("/tracks/serial-tiny").unwrap().unwrap();
+    let html = String::from_utf8_lossy(&html);
+    assert!(
+        html.contains("a private run") && !html.contains(&id),
+        "{html}"
+    );
+    // Another solver and the public: as if it did not exist (404, not 403).
+    for (who, token) in [("bob", Some(bob.as_str())), ("the public", None)] {
+        let api = Api::new(&a.url(), token).unwrap();
+        let e = format!(
+            "{:#}",
+            api.get_json::<Value>(&format!("/api/submissions/{id}"))
+                .unwrap_err()
+        );
+        assert!(
+            e.contains("404") && e.contains(&format!("no submission {id}")),
+            "{who}: {e}"
+        );
+        assert!(
+            api.get_bytes(&format!("/submissions/{id}"))
+                .unwrap()
+                .is_none(),
+            "{who} saw its page"
+        );
+        assert_eq!(
+            list(&a, token),
+            [(public_id.clone(), Mode::Leaderboard)],
+            "{who}"
+        );
+    }
+    // Its solver sees it, in the list and on its page (with the token).
+    let ids = list(&a, Some(&a.solver));
+    assert!(ids.contains(&(id.clone(), Mode::Benchmark)), "{ids:?}");
+    let mine = Api::new(&a.url(), Some(&a.solver)).unwrap();
+    let html = mine
+        .get_bytes(&format!("/submissions/{id}"))
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&html).contains("A private benchmark run"));
+
+    // The leaderboard submission was queued first: it is leased first; fail it at policy.
+    let job = lease(&r);
+    assert_eq!(job.submission, public_id);
+    report(&r, &job, "policy:off_surface", Value::Null, false);
+    let job = lease_until(&r, "price");
+    assert_eq!(job.submission, id);
+    assert!(report(&r, &job, "ok", priced([1.5, 1.6]), false).is_none());
+    let v = a.finished(&id);
+    assert_eq!(
+        (v.mode, v.status.as_str()),
+        (Mode::Benchmark, "benchmarked")
+    );
+    let verdict = v.verdict.clone().unwrap();
+    assert!(
+        (verdict["score"].as_f64().unwrap() - 1.55).abs() < 1e-9,
+        "{verdict}"
+    );
+    assert_eq!(verdict["current_best"], 1.0);
+    assert!(verdict.get("confirmation").is_none(), "{verdict}");
+    let tail: Vec<(String, String)> = rows(&v).split_off(v.stages.len() - 2);
+    assert_eq!(tail, pairs(&[("price", "ok"), ("verdict", "benchmarked")]));
+    assert!(lease_none(&r), "a confirmation was queued");
+    // Not promoted, not ranked: the track is as it was.
+    let t = a.track();
+    assert_eq!(t.current_best_score, 1.0);
+    assert_eq!(t.frontier.len(), 1);
+    assert!(t.leaderboard.is_empty(), "{:?}", t.leaderboard);
+    assert!(t.queue.is_empty());
+}
+
+/// A quota of 2 private runs beside the failure cap of 3: the third private run is refused,
+/// saying which quota; three leaderboard submissions still go in (the private runs in flight
+/// are not counted by the cap), and the fourth is refused by the cap, which counts only them.
+fn private_runs_have_their_own_quota(db: Database) {
+    let a = Arena::on_track(db, 30, |t| t.caps.private_runs_per_day = 2);
+    post_mode(&a, "t-1", Mode::Test).unwrap();
+    post_mode(&a, "b-1", Mode::Benchmark).unwrap();
+    let e = post_mode(&a, "t-2", Mode::Test).unwrap_err();
+    assert!(
+        e.contains("429")
+            && e.contains("2 private run(s) (test or benchmark) in the last day")
+            && e.contains("daily quota of 2 on track serial-tiny (caps.private_runs_per_day)")
+            && e.contains("--mode leaderboard"),
+        "{e}"
+    );
+    for i in 0..3 {
+        a.post(&[], &format!("lb-{i}")).unwrap();
+    }
+    let e = a.post(&[], "lb-3").unwrap_err();
+    assert!(
+        e.contains("429")
+            && e.contains("3 count against your daily cap of 3")
+            && e.contains("3 submission(s) queued or running"),
+        "{e}"
+    );
+    // Still refused as a private run, by its own quota.
+    let e = post_mode(&a, "b-2", Mode::Benchmark).unwrap_err();
+    assert!(e.contains("caps.private_runs_per_day"), "{e}");
+}
+
+/// One runner, a private run queued, then a leaderboard submission: the later leaderboard job
+/// is leased first, and the positions the record shows say so.
+fn leaderboard_jobs_are_leased_before_private_runs(db: Database) {
+    let a = Arena::on(db, 30);
+    let r = fake_runner(&a, "fake");
+    let private = post_mode(&a, "early", Mode::Test).unwrap();
+    assert_eq!(a.view(&private).queue_position, Some(0));
+    let public = a.post(&[], "later").unwrap().id;
+    assert_eq!(a.view(&public).queue_position, Some(0));
+    assert_eq!(a.view(&private).queue_position, Some(1));
+    let positions: Vec<(bool, Option<i64>)> = a
+        .track()
+        .queue
+        .iter()
+        .map(|q| (q.private, q.position))
+        .collect();
+    assert_eq!(positions, [(true, Some(1)), (false, Some(0))]);
+    let job = lease(&r);
+    assert_eq!(job.submission, public);
+    assert_eq!(a.view(&private).queue_position, Some(0));
+    // Back in the queue (failed at policy): the private run is next.
+    report(&r, &job, "policy:off_surface", Value::Null, false);
+    assert_eq!(lease(&r).submission, private);
 }
