@@ -33,7 +33,7 @@ pub struct NewSubmission {
 /// `test` and `benchmark` are private runs: only their solver (with its token) sees them, they
 /// draw on the track's `caps.private_runs_per_day` instead of its failure cap, and runners
 /// lease them after every waiting leaderboard job of their kind. (`profile` is not offered yet.)
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Test,
@@ -62,6 +62,23 @@ impl Mode {
     /// A run only its solver sees (`test`, `benchmark`).
     pub fn private(self) -> bool {
         self != Mode::Leaderboard
+    }
+}
+
+/// Read by name, an unknown one refused naming the field and the modes there are.
+impl<'de> Deserialize<'de> for Mode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Mode, D::Error> {
+        let s = String::deserialize(d)?;
+        Mode::parse(&s).ok_or_else(|| {
+            let later = if s == "profile" {
+                " (profile is not offered yet)"
+            } else {
+                ""
+            };
+            serde::de::Error::custom(format!(
+                "mode {s:?}: one of test, benchmark, leaderboard{later}"
+            ))
+        })
     }
 }
 
@@ -351,4 +368,33 @@ pub fn encode_bundle(bytes: &[u8]) -> String {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ErrorBody {
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_submission_without_a_mode_is_a_leaderboard_one_and_profile_is_refused_by_name() {
+        let body = |mode: &str| {
+            format!(
+                r#"{{"track": "t", "note": "n", "model": null, "claimed_score": null, "bundle": ""{mode}}}"#
+            )
+        };
+        let old: NewSubmission = serde_json::from_str(&body("")).unwrap();
+        assert_eq!(old.mode, Mode::Leaderboard);
+        for m in [Mode::Test, Mode::Benchmark, Mode::Leaderboard] {
+            let n: NewSubmission =
+                serde_json::from_str(&body(&format!(r#", "mode": "{m}""#))).unwrap();
+            assert_eq!(n.mode, m);
+            assert_eq!(serde_json::to_value(m).unwrap(), m.as_str());
+        }
+        let e = serde_json::from_str::<NewSubmission>(&body(r#", "mode": "profile""#))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("mode \"profile\": one of test, benchmark, leaderboard (profile is not offered yet)"),
+            "{e}"
+        );
+    }
 }

@@ -457,6 +457,27 @@ fn a_benchmark_is_priced_for_its_solver_alone_and_never_promoted(db: Database) {
         .unwrap()
         .unwrap();
     assert!(String::from_utf8_lossy(&html).contains("A private benchmark run"));
+    // `arena status` finds it with the token only.
+    let status = |token: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.args(["arena", "status", &id, "--server", &a.url(), "--json"])
+            .env_remove("FASTDECODE_ARENA_TOKEN");
+        if let Some(t) = token {
+            c.args(["--token", t]);
+        }
+        let o = c.output().unwrap();
+        (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (out, _) = status(Some(&a.solver));
+    assert!(out.contains("\"benchmark\""), "{out}");
+    let (_, err) = status(None);
+    assert!(
+        err.contains("404") && err.contains(&format!("no submission {id}")),
+        "{err}"
+    );
 
     // The leaderboard submission was queued first: it is leased first; fail it at policy.
     let job = lease(&r);

@@ -2686,6 +2686,12 @@ fn cases() -> Vec<Case> {
             &["127.0.0.1:1", "refused"],
         ),
         case(
+            "submit --mode profile (not offered yet)",
+            "submit --server http://127.0.0.1:1 --token a.b --track t --note-file {D}/n.md \
+             --mode profile",
+            &["--mode", "profile", "test, benchmark, leaderboard"],
+        ),
+        case(
             "submit missing note",
             "submit --server http://127.0.0.1:1 --token a.b --track t --note-file {D}/none.md",
             &["--note-file", "none.md"],
