@@ -13,6 +13,11 @@ path) or `super::`, counted for the longest prefix that is a module (`crate::run
 edges between a module and its own ancestors or descendants (`runner` and `runner::gate`).
 `#[path]` is not followed. A loop is a strongly connected component (Tarjan) of several modules,
 printed with its edges (`a -> b: names`); the exit status is then 1.
+
+The same is asked of a crate's top-level modules, each folder taken whole (`runner::gate` counts
+as `runner`): a crate's folders show its parts and depend one way (the arena's service <- record
+<- server <- client), so `service::lease` using `record::verdict` while `record::notes` uses
+`service::db` is a loop between folders even where no two modules loop.
 """
 
 import argparse
@@ -200,18 +205,24 @@ def check(root: Path, out=print) -> tuple[int, int, list[list[str]]]:
     for crate in crates:
         modules, edges = crate_graph(crate)
         count += len(modules)
-        for comp in (c for c in tarjan(modules, edges) if len(c) > 1):
-            loops.append(comp)
-            out(f"{crate.name}: import loop between {len(comp)} modules: {', '.join(comp)}")
-            for (a, b), names in sorted(edges.items()):
-                if a in comp and b in comp:
-                    out(f"  {a} -> {b}: {', '.join(sorted(names))}")
+        folders, folder_edges = {m.split("::")[0] for m in modules}, defaultdict(set)
+        for (a, b), names in edges.items():
+            if a.split("::")[0] != b.split("::")[0]:
+                folder_edges[a.split("::")[0], b.split("::")[0]] |= {f"{a} -> {b}"}
+        for kind, nodes, graph in (("modules", modules, edges), ("folders", folders, folder_edges)):
+            for comp in (c for c in tarjan(nodes, graph) if len(c) > 1):
+                loops.append(comp)
+                out(f"{crate.name}: import loop between {len(comp)} {kind}: {', '.join(comp)}")
+                for (a, b), names in sorted(graph.items()):
+                    if a in comp and b in comp:
+                        out(f"  {a} -> {b}: {', '.join(sorted(names))}")
     verdict = f"{len(loops)} loop{'s' * (len(loops) != 1)}" if loops else "no import loop"
     out(f"import_loops.py: {len(crates)} crates, {count} modules, {verdict}")
     return len(crates), count, loops
 
 
-FAKE = {  # a loop top::a -> top::b -> top::c -> top::a, and what must not join it
+FAKE = {  # a loop top::a -> top::b -> top::c -> top::a, what must not join it, and a loop
+    # between the folders top and solo (solo -> top, top::d::e -> solo) with no module loop
     "Cargo.toml": '[package]\nname = "fake"\n',
     "src/lib.rs": "pub mod top;\npub mod solo;\n#[cfg(test)]\nmod testonly;\n",
     "src/top/mod.rs": "pub mod a;\npub mod b;\npub mod c;\npub mod d;\n"
@@ -245,7 +256,8 @@ def self_test() -> int:
                          ("top::d::e", "solo"): {"s"}, ("top::d::e", "top::b"): {"B"},
                          ("solo", "top"): {"S"}}, edges
         lines: list[str] = []
-        assert check(Path(tmp), lines.append) == (1, 7, [["top::a", "top::b", "top::c"]]), lines
+        assert check(Path(tmp), lines.append) == (
+            1, 7, [["top::a", "top::b", "top::c"], ["solo", "top"]]), lines
     print("\n".join(lines))
     print("import_loops.py: self-test passed")
     return 0
