@@ -47,7 +47,7 @@ use crate::noise::{self, Figures, NoiseReport};
 use crate::score::{self, Interval, PairFigures, Rule, Stop};
 use crate::stats::median;
 use crate::telemetry::{
-    quiesce, runqueue_wait_seconds, QuietCheck, QuietParams, Sampler, Telemetry, WindowTelemetry,
+    quiesce, runqueue_wait_seconds, Machine, QuietCheck, QuietParams, Sampler, Telemetry, WindowTelemetry,
 };
 
 pub use crate::score::Track;
@@ -236,6 +236,8 @@ pub struct PriceResult {
     pub spent: Spent,
     pub weights_digest: String,
     pub gpu_telemetry: bool,
+    /// The machine that priced (CPU model, GPUs, the candidate's backend).
+    pub machine: Machine,
     pub prompt_tokens: usize,
     pub decode_tokens: usize,
     pub block_size: usize,
@@ -248,7 +250,13 @@ pub struct PriceResult {
 
 impl PriceResult {
     /// A pricing's result before anything is measured: what it was asked to do.
-    fn new(p: &PriceParams, model: &ModelId, sides: &Sides, has_gpu: bool) -> PriceResult {
+    fn new(
+        p: &PriceParams,
+        model: &ModelId,
+        sides: &Sides,
+        has_gpu: bool,
+        machine: Machine,
+    ) -> PriceResult {
         let (r, dflash) = (&p.rule, p.track == Track::Dflash);
         PriceResult {
             verdict: String::new(),
@@ -288,7 +296,8 @@ impl PriceResult {
             timed_fidelity: TimedFidelity::default(),
             spent: Spent::default(),
             weights_digest: model.digest.clone(),
-                gpu_telemetry: has_gpu,
+            gpu_telemetry: has_gpu,
+            machine,
             prompt_tokens: p.prompt_tokens,
             decode_tokens: p.decode_tokens,
             block_size: if dflash { p.block_size } else { 1 },
@@ -458,7 +467,13 @@ pub fn run(
     check_params(p)?;
     let start = Instant::now();
     let telemetry = Telemetry::new();
-    let mut res = PriceResult::new(p, model, sides, telemetry.has_gpu());
+    let mut res = PriceResult::new(
+        p,
+        model,
+        sides,
+        telemetry.has_gpu(),
+        Machine::here(&telemetry),
+    );
     // The noise measurement and the calibration, in one baseline worker, never scored.
     progress.set_message("measuring noise");
     let tolerance = p
@@ -926,6 +941,7 @@ fn run_phase(
         Role::Candidate => {
             res.candidate.build = Some(w.ready.build.clone());
             res.candidate.flags = w.ready.flags.clone();
+            res.machine.backend = Some(w.ready.backend.clone());
         }
         Role::Noop => {
             if let Some(n) = res.noop.as_mut() {
@@ -1491,7 +1507,7 @@ mod tests {
         let priced: Vec<PairFigures> = pairs.iter().map(|&(b, c, _, _)| pair(b, c)).collect();
         let waitless: Vec<PairFigures> = pairs.iter().map(|&(_, _, b, c)| pair(b, c)).collect();
         let last = score::interval(Track::Serial, &priced, p.rule.min_pairs);
-        let res = PriceResult::new(&p, &model, &sides, false);
+        let res = PriceResult::new(&p, &model, &sides, false, Machine::default());
         conclude(res, &p, &priced, &priced, Some(&waitless), Some(last))
     }
 

@@ -30,6 +30,38 @@ pub const SAMPLES_PER_WINDOW: u32 = 64;
 const MIN_INTERVAL: Duration = Duration::from_millis(2);
 const MAX_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The machine a pricing ran on, as `result.json` records it: what a solver's local pricing
+/// carries to an arena's transfer ledger (issue 49), to say which machine measured it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Machine {
+    /// `/proc/cpuinfo`'s first `model name` (none where it has none).
+    pub cpu_model: Option<String>,
+    /// Logical CPUs this process may use.
+    pub cpus: usize,
+    /// The GPUs' names (none without NVML or a GPU).
+    pub gpus: Vec<String>,
+    /// The candidate worker's backend (`cpu`, `cuda`), once one has started.
+    pub backend: Option<String>,
+}
+
+impl Machine {
+    /// This machine, its backend not yet known.
+    pub fn here(t: &Telemetry) -> Machine {
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        });
+        Machine {
+            cpu_model,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            gpus: t.gpu_names(),
+            backend: None,
+        }
+    }
+}
+
 /// Aggregate CPU jiffies: (busy, total) from the first line of `/proc/stat`.
 fn cpu_jiffies() -> Option<(u64, u64)> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
@@ -160,6 +192,16 @@ impl Telemetry {
 
     pub fn has_gpu(&self) -> bool {
         self.nvml.is_some()
+    }
+
+    /// The GPUs' names (NVML's), in device order; none without NVML.
+    pub fn gpu_names(&self) -> Vec<String> {
+        let Some(n) = self.nvml.as_ref() else {
+            return vec![];
+        };
+        (0..n.device_count().unwrap_or(0))
+            .filter_map(|i| n.device_by_index(i).ok()?.name().ok())
+            .collect()
     }
 
     /// The hottest and busiest of the GPUs (device 0 on a one-GPU runner).
