@@ -71,6 +71,7 @@ async fn post_full(
         claimed_score: None,
         bundle: encode_bundle(&crate::bundle::pack(&[]).unwrap()),
         mode: Default::default(),
+        local_result: None,
     };
     let b = Bytes::from(serde_json::to_vec(&req).unwrap());
     match intake(State(s.clone()), h, b).await {

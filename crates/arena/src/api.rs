@@ -18,6 +18,117 @@ pub struct NewSubmission {
     /// What the run is for (`leaderboard` when absent, as before modes existed).
     #[serde(default)]
     pub mode: Mode,
+    /// The solver's own pricing of the change (`submit --local-result result.json`), kept
+    /// beside the arena's for the transfer ledger; never read to decide anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_result: Option<LocalResult>,
+}
+
+/// A solver's local measurement of a change (`fastdecode price`'s `result.json`, compacted by
+/// `submit --local-result`): the score it found, its interval, on what machine. Solver-supplied:
+/// the record keeps it as data beside the ranked score (issue 49's transfer ledger), pages
+/// escape its strings, and nothing that ranks, promotes or prices reads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalResult {
+    /// The local score (speed-up over the pinned baseline).
+    pub score: f64,
+    /// Its 95 % interval; holds `score`.
+    pub ci95: [f64; 2],
+    /// The pairs the pricing used.
+    pub pairs: u64,
+    /// The clock track it was priced on (`serial`, `dflash`): the arena track's `clock_track`.
+    pub track: String,
+    #[serde(default)]
+    pub machine: LocalMachine,
+}
+
+/// The machine of a local pricing, as its `result.json` described it (what it did not is
+/// absent).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalMachine {
+    #[serde(default)]
+    pub cpu_model: Option<String>,
+    #[serde(default)]
+    pub cpus: Option<u64>,
+    #[serde(default)]
+    pub gpus: Vec<String>,
+    #[serde(default)]
+    pub backend: Option<String>,
+}
+
+/// The most characters a string of a local result's machine may have.
+pub const LOCAL_TEXT_MAX: usize = 200;
+/// The most GPUs a local result's machine may list.
+pub const LOCAL_GPUS_MAX: usize = 16;
+
+impl LocalResult {
+    /// Whether it is a local result the record can keep for a track measured by `clock_track`:
+    /// finite numbers, a positive score inside its interval, the same clock track, bounded
+    /// strings. The error names the field (`local_result.FIELD` as the API reads it).
+    pub fn check(&self, clock_track: &str) -> Result<(), String> {
+        let [lo, hi] = self.ci95;
+        if !(self.score.is_finite() && self.score > 0.0) {
+            return Err(format!("score {}: a finite number above 0", self.score));
+        }
+        if !(lo.is_finite() && hi.is_finite()) {
+            return Err(format!("ci95 [{lo}, {hi}]: finite numbers"));
+        }
+        if !(lo <= self.score && self.score <= hi) {
+            return Err(format!(
+                "ci95 [{lo}, {hi}]: does not hold the score {}",
+                self.score
+            ));
+        }
+        if self.pairs == 0 || self.pairs > 1_000_000 {
+            return Err(format!("pairs {}: from 1 to 1000000", self.pairs));
+        }
+        if self.track != clock_track {
+            return Err(format!(
+                "track {:?}: this track is priced on the {clock_track} clock track",
+                self.track
+            ));
+        }
+        let m = &self.machine;
+        if m.gpus.len() > LOCAL_GPUS_MAX {
+            return Err(format!(
+                "machine.gpus: {} names, at most {LOCAL_GPUS_MAX}",
+                m.gpus.len()
+            ));
+        }
+        let texts = [("machine.cpu_model", m.cpu_model.as_deref()), ("machine.backend", m.backend.as_deref())]
+            .into_iter()
+            .chain(m.gpus.iter().map(|g| ("machine.gpus", Some(g.as_str()))));
+        for (field, t) in texts {
+            let Some(t) = t else { continue };
+            if t.chars().count() > LOCAL_TEXT_MAX || t.chars().any(char::is_control) {
+                return Err(format!(
+                    "{field}: at most {LOCAL_TEXT_MAX} characters, none of them control characters"
+                ));
+            }
+        }
+        if m.cpus.is_some_and(|c| c == 0 || c > 1_000_000) {
+            return Err("machine.cpus: from 1 to 1000000".into());
+        }
+        Ok(())
+    }
+
+    /// The machine in one line (`AMD EPYC 7B13, 2 CPUs, NVIDIA H100, cuda`; `an undescribed
+    /// machine` when the result named none of it). Unescaped: a page escapes it.
+    pub fn machine_line(&self) -> String {
+        let m = &self.machine;
+        let mut parts: Vec<String> = vec![];
+        parts.extend(m.cpu_model.clone());
+        parts.extend(m.cpus.map(|c| format!("{c} CPUs")));
+        parts.extend(m.gpus.iter().cloned());
+        parts.extend(m.backend.clone());
+        if parts.is_empty() {
+            "an undescribed machine".into()
+        } else {
+            parts.join(", ")
+        }
+    }
 }
 
 /// What a submission is for (issue 49). Every mode runs the same policy, review, build and gate
@@ -145,6 +256,9 @@ pub struct SubmissionView {
     /// The change as a unified diff against its base, where the track publishes code
     /// (`publish_code`: `always`, or `after_promotion` once it is promoted).
     pub code: Option<String>,
+    /// The solver's own pricing sent with it (`submit --local-result`), kept as sent.
+    #[serde(default)]
+    pub local_result: Option<LocalResult>,
 }
 
 impl SubmissionView {
@@ -198,6 +312,32 @@ pub struct SubmissionSummary {
     pub cheat: Option<String>,
     pub score: Option<f64>,
     pub reprice_of: Option<String>,
+    pub created_ms: i64,
+    /// The solver's own pricing sent with it, if any.
+    #[serde(default)]
+    pub local_result: Option<LocalResult>,
+}
+
+/// `GET /api/tracks/{name}/ledger`: the transfer ledger (issue 49). Each public (leaderboard)
+/// submission that carried its solver's local pricing and was priced by the arena, not marked a
+/// cheat, oldest first: what the solver's machine said beside what the arena's runner measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ledger {
+    pub track: String,
+    pub rows: Vec<LedgerRow>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LedgerRow {
+    pub submission: String,
+    pub solver: String,
+    /// The solver's pricing (score, interval, pairs, machine), as sent.
+    pub local: LocalResult,
+    /// The arena's pricing: the verdict's score and interval.
+    pub ranked_score: f64,
+    pub ranked_ci95: Option<[f64; 2]>,
+    /// The submission's status (`held`, `promoted`, `repriced`, `failed`, …).
+    pub status: String,
     pub created_ms: i64,
 }
 

@@ -252,6 +252,10 @@ pub struct SubmitArgs {
     /// private to you, on their own daily quota — or `leaderboard` (the public submission).
     #[arg(long, value_enum, default_value_t = crate::api::Mode::Leaderboard)]
     pub mode: crate::api::Mode,
+    /// Your own pricing of the change (`fastdecode price`'s result.json): its score, interval
+    /// and machine are kept beside the arena's score, for the track's transfer ledger.
+    #[arg(long, value_name = "FILE")]
+    pub local_result: Option<PathBuf>,
     /// Print the final submission as JSON (progress stays on stderr).
     #[arg(long)]
     pub json: bool,
@@ -459,6 +463,7 @@ pub fn submit(a: SubmitArgs) -> Result<()> {
         repo: a.repo,
         idempotency_key: a.idempotency_key,
         mode: a.mode,
+        local_result: a.local_result,
     })?;
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&v)?)?;

@@ -268,6 +268,7 @@ mod tests {
             repo: d.path().to_path_buf(),
             idempotency_key: None,
             mode: crate::api::Mode::Leaderboard,
+            local_result: None,
         };
         let e = promptly(move || crate::client::submit(&o).unwrap_err());
         assert!(

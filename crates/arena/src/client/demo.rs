@@ -323,6 +323,7 @@ fn examples(
             claimed_score: None,
             repo: solver.to_path_buf(),
             idempotency_key: None,
+            local_result: None,
             mode: crate::api::Mode::Leaderboard,
         })?;
         eprint!("{}", client::table(&v));

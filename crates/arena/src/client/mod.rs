@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::api::{Accepted, Mode, NewSubmission, SubmissionView, TrackView};
+use crate::api::{
+    Accepted, LocalMachine, LocalResult, Mode, NewSubmission, SubmissionView, TrackView,
+};
 use crate::bundle::{self, Content};
 use crate::git;
 use crate::http::Api;
@@ -29,6 +31,97 @@ pub struct SubmitOptions {
     pub repo: PathBuf,
     pub idempotency_key: Option<String>,
     pub mode: Mode,
+    /// A `fastdecode price` result.json to send as the submission's local result.
+    pub local_result: Option<PathBuf>,
+}
+
+/// The largest result.json `--local-result` reads (a long pricing's windows run to megabytes).
+const RESULT_MAX_BYTES: u64 = 64 << 20;
+
+/// The local result of `fastdecode price`'s `result.json` at `path`, for `track`: its score,
+/// interval, pairs, clock track and machine, checked (the file and the field named in every
+/// error): a score and interval present and finite, the interval holding the score, the track's
+/// clock track and window.
+pub fn local_result(path: &Path, track: &TrackView) -> Result<LocalResult> {
+    let at = format!("--local-result {}", path.display());
+    let size = std::fs::metadata(path).with_context(|| at.clone())?.len();
+    if size > RESULT_MAX_BYTES {
+        bail!("{at}: {size} bytes, more than a result.json of `fastdecode price` ({RESULT_MAX_BYTES} at most)");
+    }
+    let text = crate::store::read_regular_text(path).with_context(|| at.clone())?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{at}: not JSON (a result.json of `fastdecode price`)"))?;
+    if !v.is_object() {
+        bail!("{at}: not a result.json of `fastdecode price` (not a JSON object)");
+    }
+    let number = |field: &str| -> Result<f64> {
+        match &v[field] {
+            serde_json::Value::Null => bail!(
+                "{at}: no {field} (the pricing ended {:?} without one)",
+                v["verdict"].as_str().unwrap_or("?")
+            ),
+            x => x
+                .as_f64()
+                .filter(|f| f.is_finite())
+                .with_context(|| format!("{at}: {field} {x}: not a finite number")),
+        }
+    };
+    let score = number("score")?;
+    let ci95 = match v["ci95"].as_array().map(|a| a.as_slice()) {
+        Some([lo, hi]) => match (lo.as_f64(), hi.as_f64()) {
+            (Some(lo), Some(hi)) if lo.is_finite() && hi.is_finite() => [lo, hi],
+            _ => bail!("{at}: ci95 {}: two finite numbers", v["ci95"]),
+        },
+        None if v["ci95"].is_null() => bail!("{at}: no ci95 (the pricing found no interval)"),
+        _ => bail!("{at}: ci95 {}: two finite numbers", v["ci95"]),
+    };
+    let pairs = v["pairs_used"]
+        .as_u64()
+        .with_context(|| format!("{at}: pairs_used {}: a whole number", v["pairs_used"]))?;
+    let clock_track = v["track"]
+        .as_str()
+        .with_context(|| format!("{at}: track {}: a clock track's name", v["track"]))?;
+    for (field, want) in [
+        ("prompt_tokens", track.rules.prompt_tokens),
+        ("decode_tokens", track.rules.decode_tokens),
+    ] {
+        if let Some(got) = v[field].as_u64() {
+            if got != want as u64 {
+                bail!(
+                    "{at}: {field} {got}: track {} prices {want} (price with the track's window)",
+                    track.name
+                );
+            }
+        }
+    }
+    let m = &v["machine"];
+    let text_of = |x: &serde_json::Value| x.as_str().map(str::to_string);
+    let machine = LocalMachine {
+        cpu_model: text_of(&m["cpu_model"]),
+        cpus: m["cpus"].as_u64(),
+        gpus: m["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(text_of)
+            .collect(),
+        backend: text_of(&m["backend"]),
+    };
+    let local = LocalResult {
+        score,
+        ci95,
+        pairs,
+        track: clock_track.to_string(),
+        machine,
+    };
+    local.check(&track.clock_track).map_err(|e| {
+        let e = e.replace(
+            &format!("track {clock_track:?}: this track"),
+            &format!("track {clock_track:?}: track {}", track.name),
+        );
+        anyhow::anyhow!("{at}: {e}")
+    })?;
+    Ok(local)
 }
 
 fn nul_list(b: &[u8]) -> Vec<String> {
@@ -118,6 +211,11 @@ pub fn submit(o: &SubmitOptions) -> Result<SubmissionView> {
     }
     let api = Api::new(&o.server, Some(&o.token))?;
     let track: TrackView = api.get_json(&format!("/api/tracks/{}", o.track))?;
+    let local = o
+        .local_result
+        .as_deref()
+        .map(|p| local_result(p, &track))
+        .transpose()?;
     let Changes {
         entries,
         off_surface: off,
@@ -141,6 +239,16 @@ pub fn submit(o: &SubmitOptions) -> Result<SubmissionView> {
         say += &format!("  skip  {p} (off the surface)\n");
     }
     say += &format!("bundle {digest}, {} bytes\n", bytes.len());
+    if let Some(l) = &local {
+        say += &format!(
+            "local result: score {:.4} [{:.4}, {:.4}] in {} pairs on {}\n",
+            l.score,
+            l.ci95[0],
+            l.ci95[1],
+            l.pairs,
+            l.machine_line()
+        );
+    }
     eprint!("{say}");
     // The same change, note, base and mode make the same key: re-running after a lost answer
     // is one submission, not two (a leaderboard key is what it was before modes existed).
@@ -158,6 +266,7 @@ pub fn submit(o: &SubmitOptions) -> Result<SubmissionView> {
         claimed_score: o.claimed_score,
         bundle: crate::api::encode_bundle(&bytes),
         mode: o.mode,
+        local_result: local,
     };
     let acc: Accepted = api
         .post("/api/submissions", &req, &[("Idempotency-Key", &key)])?
@@ -378,6 +487,114 @@ pub fn status(server: &str, token: Option<&str>, id: &str, json: bool) -> Result
 #[cfg(test)]
 mod tests {
     use super::Said;
+    use crate::api::{Rules, TrackView};
+
+    fn track() -> TrackView {
+        TrackView {
+            name: "serial-tiny".into(),
+            description: String::new(),
+            runner_kind: "cpu".into(),
+            clock_track: "serial".into(),
+            surface: vec![],
+            baseline: String::new(),
+            current_base: String::new(),
+            baseline_score: 1.0,
+            current_best_score: 1.0,
+            current_best_metrics: None,
+            publish_code: "always".into(),
+            rules: Rules {
+                prompt_tokens: 32,
+                decode_tokens: 32,
+                block_size: None,
+                floor: 0.5,
+                target_ci: 0.03,
+                min_pairs: 10,
+                max_pairs: 40,
+                promotion_margin: 0.01,
+            },
+            leaderboard: vec![],
+            frontier: vec![],
+            queue: vec![],
+        }
+    }
+
+    /// A result.json as `fastdecode price` writes it (the fields the ledger reads, and others).
+    fn result() -> serde_json::Value {
+        serde_json::json!({
+            "verdict": "passed", "passed": true, "track": "serial", "score": 1.21,
+            "ci95": [1.18, 1.24], "half_width": 0.025, "pairs_used": 12,
+            "prompt_tokens": 32, "decode_tokens": 32, "gpu_telemetry": false,
+            "machine": {"cpu_model": "AMD EPYC 7B13", "cpus": 2, "gpus": [], "backend": "cpu"},
+            "pairs": [],
+        })
+    }
+
+    /// `local_result` of `v` written to a file: the result or the error's text.
+    fn read(v: &serde_json::Value) -> Result<crate::api::LocalResult, String> {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("result.json");
+        std::fs::write(&f, v.to_string()).unwrap();
+        super::local_result(&f, &track()).map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn a_price_result_becomes_a_compact_local_result() {
+        let l = read(&result()).unwrap();
+        assert_eq!((l.score, l.ci95, l.pairs), (1.21, [1.18, 1.24], 12));
+        assert_eq!(l.track, "serial");
+        assert_eq!(l.machine_line(), "AMD EPYC 7B13, 2 CPUs, cpu");
+        // Without a machine (a result.json from before it had one): an undescribed machine.
+        let mut v = result();
+        v.as_object_mut().unwrap().remove("machine");
+        assert_eq!(read(&v).unwrap().machine_line(), "an undescribed machine");
+    }
+
+    #[test]
+    fn a_bad_local_result_is_refused_naming_the_file_and_the_field() {
+        let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+            ("score", serde_json::Value::Null, "no score (the pricing ended \"passed\""),
+            ("score", "fast".into(), "score \"fast\": not a finite number"),
+            ("score", (-1.0).into(), "score -1: a finite number above 0"),
+            ("ci95", serde_json::Value::Null, "no ci95"),
+            ("ci95", serde_json::json!([1.0]), "ci95 [1.0]: two finite numbers"),
+            ("ci95", serde_json::json!([1.3, 1.4]), "ci95 [1.3, 1.4]: does not hold the score 1.21"),
+            ("pairs_used", serde_json::Value::Null, "pairs_used null: a whole number"),
+            ("track", "dflash".into(), "track \"dflash\": track serial-tiny is priced on the serial clock track"),
+            ("decode_tokens", 256.into(), "decode_tokens 256: track serial-tiny prices 32"),
+            (
+                "machine",
+                serde_json::json!({"cpu_model": "x".repeat(201)}),
+                "machine.cpu_model: at most 200 characters",
+            ),
+            (
+                "machine",
+                serde_json::json!({"backend": "cpu\u{1b}[31m"}),
+                "machine.backend: at most 200 characters, none of them control characters",
+            ),
+        ];
+        for (field, value, want) in cases {
+            let mut v = result();
+            v[field] = value;
+            let e = read(&v).unwrap_err();
+            assert!(
+                e.starts_with("--local-result ") && e.contains("result.json: ") && e.contains(want),
+                "{field}: {e}"
+            );
+        }
+        for (text, want) in [("[1, 2]", "not a JSON object"), ("{", "not JSON")] {
+            let d = tempfile::tempdir().unwrap();
+            let f = d.path().join("result.json");
+            std::fs::write(&f, text).unwrap();
+            let e = format!("{:#}", super::local_result(&f, &track()).unwrap_err());
+            assert!(e.contains("result.json: ") && e.contains(want), "{e}");
+        }
+        let e = format!(
+            "{:#}",
+            super::local_result(std::path::Path::new("/nonexistent/result.json"), &track())
+                .unwrap_err()
+        );
+        assert!(e.starts_with("--local-result /nonexistent/result.json"), "{e}");
+    }
 
     #[test]
     fn a_progress_line_is_said_when_its_words_change_not_its_time() {

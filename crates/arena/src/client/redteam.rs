@@ -296,6 +296,7 @@ pub fn run(
             claimed_score: None,
             bundle: encode_bundle(&pack(&entries).with_context(|| format!("case {name}"))?),
             mode: Default::default(),
+            local_result: None,
         };
         let key = format!("redteam-{name}-{run_id}");
         let acc: Accepted = api

@@ -21,7 +21,7 @@ use serde_json::Value;
 use sqlx::Row;
 
 use crate::api::{
-    FrontierPoint, LeaderboardRow, Mode, PairPoint, PricingRow, QueueRow, Rules, SubmissionList,
+    FrontierPoint, LeaderboardRow, LedgerRow, LocalResult, Mode, PairPoint, PricingRow, QueueRow, Rules, SubmissionList,
     SubmissionSummary, SubmissionView, TrackView,
 };
 use crate::service::db::{now_ms, Db};
@@ -47,6 +47,40 @@ const RANKED: &str = "('held', 'promoted', 'repriced')";
 pub fn mode_of(r: &sqlx::any::AnyRow) -> Result<Mode> {
     let m: String = r.try_get("mode")?;
     Mode::parse(&m).with_context(|| format!("mode {m:?}: not a mode"))
+}
+
+/// A row's `local_result` column: the solver's local pricing as intake checked and wrote it.
+fn local_of(r: &sqlx::any::AnyRow) -> Result<Option<LocalResult>> {
+    let v: Option<String> = r.try_get("local_result")?;
+    Ok(v.and_then(|v| serde_json::from_str(&v).ok()))
+}
+
+/// The transfer ledger of `track` (issue 49): each leaderboard submission that carried a local
+/// result and has the arena's score, not marked a cheat, oldest first. Private runs are never in
+/// it (their local results are their solvers' only, on their own pages).
+pub async fn ledger(db: &Db, track: &str) -> Result<Vec<LedgerRow>> {
+    let rows = sqlx::query(
+        "SELECT id, solver, status, score, verdict, local_result, created_ms FROM submissions \
+         WHERE track = $1 AND mode = 'leaderboard' AND local_result IS NOT NULL \
+         AND score IS NOT NULL AND cheat_reason IS NULL ORDER BY created_ms, id",
+    )
+    .bind(track)
+    .fetch_all(&db.pool)
+    .await?;
+    let mut out = vec![];
+    for r in rows {
+        let Some(local) = local_of(&r)? else { continue };
+        out.push(LedgerRow {
+            submission: r.try_get("id")?,
+            solver: r.try_get("solver")?,
+            local,
+            ranked_score: r.try_get("score")?,
+            ranked_ci95: ci_of(&verdict_json(r.try_get("verdict")?)),
+            status: r.try_get("status")?,
+            created_ms: r.try_get("created_ms")?,
+        });
+    }
+    Ok(out)
 }
 
 fn verdict_json(v: Option<String>) -> Option<Value> {
@@ -366,7 +400,7 @@ pub async fn submissions(db: &Db, f: &Filter) -> Result<SubmissionList> {
     let offset = (f.page - 1).saturating_mul(f.per_page).min(i64::MAX as u64) as i64;
     let sql = format!(
         "SELECT id, solver, track, model, mode, status, category, cheat_reason, score, \
-         reprice_of, created_ms FROM submissions{cond} ORDER BY created_ms DESC, id DESC LIMIT {} \
+         reprice_of, created_ms, local_result FROM submissions{cond} ORDER BY created_ms DESC, id DESC LIMIT {} \
          OFFSET {offset}",
         f.per_page
     );
@@ -390,6 +424,7 @@ pub async fn submissions(db: &Db, f: &Filter) -> Result<SubmissionList> {
                 score: r.try_get("score")?,
                 reprice_of: r.try_get("reprice_of")?,
                 created_ms: r.try_get("created_ms")?,
+                local_result: local_of(&r)?,
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -501,7 +536,7 @@ fn diff(store: &Store, repo: &Path, digest: &str, base: &str) -> Result<String> 
 pub async fn submission_view(s: &Service, id: &str) -> Result<Option<SubmissionView>> {
     let r = sqlx::query(
         "SELECT id, solver, track, model, claimed_score, note, base_commit, reprice_of, \
-         created_ms, mode, status, next_stage, verdict, cheat_reason, bundle_digest \
+         created_ms, mode, status, next_stage, verdict, cheat_reason, bundle_digest, local_result \
          FROM submissions WHERE id = $1",
     )
     .bind(id)
@@ -555,6 +590,7 @@ pub async fn submission_view(s: &Service, id: &str) -> Result<Option<SubmissionV
         pairs,
         confirmation_pairs,
         code,
+        local_result: local_of(&r)?,
         track,
         status,
         base_commit: base,

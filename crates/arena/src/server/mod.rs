@@ -3,8 +3,8 @@
 //! knows is in the database and its stores, so it can be restarted at any moment.
 //!
 //! Public: the pages (`/`, `/tracks/{name}`, `/submissions/{id}`: `pages`) and their JSON
-//! (`GET /api/tracks`, `/api/tracks/{name}`, `/api/submissions`, `/api/submissions/{id}`:
-//! `docs/api.md`), both from the queries of `record`.
+//! (`GET /api/tracks`, `/api/tracks/{name}`, `/api/tracks/{name}/ledger`, `/api/submissions`,
+//! `/api/submissions/{id}`: `docs/api.md`), both from the queries of `record`.
 //! Solvers: `POST /api/submissions`. Runners: `POST /api/runner/{lease,heartbeat,report}`,
 //! `GET /api/trees/{commit}`, `GET|PUT /api/artifacts/{digest}`, `GET /api/builds/{key}`,
 //! `GET /api/hidden/{digest}`.
@@ -30,7 +30,7 @@ use base64::Engine;
 use sqlx::Row;
 
 use crate::api::{
-    Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, Mode, NewSubmission, Report, ReportReply,
+    Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, Ledger, Mode, NewSubmission, Report, ReportReply,
     SubmissionList, SubmissionView, TrackView,
 };
 use crate::bundle;
@@ -118,6 +118,7 @@ pub fn router(state: AppState) -> Router {
         .route("/static/live.js", get(pages::live_js))
         .route("/api/tracks", get(list_tracks))
         .route("/api/tracks/{name}", get(one_track))
+        .route("/api/tracks/{name}/ledger", get(track_ledger))
         .route(
             "/api/submissions",
             post(intake).layer(DefaultBodyLimit::max(16 << 20)),
@@ -237,6 +238,23 @@ async fn one_track(
         ));
     }
     Ok(Json(record::track_view(&s, &name).await?))
+}
+
+/// The track's transfer ledger: public submissions' local pricings beside the arena's.
+async fn track_ledger(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Ledger>> {
+    if !s.tracks.contains_key(&name) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no track {name}"),
+        ));
+    }
+    Ok(Json(Ledger {
+        rows: record::ledger(&s.db, &name).await?,
+        track: name,
+    }))
 }
 
 /// `?track=&solver=&status=&page=&per_page=`; any other parameter is refused by name.
@@ -361,7 +379,11 @@ async fn within_cap(
 }
 
 /// The request's fields other than the bundle and the note's Markdown, checked.
-fn check_fields(req: &NewSubmission) -> std::result::Result<(), String> {
+fn check_fields(req: &NewSubmission, track: &Track) -> std::result::Result<(), String> {
+    if let Some(l) = &req.local_result {
+        l.check(&track.clock_track)
+            .map_err(|e| format!("local_result.{e}"))?;
+    }
     if req.note.trim().is_empty() || req.note.len() > notes::MAX_BYTES {
         return Err("note: 1 byte to 64 KiB of Markdown".into());
     }
@@ -397,7 +419,7 @@ pub(crate) async fn intake(
         .tracks
         .get(&req.track)
         .ok_or_else(|| bad(format!("track {:?}: no such track", req.track)))?;
-    check_fields(&req).map_err(bad)?;
+    check_fields(&req, track).map_err(bad)?;
     // Before any work on the body; counted again where the submission is added.
     within_cap(&mut *s.db.pool.acquire().await?, &solver, track, req.mode).await?;
     // Bounded, and rendered once, here, off the executor (`notes`).
@@ -444,7 +466,8 @@ async fn add(s: &Service, track: &Track, n: &Intake<'_>) -> ApiResult<Response> 
     let inserted = sqlx::query(
         "INSERT INTO submissions (id, solver, track, idempotency_key, model, claimed_score, \
          note, note_html, bundle_digest, base_commit, created_ms, status, next_stage, next_kind, \
-         mode) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'queued', $12, $13, $14)",
+         mode, local_result) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'queued', $12, \
+         $13, $14, $15)",
     )
     .bind(&id)
     .bind(n.solver)
@@ -460,6 +483,15 @@ async fn add(s: &Service, track: &Track, n: &Intake<'_>) -> ApiResult<Response> 
     .bind(stages::POLICY)
     .bind(stages::kind(stages::POLICY, track))
     .bind(n.req.mode.as_str())
+    // As checked, written again from its fields: nothing else the request carried.
+    .bind(
+        n.req
+            .local_result
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(anyhow::Error::from)?,
+    )
     .execute(&mut *tx)
     .await;
     if let Err(e) = inserted {

@@ -44,6 +44,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../migrations/0004_note_html.sql"),
     ),
     (5, "modes", include_str!("../../migrations/0005_modes.sql")),
+    (
+        6,
+        "local result",
+        include_str!("../../migrations/0006_local_result.sql"),
+    ),
 ];
 
 /// `MIGRATIONS` as sqlx's migrator takes them. Built here rather than by `sqlx::migrate!`: that

@@ -40,7 +40,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fastdecode_arena::api::{
-    encode_bundle, Accepted, Mode, NewSubmission, SubmissionList, SubmissionView, TrackView,
+    encode_bundle, Accepted, LocalResult, Mode, NewSubmission, SubmissionList, SubmissionView, TrackView,
 };
 use fastdecode_arena::bundle::{pack, Content};
 use fastdecode_arena::http::Api;
@@ -475,6 +475,19 @@ impl Arena {
         note: &str,
         mode: Mode,
     ) -> Result<Accepted, String> {
+        self.post_local(token, entries, key, note, mode, None)
+    }
+
+    /// The same with the solver's local pricing (`submit --local-result`).
+    pub fn post_local(
+        &self,
+        token: &str,
+        entries: &[(String, Content)],
+        key: &str,
+        note: &str,
+        mode: Mode,
+        local_result: Option<LocalResult>,
+    ) -> Result<Accepted, String> {
         let req = NewSubmission {
             track: TRACK.into(),
             note: note.to_string(),
@@ -482,6 +495,7 @@ impl Arena {
             claimed_score: None,
             bundle: encode_bundle(&pack(entries).unwrap()),
             mode,
+            local_result,
         };
         Api::new(&self.url(), Some(token))
             .unwrap()
