@@ -1,11 +1,13 @@
-//! The record's two plots, as SVG written on the server (no script needed to read them): a
-//! track's frontier over time (the record line, each promotion a point, other ranked
-//! submissions beside it) and a pricing's pairs (each pair's score with the overall score, its
-//! interval, 1.0 and the floor). Both with axes, units and labels.
+//! The record's plots, as SVG written on the server (no script needed to read them): a track's
+//! frontier over time (the record line, each promotion a point, other ranked submissions beside
+//! it), a pricing's pairs (each pair's score with the overall score, its interval, 1.0 and the
+//! floor) and the transfer ledger (each submission's local score against the arena's, both
+//! intervals, the line y = x). All with axes, units and labels; every solver-supplied string
+//! (names, machine descriptions) escaped.
 
 use std::fmt::Write;
 
-use crate::api::{FrontierPoint, LeaderboardRow, PairPoint};
+use crate::api::{FrontierPoint, LeaderboardRow, LedgerRow, PairPoint};
 
 const W: f64 = 760.0;
 const H: f64 = 340.0;
@@ -416,9 +418,187 @@ pub fn pairs(
     s
 }
 
+/// The transfer ledger: each row's local score (x, the solver's machine) against the arena's
+/// ranked score (y), each with its 95 % interval as an error bar (horizontal: local; vertical:
+/// ranked), and the line y = x where a measurement transfers as it was. Below the line, the
+/// solver's machine promised more than the arena found. The row `this` (a submission's own
+/// page) is drawn larger, in orange. Both axes share one scale, so the line is the diagonal.
+pub fn ledger(rows: &[LedgerRow], this: Option<&str>) -> String {
+    let mut s = String::new();
+    open(
+        &mut s,
+        "Local against ranked",
+        "transfer ledger: each submission's local score against the arena's, with intervals and y = x",
+    );
+    let vals = rows
+        .iter()
+        .flat_map(|r| {
+            [r.local.score, r.ranked_score]
+                .into_iter()
+                .chain(r.local.ci95)
+                .chain(r.ranked_ci95.into_iter().flatten())
+        })
+        .filter(|v| v.is_finite())
+        .chain([1.0]);
+    let (lo, hi) = vals.fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+    let pad = ((hi - lo) * 0.08).max(0.02);
+    let (lo, hi) = ((lo - pad).max(0.0), hi + pad);
+    let f = Frame {
+        x0: lo,
+        x1: hi,
+        y0: lo,
+        y1: hi,
+    };
+    y_axis(&mut s, &f, "ranked score (the arena's, ×)");
+    x_axis(&mut s, "local score (the solver's machine, ×)");
+    let (xt, dec) = ticks(lo, hi, 6);
+    for t in xt {
+        let x = f.x(t);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="black"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{t:.dec$}</text>"#,
+            H - B,
+            H - B + 5.0,
+            H - B + 18.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<line class="identity" x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#444" stroke-dasharray="5 4"/><text x="{:.1}" y="{:.1}" fill="#444">y = x</text>"##,
+        f.x(lo),
+        f.y(lo),
+        f.x(hi),
+        f.y(hi),
+        f.x(hi) + 6.0,
+        f.y(hi) + 4.0
+    );
+    for r in rows {
+        let mine = this == Some(r.submission.as_str());
+        let color = if mine { "#e67300" } else { "#06c" };
+        let (x, y) = (f.x(r.local.score), f.y(r.ranked_score));
+        let [a, b] = r.local.ci95;
+        let _ = writeln!(
+            s,
+            r#"<line class="local-ci" x1="{:.1}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="{color}"/>"#,
+            f.x(a),
+            f.x(b)
+        );
+        if let Some([a, b]) = r.ranked_ci95 {
+            let _ = writeln!(
+                s,
+                r#"<line class="ranked-ci" x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="{color}"/>"#,
+                f.y(a),
+                f.y(b)
+            );
+        }
+        let ranked_ci = r
+            .ranked_ci95
+            .map(|[a, b]| format!(" [{a:.4}, {b:.4}]"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            r#"<circle class="{}" cx="{x:.1}" cy="{y:.1}" r="{}" fill="{color}"><title>{} by {}: local {:.4} [{:.4}, {:.4}] on {}; ranked {:.4}{ranked_ci} ({})</title></circle>"#,
+            if mine { "ledger this" } else { "ledger" },
+            if mine { 6 } else { 4 },
+            esc(&r.submission),
+            esc(&r.solver),
+            r.local.score,
+            a,
+            b,
+            esc(&r.local.machine_line()),
+            r.ranked_score,
+            esc(&r.status)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<text x="{L}" y="{:.1}" fill="#555">bars: 95 % CIs (across: local, up: ranked) · below the line: the local machine promised more</text>"##,
+        T - 4.0
+    );
+    if this.is_some() {
+        let _ = writeln!(
+            s,
+            r##"<g transform="translate({:.1} {T})"><circle r="6" fill="#e67300"/><text x="9" y="4">this one</text><circle cy="18" r="4" fill="#06c"/><text x="9" y="22">others</text></g>"##,
+            W - R + 8.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{LocalMachine, LocalResult};
+
+    fn ledger_row(id: &str, solver: &str, local: f64, ranked: f64, machine: &str) -> LedgerRow {
+        LedgerRow {
+            submission: id.into(),
+            solver: solver.into(),
+            local: LocalResult {
+                score: local,
+                ci95: [local - 0.02, local + 0.03],
+                pairs: 12,
+                track: "serial".into(),
+                machine: LocalMachine {
+                    cpu_model: Some(machine.into()),
+                    ..Default::default()
+                },
+            },
+            ranked_score: ranked,
+            ranked_ci95: Some([ranked - 0.01, ranked + 0.01]),
+            status: "held".into(),
+            created_ms: 0,
+        }
+    }
+
+    /// The numbers of attribute `name` in `svg`'s elements whose class is `class`.
+    fn attrs(svg: &str, class: &str, name: &str) -> Vec<f64> {
+        svg.lines()
+            .flat_map(|l| l.split('<'))
+            .filter(|e| e.contains(&format!("class=\"{class}\"")))
+            .filter_map(|e| {
+                let v = e.split(&format!(" {name}=\"")).nth(1)?;
+                v.split('"').next()?.parse().ok()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_ledger_draws_each_point_its_intervals_and_the_diagonal_escaping_machines() {
+        let rows = vec![
+            ledger_row("s-1", "alice", 1.20, 1.05, "AMD EPYC 7B13"),
+            ledger_row("s-2", "<b>bob</b>", 1.10, 1.11, "<script>alert(1)</script> & \"Xeon\""),
+        ];
+        let svg = ledger(&rows, Some("s-2"));
+        assert_eq!(svg.matches("<circle class=\"ledger").count(), 2, "{svg}");
+        assert_eq!(svg.matches("class=\"local-ci\"").count(), 2);
+        assert_eq!(svg.matches("class=\"ranked-ci\"").count(), 2);
+        assert_eq!(svg.matches("class=\"ledger this\"").count(), 1);
+        // The line y = x: from the scale's corner to its corner, the same value on both axes.
+        let (x1, y1) = (attrs(&svg, "identity", "x1")[0], attrs(&svg, "identity", "y1")[0]);
+        let (x2, y2) = (attrs(&svg, "identity", "x2")[0], attrs(&svg, "identity", "y2")[0]);
+        assert!((x1 - L).abs() < 0.2 && (y1 - (H - B)).abs() < 0.2, "{svg}");
+        assert!((x2 - (W - R)).abs() < 0.2 && (y2 - T).abs() < 0.2, "{svg}");
+        // A point above its local score's x by as much as its ranked score is below: the first
+        // (local 1.20, ranked 1.05) lies below the diagonal, the second on it.
+        let (cx, cy) = (attrs(&svg, "ledger", "cx"), attrs(&svg, "ledger", "cy"));
+        let on_diagonal = |x: f64, y: f64| (x - L) / (W - L - R) + (y - T) / (H - T - B);
+        assert!(on_diagonal(cx[0], cy[0]) > 1.05, "{cx:?} {cy:?}");
+        assert!((on_diagonal(x2, y2) - 1.0).abs() < 1e-3);
+        // The local interval spans the point's x; the ranked one its y.
+        let (lx1, lx2) = (attrs(&svg, "local-ci", "x1"), attrs(&svg, "local-ci", "x2"));
+        assert!(lx1[0] < cx[0] && cx[0] < lx2[0]);
+        let (ry1, ry2) = (attrs(&svg, "ranked-ci", "y1"), attrs(&svg, "ranked-ci", "y2"));
+        assert!(ry2[0] < cy[0] && cy[0] < ry1[0]);
+        // Hostile names and machines are text, never markup.
+        assert!(!svg.contains("<script") && !svg.contains("<b>"), "{svg}");
+        assert!(svg.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;Xeon&quot;"));
+        assert!(svg.contains("by &lt;b&gt;bob&lt;/b&gt;"));
+        // No rows: axes and the diagonal, no point.
+        let empty = ledger(&[], None);
+        assert!(empty.contains("class=\"identity\"") && !empty.contains("class=\"ledger"));
+    }
 
     #[test]
     fn ticks_are_round_and_cover_the_range() {
