@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 
-use crate::api::{StageView, SubmissionView, TrackView};
+use crate::api::{LedgerRow, LocalResult, StageView, SubmissionView, TrackView};
 use crate::record::{self, notes};
 use crate::server::plots::{self, datetime, datetime_seconds};
 use crate::service::db::now_ms;
@@ -205,6 +205,37 @@ struct FailedOut {
 /// The most failed submissions a track's page lists (the API pages through all of them).
 const FAILED_SHOWN: u64 = 20;
 
+/// A row of the transfer ledger on a track's page: local beside ranked, with the machine.
+struct LedgerOut {
+    id: String,
+    solver: String,
+    machine: String,
+    local: String,
+    ranked: String,
+    /// Ranked over local, minus one: how far the local machine misled (negative: it promised
+    /// more).
+    transfer: String,
+    status: String,
+}
+
+/// `1.2100 [1.1800, 1.2400]`.
+fn score_ci(score: f64, ci95: Option<[f64; 2]>) -> String {
+    match ci95 {
+        Some(_) => format!("{} {}", f4(score), ci(ci95)),
+        None => f4(score),
+    }
+}
+
+/// A local result in one line: score, interval, pairs, machine (escaped by the template).
+fn local_line(l: &LocalResult) -> String {
+    format!(
+        "{} in {} pairs on {}",
+        score_ci(l.score, Some(l.ci95)),
+        l.pairs,
+        l.machine_line()
+    )
+}
+
 struct QueueOut {
     /// Empty for a private run (its row says so instead).
     id: String,
@@ -230,6 +261,9 @@ struct TrackPage {
     best_metrics: Vec<MetricRow>,
     rows: Vec<RowOut>,
     frontier_svg: String,
+    /// The transfer ledger's plot and rows (none: no public submission carried a local result).
+    ledger_svg: Option<String>,
+    ledger: Vec<LedgerOut>,
     queue: Vec<QueueOut>,
     failed: Vec<FailedOut>,
     /// All failed submissions of the track (the page lists the newest `FAILED_SHOWN`).
@@ -299,6 +333,23 @@ pub async fn track(State(s): State<AppState>, Path(name): Path<String>) -> Respo
             date: datetime(r.created_ms),
         })
         .collect();
+    let ledger = match record::ledger(&s.db, &name).await {
+        Ok(l) => l,
+        Err(e) => return trouble(e),
+    };
+    let ledger_svg = (!ledger.is_empty()).then(|| plots::ledger(&ledger, None));
+    let ledger = ledger
+        .iter()
+        .map(|r| LedgerOut {
+            id: r.submission.clone(),
+            solver: r.solver.clone(),
+            machine: r.local.machine_line(),
+            local: score_ci(r.local.score, Some(r.local.ci95)),
+            ranked: score_ci(r.ranked_score, r.ranked_ci95),
+            transfer: pct(Some(r.ranked_score / r.local.score - 1.0)),
+            status: r.status.clone(),
+        })
+        .collect();
     let failures = record::Filter {
         track: Some(name.clone()),
         solver: None,
@@ -353,6 +404,8 @@ pub async fn track(State(s): State<AppState>, Path(name): Path<String>) -> Respo
             base: short(&t.current_base),
             best_metrics: metrics(t.current_best_metrics.as_ref()),
             frontier_svg: plots::frontier(&t.frontier, &t.leaderboard, now_ms()),
+            ledger_svg,
+            ledger,
             name: t.name,
             description: t.description,
             rows,
@@ -432,9 +485,33 @@ struct SubmissionPage {
     confirmation: Vec<MetricRow>,
     pairs_svg: Option<String>,
     confirmation_pairs_svg: Option<String>,
+    /// The solver's local result in one line, and the ledger's plot with this run's point
+    /// against the track's public ones (once the arena priced it).
+    local: Option<String>,
+    ledger_svg: Option<String>,
     pricings: Vec<PricingOut>,
     code: Option<String>,
     code_policy: String,
+}
+
+/// A submission's point in its track's ledger: the track's public rows with its own (a private
+/// run's, or one not yet in them) added, when it has a local result and the arena's score.
+fn ledger_with(v: &SubmissionView, mut rows: Vec<LedgerRow>) -> Option<String> {
+    let local = v.local_result.clone()?;
+    let verdict = v.verdict.as_ref()?;
+    let ranked_score = verdict["score"].as_f64()?;
+    if !rows.iter().any(|r| r.submission == v.id) {
+        rows.push(LedgerRow {
+            submission: v.id.clone(),
+            solver: v.solver.clone(),
+            local,
+            ranked_score,
+            ranked_ci95: serde_json::from_value(verdict["ci95"].clone()).ok(),
+            status: v.status.clone(),
+            created_ms: v.created_ms,
+        });
+    }
+    Some(plots::ledger(&rows, Some(&v.id)))
 }
 
 fn submission_page(
@@ -442,6 +519,7 @@ fn submission_page(
     note_html: String,
     floor: f64,
     publish: &str,
+    ledger: Vec<LedgerRow>,
 ) -> SubmissionPage {
     let verdict = v.verdict.as_ref();
     let failure = verdict.filter(|x| x["status"] == "failed").map(|x| {
@@ -471,7 +549,10 @@ fn submission_page(
         &v.confirmation_pairs,
         verdict.map(|x| &x["confirmation"]),
     );
+    let ledger_svg = ledger_with(&v, ledger);
     SubmissionPage {
+        local: v.local_result.as_ref().map(local_line),
+        ledger_svg,
         title: format!("submission {}", v.id),
         live: !v.finished(),
         solver: v.solver.clone(),
@@ -545,9 +626,18 @@ pub async fn submission(
         .get(&v.track)
         .map(|t| (t.clock.floor, t.publish_code.clone()))
         .unwrap_or((0.0, "never".into()));
+    // Only read when it has a local result to plot against the track's.
+    let ledger = if v.local_result.is_some() {
+        match record::ledger(&s.db, &v.track).await {
+            Ok(l) => l,
+            Err(e) => return trouble(e),
+        }
+    } else {
+        vec![]
+    };
     page(
         StatusCode::OK,
-        submission_page(v, note, floor, &publish).render(),
+        submission_page(v, note, floor, &publish, ledger).render(),
     )
 }
 
