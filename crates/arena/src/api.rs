@@ -97,9 +97,12 @@ impl LocalResult {
                 m.gpus.len()
             ));
         }
-        let texts = [("machine.cpu_model", m.cpu_model.as_deref()), ("machine.backend", m.backend.as_deref())]
-            .into_iter()
-            .chain(m.gpus.iter().map(|g| ("machine.gpus", Some(g.as_str()))));
+        let texts = [
+            ("machine.cpu_model", m.cpu_model.as_deref()),
+            ("machine.backend", m.backend.as_deref()),
+        ]
+        .into_iter()
+        .chain(m.gpus.iter().map(|g| ("machine.gpus", Some(g.as_str()))));
         for (field, t) in texts {
             let Some(t) = t else { continue };
             if t.chars().count() > LOCAL_TEXT_MAX || t.chars().any(char::is_control) {

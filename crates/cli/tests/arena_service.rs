@@ -15,6 +15,9 @@
 //!   lists and the leaderboard leave it out, the queue shows an anonymous row); private runs
 //!   have their own daily quota, which leaderboard submissions do not draw on (nor they on the
 //!   failure cap); a runner leases every waiting leaderboard job before a private run.
+//! - The transfer ledger (issue 49): `submit --local-result` keeps the solver's pricing beside
+//!   the arena's, in the view, the list, the track's ledger and its page's plot; a bad one is
+//!   refused naming the file or the field; a private run's stays its solver's.
 
 #[macro_use]
 mod arena_support;
@@ -22,7 +25,10 @@ mod arena_support;
 use std::process::Command;
 
 use arena_support::*;
-use fastdecode_arena::api::{Job, LeaseRequest, Mode, Report, ReportReply, SubmissionList};
+use fastdecode_arena::api::{
+    Job, LeaseRequest, Ledger, LocalMachine, LocalResult, Mode, Report, ReportReply,
+    SubmissionList, SubmissionView,
+};
 use fastdecode_arena::bundle::Content;
 use fastdecode_arena::http::Api;
 use serde_json::{json, Value};
@@ -36,6 +42,7 @@ on_both_databases!(
     a_benchmark_is_priced_for_its_solver_alone_and_never_promoted,
     private_runs_have_their_own_quota,
     leaderboard_jobs_are_leased_before_private_runs,
+    a_local_result_is_kept_beside_the_ranked_score,
 );
 
 fn off_surface() -> Vec<(String, Content)> {
@@ -562,4 +569,184 @@ fn leaderboard_jobs_are_leased_before_private_runs(db: Database) {
     // Back in the queue (failed at policy): the private run is next.
     report(&r, &job, "policy:off_surface", Value::Null, false);
     assert_eq!(lease(&r).submission, private);
+}
+
+/// A local result of `score` (±0.02) on the machine `cpu`.
+fn local(score: f64, cpu: &str) -> LocalResult {
+    LocalResult {
+        score,
+        ci95: [score - 0.02, score + 0.02],
+        pairs: 12,
+        track: "serial".into(),
+        machine: LocalMachine {
+            cpu_model: Some(cpu.into()),
+            cpus: Some(2),
+            gpus: vec![],
+            backend: Some("cpu".into()),
+        },
+    }
+}
+
+/// Alice submits with `fastdecode submit --local-result` (a result.json whose machine is a
+/// hostile string), the runner played here prices it held at 0.995; bob runs a private
+/// benchmark with a local result of his own. The public sees alice's pair of scores in her
+/// view, the list, the ledger and the track page's plot (escaped); bob's only on his own page.
+fn a_local_result_is_kept_beside_the_ranked_score(db: Database) {
+    let a = Arena::on(db, 30);
+    let bob = another_solver(&a, "bob");
+    let r = fake_runner(&a, "fake");
+    let hostile = "<script>alert(1)</script> EPYC";
+    let tree = a.working_tree("alice", None);
+    let note = a.path("note.md");
+    std::fs::write(&note, "# with my own pricing\n").unwrap();
+    let submit = |result: &serde_json::Value| {
+        let file = a.path("result.json");
+        std::fs::write(&file, result.to_string()).unwrap();
+        Command::new(BIN)
+            .args(["submit", "--server", &a.url(), "--track", TRACK, "--json"])
+            .arg("--note-file")
+            .arg(&note)
+            .arg("--repo")
+            .arg(&tree)
+            .arg("--local-result")
+            .arg(&file)
+            .env("FASTDECODE_ARENA_TOKEN", &a.solver)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let result = json!({
+        "verdict": "passed", "track": "serial", "score": 1.2, "ci95": [1.18, 1.22],
+        "pairs_used": 12, "prompt_tokens": 32, "decode_tokens": 32,
+        "machine": {"cpu_model": hostile, "cpus": 2, "gpus": [], "backend": "cpu"},
+    });
+    // A result whose interval misses its score: refused before anything is sent.
+    let mut bad = result.clone();
+    bad["ci95"] = json!([1.3, 1.4]);
+    let o = submit(&bad).wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("result.json: ci95 [1.3, 1.4]: does not hold the score 1.2"),
+        "{err}"
+    );
+    // The API checks the same, naming the field.
+    let mut wrong = local(1.2, "x");
+    wrong.track = "dflash".into();
+    let e = a
+        .post_local(
+            &a.solver,
+            &[],
+            "wrong",
+            "wrong",
+            Mode::Leaderboard,
+            Some(wrong),
+        )
+        .unwrap_err();
+    assert!(
+        e.contains("400")
+            && e.contains("local_result.track \"dflash\": this track is priced on the serial"),
+        "{e}"
+    );
+    let child = submit(&result);
+    // Leased once `submit` has posted it, then played through to its pricing.
+    let mut job = wait_for("alice's submission, queued", || {
+        r.post::<_, Job>("/api/runner/lease", &LeaseRequest { builder: true }, &[])
+            .unwrap()
+    });
+    while job.stage != "price" {
+        job = report(&r, &job, "ok", Value::Null, false).expect("the next stage, kept");
+    }
+    assert!(report(&r, &job, "ok", priced([0.97, 1.02]), false).is_none());
+    let o = child.wait_with_output().unwrap();
+    let v: SubmissionView = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    let id = v.id.clone();
+    assert_eq!(v.status, "held");
+    let mine = local(1.2, hostile);
+    assert_eq!(v.local_result.as_ref(), Some(&mine));
+    // Bob's private benchmark, with his own local result.
+    let bench = a
+        .post_local(
+            &bob,
+            &[],
+            "bench",
+            "bob's bench",
+            Mode::Benchmark,
+            Some(local(1.5, "bob's laptop")),
+        )
+        .unwrap()
+        .id;
+    let job = lease_until(&r, "price");
+    assert_eq!(job.submission, bench);
+    assert!(report(&r, &job, "ok", priced([1.4, 1.6]), false).is_none());
+    let bobs = Api::new(&a.url(), Some(&bob)).unwrap();
+    let bv: SubmissionView = bobs.get_json(&format!("/api/submissions/{bench}")).unwrap();
+    assert_eq!(
+        (bv.status.as_str(), bv.local_result.map(|l| l.score)),
+        ("benchmarked", Some(1.5))
+    );
+
+    let public = Api::new(&a.url(), None).unwrap();
+    // The view and the list, to the public: both scores.
+    let pv: SubmissionView = public.get_json(&format!("/api/submissions/{id}")).unwrap();
+    assert_eq!(pv.local_result.as_ref(), Some(&mine));
+    assert!((pv.verdict.unwrap()["score"].as_f64().unwrap() - 0.995).abs() < 1e-9);
+    let l: SubmissionList = public.get_json("/api/submissions").unwrap();
+    assert_eq!(l.submissions.len(), 1);
+    assert_eq!(l.submissions[0].local_result.as_ref(), Some(&mine));
+    // The ledger: alice's row, never bob's benchmark.
+    let ledger: Ledger = public
+        .get_json(&format!("/api/tracks/{TRACK}/ledger"))
+        .unwrap();
+    assert_eq!(ledger.rows.len(), 1, "{ledger:?}");
+    let row = &ledger.rows[0];
+    assert_eq!(
+        (row.submission.as_str(), row.solver.as_str()),
+        (id.as_str(), "alice")
+    );
+    assert_eq!((&row.local, row.status.as_str()), (&mine, "held"));
+    assert!((row.ranked_score - 0.995).abs() < 1e-9);
+    assert_eq!(row.ranked_ci95, Some([0.97, 1.02]));
+    let e = format!(
+        "{:#}",
+        public
+            .get_json::<Value>("/api/tracks/nope/ledger")
+            .unwrap_err()
+    );
+    assert!(e.contains("404") && e.contains("no track nope"), "{e}");
+    // The track's page: the plot with alice's point and both bars, the machine escaped; bob's
+    // benchmark nowhere.
+    let html = public
+        .get_bytes(&format!("/tracks/{TRACK}"))
+        .unwrap()
+        .unwrap();
+    let html = String::from_utf8_lossy(&html);
+    assert!(
+        html.contains("id=\"ledger\"")
+            && html.matches("<circle class=\"ledger\"").count() == 1
+            && html.contains("class=\"local-ci\"")
+            && html.contains("class=\"ranked-ci\"")
+            && html.contains("class=\"identity\""),
+        "{html}"
+    );
+    assert!(!html.contains("<script>alert"), "{html}");
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;/script&gt; EPYC"),
+        "{html}"
+    );
+    assert!(!html.contains(&bench) && !html.contains("laptop"), "{html}");
+    // Bob's page of his benchmark: his point (orange) against alice's.
+    let page = bobs
+        .get_bytes(&format!("/submissions/{bench}"))
+        .unwrap()
+        .unwrap();
+    let page = String::from_utf8_lossy(&page);
+    assert!(
+        page.contains("id=\"local-result\"")
+            && page.contains("class=\"ledger this\"")
+            && page.matches("<circle class=\"ledger\"").count() == 1,
+        "{page}"
+    );
 }

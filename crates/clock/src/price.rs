@@ -47,7 +47,8 @@ use crate::noise::{self, Figures, NoiseReport};
 use crate::score::{self, Interval, PairFigures, Rule, Stop};
 use crate::stats::median;
 use crate::telemetry::{
-    quiesce, runqueue_wait_seconds, Machine, QuietCheck, QuietParams, Sampler, Telemetry, WindowTelemetry,
+    quiesce, runqueue_wait_seconds, Machine, QuietCheck, QuietParams, Sampler, Telemetry,
+    WindowTelemetry,
 };
 
 pub use crate::score::Track;

@@ -552,15 +552,43 @@ mod tests {
     #[test]
     fn a_bad_local_result_is_refused_naming_the_file_and_the_field() {
         let cases: Vec<(&str, serde_json::Value, &str)> = vec![
-            ("score", serde_json::Value::Null, "no score (the pricing ended \"passed\""),
-            ("score", "fast".into(), "score \"fast\": not a finite number"),
+            (
+                "score",
+                serde_json::Value::Null,
+                "no score (the pricing ended \"passed\"",
+            ),
+            (
+                "score",
+                "fast".into(),
+                "score \"fast\": not a finite number",
+            ),
             ("score", (-1.0).into(), "score -1: a finite number above 0"),
             ("ci95", serde_json::Value::Null, "no ci95"),
-            ("ci95", serde_json::json!([1.0]), "ci95 [1.0]: two finite numbers"),
-            ("ci95", serde_json::json!([1.3, 1.4]), "ci95 [1.3, 1.4]: does not hold the score 1.21"),
-            ("pairs_used", serde_json::Value::Null, "pairs_used null: a whole number"),
-            ("track", "dflash".into(), "track \"dflash\": track serial-tiny is priced on the serial clock track"),
-            ("decode_tokens", 256.into(), "decode_tokens 256: track serial-tiny prices 32"),
+            (
+                "ci95",
+                serde_json::json!([1.0]),
+                "ci95 [1.0]: two finite numbers",
+            ),
+            (
+                "ci95",
+                serde_json::json!([1.3, 1.4]),
+                "ci95 [1.3, 1.4]: does not hold the score 1.21",
+            ),
+            (
+                "pairs_used",
+                serde_json::Value::Null,
+                "pairs_used null: a whole number",
+            ),
+            (
+                "track",
+                "dflash".into(),
+                "track \"dflash\": track serial-tiny is priced on the serial clock track",
+            ),
+            (
+                "decode_tokens",
+                256.into(),
+                "decode_tokens 256: track serial-tiny prices 32",
+            ),
             (
                 "machine",
                 serde_json::json!({"cpu_model": "x".repeat(201)}),
@@ -593,7 +621,10 @@ mod tests {
             super::local_result(std::path::Path::new("/nonexistent/result.json"), &track())
                 .unwrap_err()
         );
-        assert!(e.starts_with("--local-result /nonexistent/result.json"), "{e}");
+        assert!(
+            e.starts_with("--local-result /nonexistent/result.json"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -21,8 +21,8 @@ use serde_json::Value;
 use sqlx::Row;
 
 use crate::api::{
-    FrontierPoint, LeaderboardRow, LedgerRow, LocalResult, Mode, PairPoint, PricingRow, QueueRow, Rules, SubmissionList,
-    SubmissionSummary, SubmissionView, TrackView,
+    FrontierPoint, LeaderboardRow, LedgerRow, LocalResult, Mode, PairPoint, PricingRow, QueueRow,
+    Rules, SubmissionList, SubmissionSummary, SubmissionView, TrackView,
 };
 use crate::service::db::{now_ms, Db};
 use crate::service::{current_base, lease, stages, Service};

@@ -30,8 +30,8 @@ use base64::Engine;
 use sqlx::Row;
 
 use crate::api::{
-    Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, Ledger, Mode, NewSubmission, Report, ReportReply,
-    SubmissionList, SubmissionView, TrackView,
+    Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, Ledger, Mode, NewSubmission, Report,
+    ReportReply, SubmissionList, SubmissionView, TrackView,
 };
 use crate::bundle;
 use crate::record::{self, notes, verdict};

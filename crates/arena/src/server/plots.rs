@@ -568,7 +568,13 @@ mod tests {
     fn the_ledger_draws_each_point_its_intervals_and_the_diagonal_escaping_machines() {
         let rows = vec![
             ledger_row("s-1", "alice", 1.20, 1.05, "AMD EPYC 7B13"),
-            ledger_row("s-2", "<b>bob</b>", 1.10, 1.11, "<script>alert(1)</script> & \"Xeon\""),
+            ledger_row(
+                "s-2",
+                "<b>bob</b>",
+                1.10,
+                1.11,
+                "<script>alert(1)</script> & \"Xeon\"",
+            ),
         ];
         let svg = ledger(&rows, Some("s-2"));
         assert_eq!(svg.matches("<circle class=\"ledger").count(), 2, "{svg}");
@@ -576,8 +582,14 @@ mod tests {
         assert_eq!(svg.matches("class=\"ranked-ci\"").count(), 2);
         assert_eq!(svg.matches("class=\"ledger this\"").count(), 1);
         // The line y = x: from the scale's corner to its corner, the same value on both axes.
-        let (x1, y1) = (attrs(&svg, "identity", "x1")[0], attrs(&svg, "identity", "y1")[0]);
-        let (x2, y2) = (attrs(&svg, "identity", "x2")[0], attrs(&svg, "identity", "y2")[0]);
+        let (x1, y1) = (
+            attrs(&svg, "identity", "x1")[0],
+            attrs(&svg, "identity", "y1")[0],
+        );
+        let (x2, y2) = (
+            attrs(&svg, "identity", "x2")[0],
+            attrs(&svg, "identity", "y2")[0],
+        );
         assert!((x1 - L).abs() < 0.2 && (y1 - (H - B)).abs() < 0.2, "{svg}");
         assert!((x2 - (W - R)).abs() < 0.2 && (y2 - T).abs() < 0.2, "{svg}");
         // A point above its local score's x by as much as its ranked score is below: the first
@@ -589,7 +601,10 @@ mod tests {
         // The local interval spans the point's x; the ranked one its y.
         let (lx1, lx2) = (attrs(&svg, "local-ci", "x1"), attrs(&svg, "local-ci", "x2"));
         assert!(lx1[0] < cx[0] && cx[0] < lx2[0]);
-        let (ry1, ry2) = (attrs(&svg, "ranked-ci", "y1"), attrs(&svg, "ranked-ci", "y2"));
+        let (ry1, ry2) = (
+            attrs(&svg, "ranked-ci", "y1"),
+            attrs(&svg, "ranked-ci", "y2"),
+        );
         assert!(ry2[0] < cy[0] && cy[0] < ry1[0]);
         // Hostile names and machines are text, never markup.
         assert!(!svg.contains("<script") && !svg.contains("<b>"), "{svg}");

@@ -40,7 +40,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fastdecode_arena::api::{
-    encode_bundle, Accepted, LocalResult, Mode, NewSubmission, SubmissionList, SubmissionView, TrackView,
+    encode_bundle, Accepted, LocalResult, Mode, NewSubmission, SubmissionList, SubmissionView,
+    TrackView,
 };
 use fastdecode_arena::bundle::{pack, Content};
 use fastdecode_arena::http::Api;
