@@ -9,12 +9,9 @@ Prints, per module, the entries whose PTX is identical, changed, removed or adde
 an entry that exists on both sides changed (or a module failed to compile), else 0. NVRTC varies
 the PTX of a few entries from run to run: such an entry is compiled again (see RETRIES).
 
-Needs NVRTC and the CUDA headers, e.g. from PyPI in a virtual environment:
-    python3 -m venv /tmp/nvrtc-venv
-    /tmp/nvrtc-venv/bin/pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12
+Needs NVRTC and the CUDA headers from PyPI in a virtual environment (nvrtc_pypi.py says how):
     /tmp/nvrtc-venv/bin/python tools/gpu/ptx_diff.py REV [--arch sm_90a] [-D...]
 """
-import ctypes
 import difflib
 import glob
 import os
@@ -22,21 +19,11 @@ import re
 import subprocess
 import sys
 
-root = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-kdir = "crates/cuda/kernels"
-nv = os.path.join(sys.prefix, "lib", "python3*", "site-packages", "nvidia")
-libs = glob.glob(os.path.join(nv, "*", "lib", "libnvrtc.so*"))
-heads = [os.path.dirname(p) for p in glob.glob(os.path.join(nv, "*", "include", "cuda_bf16.h"))]
-if not libs or not heads:
-    sys.exit("no NVRTC or CUDA headers under this interpreter's prefix (see the docstring)")
-nvrtc = ctypes.CDLL(sorted(libs)[0])
+from nvrtc_pypi import ROOT as root, compile_source, take_arch
 
+kdir = "crates/cuda/kernels"
 args = sys.argv[1:]
-arch = "sm_90a"
-if "--arch" in args:
-    i = args.index("--arch")
-    arch = args[i + 1]
-    del args[i : i + 2]
+arch = take_arch(args, "sm_90a")
 defines = [a for a in args if a.startswith("-D")]
 revs = [a for a in args if not a.startswith("-D")]
 if len(revs) != 1:
@@ -64,23 +51,10 @@ def modules(at):
 
 
 def ptx(name, src):
-    prog = ctypes.c_void_p()
-    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), (name + ".cu").encode(), 0, None, None) == 0
-    opts = ["--std=c++17", "-default-device", f"--gpu-architecture={arch}"]
-    opts += defines + [f"--include-path={h}" for h in heads]
-    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-    n = ctypes.c_size_t()
-    if rc != 0:
-        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-        log = ctypes.create_string_buffer(n.value)
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        print(f"== {name}: COMPILE FAILED\n{log.value.decode()}")
-        return None
-    nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(n))
-    buf = ctypes.create_string_buffer(n.value)
-    nvrtc.nvrtcGetPTX(prog, buf)
-    return buf.value.decode()
+    text, log = compile_source(src, name + ".cu", arch, defines)
+    if text is None:
+        print(f"== {name}: COMPILE FAILED\n{log}")
+    return text
 
 
 def entries(text):
