@@ -4,7 +4,8 @@
 // row gives the bits of the one-row kernels (gemv_bf16_1s, and gemv_bf16_1 for inputs too wide to
 // stage), every value is within 1e-5 (relative to the largest) of a double-precision y = x'·Wᵀ,
 // and accumulate adds onto y exactly. The same for the tensor-core GEMV (gemv_mma_R, its input in slices summed by the last
-// warp of a tile to arrive) against its own one-row launch. Exit status 0 when all hold.
+// warp of a tile to arrive) against its own one-row launch, and for the column-owned GEMV
+// (gemv_cols_R, inputs up to 2048; rows 1, 3, 8) against its own one-row launch. Exit status 0 when all hold.
 #include "driver.h"
 
 namespace emu_driver {
@@ -115,6 +116,34 @@ int check() {
                         }
                     }
                 }
+                // The column-owned GEMV (inputs up to 2048): its rows alone give its bits; within
+                // 1e-5 of double; accumulate adds onto y exactly.
+                if (in <= 2048 && rows <= 8) {
+                    const Kernel cols[4] = {gemv_cols_1, gemv_cols_2, gemv_cols_4, gemv_cols_8};
+                    const Kernel k = cols[rows <= 1 ? 0 : rows <= 2 ? 1 : rows <= 4 ? 2 : 3];
+                    const auto y = run(k, w, x, norm, out, in, rows, grid);
+                    double off = 0;
+                    for (size_t i = 0; i < y.size(); i++) off = std::max(off, (double)std::abs(y[i] - alone[i]));
+                    if (off > 1e-5 * std::max(scale, 1e-3)) {
+                        std::printf("FAIL %dx%d rows %d norm %d cols: off by %g\n", out, in, rows, normed, off);
+                        failures++;
+                    }
+                    for (int r = 0; r < rows && rows > 1; r++) {
+                        const auto y1 = run(gemv_cols_1, w, row_of(x, r, in), norm, out, in, 1, grid + 2);
+                        if (std::memcmp(y1.data(), y.data() + (size_t)r * out, sizeof(float) * out) != 0) {
+                            std::printf("FAIL %dx%d rows %d norm %d cols: row %d differs from its one-row launch\n",
+                                        out, in, rows, normed, r);
+                            failures++;
+                        }
+                    }
+                    const auto y2 = run(k, w, x, norm, out, in, rows, grid + 1, y, true);
+                    for (size_t i = 0; i < y.size(); i++)
+                        if (y2[i] != y[i] + y[i]) {
+                            std::printf("FAIL %dx%d rows %d norm %d cols: accumulate\n", out, in, rows, normed);
+                            failures++;
+                            break;
+                        }
+                }
                 if (rows == 1) continue;
                 const int ri = rows <= 2 ? 0 : rows <= 4 ? 1 : rows <= 8 ? 2 : 3;
                 for (const auto& v : VARIANTS) {
@@ -137,8 +166,8 @@ int check() {
                 }
             }
         }
-        std::printf("%dx%d: checked rows 1, 3, 8, 16, plain and normed, every multi-row entry and the tensor-core GEMV\n",
-                    out, in);
+        std::printf("%dx%d: checked rows 1, 3, 8, 16, plain and normed, every multi-row entry and the tensor-core GEMV%s\n",
+                    out, in, in <= 2048 ? ", and the column-owned one at 1, 3, 8" : "");
     }
     return report(failures);
 }

@@ -294,6 +294,129 @@ GEMV_MMA_ENTRY(4)
 GEMV_MMA_ENTRY(8)
 GEMV_MMA_ENTRY(16)
 
+// The same y with the input's columns owned by the threads, for inputs of at most 2048 columns
+// (q|k|v|g and lm_head on XS 2.1; dense.rs decides by shape): thread c of the block (256 threads)
+// owns chunk c (columns 8c .. 8c + 8) and keeps the rows' x' there in registers for the whole
+// launch, so x is read once per block, never again per weight row. The row-owned kernels above
+// read a lane's chunk of every row of x' (through L1 or shared memory) once per G weight rows,
+// and at 8 rows those reads, not the FMAs or the weights, bound them (32 bytes of x' per 4 weight
+// bytes through a 128 B/clock SRAM). Here a block takes tiles of T consecutive weight rows
+// (persistent: tile b, b + grid, ...), each thread one 16-byte chunk of each, with the next
+// tile's chunks in flight while it computes. Per (weight row, row of x): the thread's eight
+// products one fma chain from zero, the warp's 32 chains summed by warp_sum's butterfly
+// (warp_sum_scatter), the block's eight warps added in warp order, then the old y (accumulate).
+// That order depends on neither T nor the row count, so every row gives its one-row bits; it is
+// not the row-owned kernels' order (theirs chain a lane's chunks 32 apart), so a matrix takes
+// this kernel for every row count or for none.
+// grid: any (persistent), block: 256; T·R a power of two <= 64.
+template <int R, int T>
+__device__ __forceinline__ void gemv_cols_body(const __nv_bfloat16* __restrict__ W, const float* __restrict__ x,
+                                               const __nv_bfloat16* __restrict__ norm, float eps,
+                                               float* __restrict__ y, int out, int in, int rows, int accumulate) {
+    constexpr int N = T * R, NS = N < WARP ? N : WARP, SETS = N / NS;  // sum i: weight row i / R, row i % R
+    static_assert(N >= 2 && N <= 64 && (N & (N - 1)) == 0, "T·R: a power of two from 2 to 64");
+    __shared__ float inv[16], red[8 * 16];
+    __shared__ float part[2][8][N];  // the warps' sums of a tile, by the tile's parity
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, c = threadIdx.x;
+    const int nc = in / 8, tiles = (out + T - 1) / T;
+    const bool has = c < nc;
+    const uint4* Wv = reinterpret_cast<const uint4*>(W);
+    auto load = [&](uint4 (&buf)[T], int tile) {
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const int o = tile * T + t;
+            buf[t] = has && o < out ? load_stream(Wv + (size_t)o * nc + c) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    uint4 a[T], b[T];
+    int tile = blockIdx.x;
+    if (tile < tiles) load(a, tile);
+    // The norm weight is a weight: requested before the wait too.
+    const uint4 nraw = norm && has ? *reinterpret_cast<const uint4*>(norm + 8 * c) : make_uint4(0, 0, 0, 0);
+    pdl_wait();
+    // The rows' x' of this thread's chunk: norm·(x·inv), the expression of the other kernels.
+    float xv[R][8];
+    {
+        float4 lo[R], hi[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const bool live = has && r < rows;
+            const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * in + 8 * c);
+            lo[r] = live ? xr[0] : make_float4(0.f, 0.f, 0.f, 0.f);
+            hi[r] = live ? xr[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        if (norm) block_inv_rms<R>(x, in, rows, eps, inv, red);
+        float nw[8];
+        unpack_bf16x8(nraw, nw);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float v[8] = {lo[r].x, lo[r].y, lo[r].z, lo[r].w, hi[r].x, hi[r].y, hi[r].z, hi[r].w};
+            const float ir = norm && r < rows ? inv[r] : 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) xv[r][e] = norm ? nw[e] * (v[e] * ir) : v[e];
+        }
+    }
+    // Thread i < N adds up sum i of a tile and stores it.
+    const int ti = threadIdx.x / R, ri = threadIdx.x % R;
+    constexpr int shift = 5 - ilog2(NS);  // lanes per scattered sum
+    const int mine = lane >> shift;
+    const bool owner = (lane & ((1 << shift) - 1)) == 0;
+    int parity = 0;
+    auto consume = [&](const uint4 (&buf)[T], int tl) {
+        const int oi = tl * T + ti;
+        const bool st = threadIdx.x < N && oi < out && ri < rows;
+        const float old = accumulate && st ? y[(size_t)ri * out + oi] : 0.f;
+        float acc[N];
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float w[8];
+            unpack_bf16x8(buf[t], w);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float s = 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) s += w[e] * xv[r][e];
+                acc[t * R + r] = s;
+            }
+        }
+        float s[SETS];
+        s[0] = warp_sum_scatter<NS, 0>(acc);
+        if constexpr (SETS == 2) s[1] = warp_sum_scatter<NS, NS>(acc);
+        if (owner) {
+#pragma unroll
+            for (int h = 0; h < SETS; h++) part[parity][warp][h * NS + mine] = s[h];
+        }
+        // One barrier a tile: a warp writes this parity's sums again only after the next
+        // tile's barrier, which every reader of these passes after reading them.
+        __syncthreads();
+        if (st) {
+            float tot = part[parity][0][threadIdx.x];
+#pragma unroll
+            for (int w = 1; w < 8; w++) tot += part[parity][w][threadIdx.x];
+            y[(size_t)ri * out + oi] = accumulate ? old + tot : tot;
+        }
+        parity ^= 1;
+    };
+    while (tile < tiles) {
+        int t1 = tile + gridDim.x;
+        if (t1 < tiles) load(b, t1);
+        consume(a, tile);
+        tile = t1;
+        if (tile >= tiles) break;
+        t1 = tile + gridDim.x;
+        if (t1 < tiles) load(a, t1);
+        consume(b, tile);
+        tile = t1;
+    }
+}
+
+// Eight weight rows a tile at every row count: T·R sums per thread and two tiles of chunks in
+// registers beside the rows' x' (gemv_cols_8: 255 registers, no spills).
+GEMV_ENTRY(gemv_cols_1, gemv_cols_body, 1, 8)
+GEMV_ENTRY(gemv_cols_2, gemv_cols_body, 2, 8)
+GEMV_ENTRY(gemv_cols_4, gemv_cols_body, 4, 8)
+GEMV_ENTRY(gemv_cols_8, gemv_cols_body, 8, 8)
+
 // a[r, i] = silu(gu[r, i]) · gu[r, n + i]: gu holds a fused gate|up projection of width 2n.
 // grid: (ceil(n / 256), rows), block: 256.
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ a, int n) {

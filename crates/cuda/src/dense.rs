@@ -8,6 +8,11 @@ use crate::error::{check, Result};
 use crate::ops::MAX_ROWS;
 use crate::params::{kernel_params, Order};
 
+/// The widest input of the column-owned GEMV (`gemv_cols_R`: 256 threads of 8 columns) and the
+/// most rows of one of its launches (R = 1, 2, 4, 8 entries: the rows' x' stays in registers).
+const COLS_MAX_IN: usize = 256 * 8;
+const COLS_MAX_ROWS: usize = 8;
+
 /// The most shared memory a staged multi-row GEMV takes (its rows of x').
 const STAGE_MAX_BYTES: usize = 200 * 1024;
 /// The chunks (8 columns each) of x' a grouped multi-row GEMV stages at once: common.cuh's
@@ -177,8 +182,8 @@ impl Gpu {
         Ok(())
     }
 
-    /// `y[r] (+)= x'[r] · Wᵀ` for any number of rows (launched 16 rows at a time), where `x'` is
-    /// `x`, or `RMSNorm(x; norm)` computed inside the kernel.
+    /// `y[r] (+)= x'[r] · Wᵀ` for any number of rows (launched 16 rows at a time, 8 for inputs of
+    /// at most COLS_MAX_IN columns, which take the column-owned kernel), where `x'` is `x`, or `RMSNorm(x; norm)` computed inside the kernel.
     pub fn gemv_bf16(
         &self,
         w: &CudaView<bf16>,
@@ -211,8 +216,12 @@ impl Gpu {
         }
         let eps = norm.map_or(0.0, |n| n.eps);
         let mma = self.dense_mma.load(std::sync::atomic::Ordering::Relaxed);
-        for start in (0..rows).step_by(MAX_ROWS) {
-            let n = (rows - start).min(MAX_ROWS);
+        // Inputs up to COLS_MAX_IN take the column-owned kernel at every row count (a matrix's
+        // bits follow its kernel); wider ones the row-owned kernels.
+        let cols = !mma && inp <= COLS_MAX_IN;
+        let per_launch = if cols { COLS_MAX_ROWS } else { MAX_ROWS };
+        for start in (0..rows).step_by(per_launch) {
+            let n = (rows - start).min(per_launch);
             let xs = x.slice(start * inp..(start + n) * inp);
             let ys = y.slice_mut(start * out..(start + n) * out);
             // The tensor-core kernel takes the f32 kernels' arguments, then its slice width and
@@ -220,6 +229,11 @@ impl Gpu {
             let (f, cfg, ks) = if mma {
                 let (f, cfg, ks) = self.gemv_mma_launch(out, inp, n)?;
                 (f, cfg, Some(ks))
+            } else if cols {
+                let f = self.function("dense", &format!("gemv_cols_{}", n.next_power_of_two()))?;
+                // Tiles of 8 weight rows: as many blocks as fill every resident slot.
+                let grid = self.persistent_grid(&f, 256, 0, out.div_ceil(8))?;
+                (f, launch_cfg((grid, 1), 256, 0), None)
             } else {
                 let (name, shared) = self.gemv_variant(out, inp, n, norm.is_some());
                 let f = self.function("dense", &name)?;

@@ -74,6 +74,12 @@ fn the_gemvs_are_batch_invariant_and_exact_run_on_the_cpu() {
         3,
         "{text}"
     );
+    // The column-owned GEMV on the two shapes of at most 2048 columns.
+    assert_eq!(
+        text.matches("and the column-owned one").count(),
+        2,
+        "{text}"
+    );
 }
 
 #[test]

@@ -53,9 +53,10 @@ fn gemv_bf16_matches_cpu_and_is_batch_invariant() {
         let nw = to_bf16(&rand_vec(&mut rng, inp, 1.0));
         let nwf: Vec<f32> = nw.iter().map(|x| x.to_f32()).collect();
         let dnw = g.stream.clone_htod(&nw).unwrap();
-        // Every multi-row GEMV dense.rs picks for these shapes (weight rows in fours, pairs or
-        // ones per warp, normed rows staged or too wide to stage, plain pairs as fours over half
-        // of the rows) and the tensor-core kernel (`mma`) must give the one-row bits of its kernel.
+        // Every multi-row GEMV dense.rs picks for these shapes (the column-owned kernel for
+        // inputs up to 2048; for wider ones weight rows in fours, pairs or ones per warp, normed
+        // rows staged or too wide to stage, plain pairs as fours over half of the rows) and the
+        // tensor-core kernel (`mma`) must give the one-row bits of its kernel.
         for (normed, mma) in [false, true]
             .into_iter()
             .flat_map(|n| [(n, false), (n, true)])
