@@ -62,6 +62,30 @@ std::vector<float> run_mma(int rows, const std::vector<__nv_bfloat16>& w, const 
     return y;
 }
 
+// A kernel's y of `rows` rows (named `kernel` in failures) within 1e-5 (relative to `scale`) of
+// the one-row f32 kernels' `alone`, and each row of a multi-row launch the bits of its own
+// one-row launch, `one_row(r)`. How many of those failed.
+template <typename OneRow>
+int rows_like_alone(const char* kernel, const std::vector<float>& y, const std::vector<float>& alone, double scale,
+                    int out, int in, int rows, int normed, OneRow one_row) {
+    int failures = 0;
+    double off = 0;
+    for (size_t i = 0; i < y.size(); i++) off = std::max(off, (double)std::abs(y[i] - alone[i]));
+    if (off > 1e-5 * std::max(scale, 1e-3)) {
+        std::printf("FAIL %dx%d rows %d norm %d %s: off by %g\n", out, in, rows, normed, kernel, off);
+        failures++;
+    }
+    for (int r = 0; r < rows && rows > 1; r++) {
+        const std::vector<float> y1 = one_row(r);
+        if (std::memcmp(y1.data(), y.data() + (size_t)r * out, sizeof(float) * out) != 0) {
+            std::printf("FAIL %dx%d rows %d norm %d %s: row %d differs from its one-row launch\n", out, in, rows,
+                        normed, kernel, r);
+            failures++;
+        }
+    }
+    return failures;
+}
+
 int check() {
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> u(-1.f, 1.f);
@@ -98,44 +122,18 @@ int check() {
                     failures++;
                 }
                 // The tensor-core GEMV: its rows alone give its bits; within 1e-5 of double.
-                {
-                    const int ks = in <= 1024 ? 512 : 704;
-                    const auto y = run_mma(rows, w, x, norm, out, in, ks);
-                    double off = 0;
-                    for (size_t i = 0; i < y.size(); i++) off = std::max(off, (double)std::abs(y[i] - alone[i]));
-                    if (off > 1e-5 * std::max(scale, 1e-3)) {
-                        std::printf("FAIL %dx%d rows %d norm %d mma: off by %g\n", out, in, rows, normed, off);
-                        failures++;
-                    }
-                    for (int r = 0; r < rows && rows > 1; r++) {
-                        const auto y1 = run_mma(1, w, row_of(x, r, in), norm, out, in, ks);
-                        if (std::memcmp(y1.data(), y.data() + (size_t)r * out, sizeof(float) * out) != 0) {
-                            std::printf("FAIL %dx%d rows %d norm %d mma: row %d differs from its one-row launch\n", out, in,
-                                        rows, normed, r);
-                            failures++;
-                        }
-                    }
-                }
-                // The column-owned GEMV (inputs up to 2048): its rows alone give its bits; within
-                // 1e-5 of double; accumulate adds onto y exactly.
+                const int ks = in <= 1024 ? 512 : 704;
+                failures += rows_like_alone("mma", run_mma(rows, w, x, norm, out, in, ks), alone, scale, out, in, rows,
+                                            normed, [&](int r) { return run_mma(1, w, row_of(x, r, in), norm, out, in, ks); });
+                // The column-owned GEMV (inputs up to 2048): the same, and accumulate adds onto y
+                // exactly.
                 if (in <= 2048 && rows <= 8) {
                     const Kernel cols[4] = {gemv_cols_1, gemv_cols_2, gemv_cols_4, gemv_cols_8};
                     const Kernel k = cols[rows <= 1 ? 0 : rows <= 2 ? 1 : rows <= 4 ? 2 : 3];
                     const auto y = run(k, w, x, norm, out, in, rows, grid);
-                    double off = 0;
-                    for (size_t i = 0; i < y.size(); i++) off = std::max(off, (double)std::abs(y[i] - alone[i]));
-                    if (off > 1e-5 * std::max(scale, 1e-3)) {
-                        std::printf("FAIL %dx%d rows %d norm %d cols: off by %g\n", out, in, rows, normed, off);
-                        failures++;
-                    }
-                    for (int r = 0; r < rows && rows > 1; r++) {
-                        const auto y1 = run(gemv_cols_1, w, row_of(x, r, in), norm, out, in, 1, grid + 2);
-                        if (std::memcmp(y1.data(), y.data() + (size_t)r * out, sizeof(float) * out) != 0) {
-                            std::printf("FAIL %dx%d rows %d norm %d cols: row %d differs from its one-row launch\n",
-                                        out, in, rows, normed, r);
-                            failures++;
-                        }
-                    }
+                    failures += rows_like_alone("cols", y, alone, scale, out, in, rows, normed, [&](int r) {
+                        return run(gemv_cols_1, w, row_of(x, r, in), norm, out, in, 1, grid + 2);
+                    });
                     const auto y2 = run(k, w, x, norm, out, in, rows, grid + 1, y, true);
                     for (size_t i = 0; i < y.size(); i++)
                         if (y2[i] != y[i] + y[i]) {
