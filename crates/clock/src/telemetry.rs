@@ -7,14 +7,22 @@
 //! is also the stall guard: a worker that makes no progress (no CPU time, and no GPU activity) for
 //! `stall_seconds` is declared stalled.
 //!
-//! The sampler also reads how long the worker's main thread waited on a run queue during the
-//! window (`/proc/PID/schedstat`, kept by the kernel): time it was ready to run but another
-//! process had the CPU. That is the dominant noise of a shared machine (measured on the 2-core
-//! development machine: a worker running 66 % of a window's wall time took 1.5 times as long),
-//! and a window that waited more than a sliver of its length is marked disturbed. It only decides
-//! whether a phase is re-run (none of its windows clean), never the time itself, so a build that
-//! inflates its own waits (threads fighting its main thread) cannot gain by it.
+//! The sampler also reads how long the worker's threads waited on a run queue during the
+//! window (`/proc/PID/task/TID/schedstat`, kept by the kernel): time they were ready to run but
+//! something else had the CPU. That is the dominant noise of a shared machine (measured on the
+//! 2-core development machine: a worker running 66 % of a window's wall time took 1.5 times as
+//! long), and a window that waited more than a sliver of its length is marked disturbed. That
+//! only decides whether a phase is re-run (none of its windows clean), never the time itself, so
+//! a build that inflates its own waits (threads fighting its main thread) cannot gain by it.
+//!
+//! Of those waits, the clock excuses only what the worker's own tree cannot have caused
+//! (`excused_wait`): the run-queue wait of the tree's busiest thread less the CPU time everything
+//! else of the tree ran in the window (its other threads and processes, those that exited
+//! before the window ended included: a process's CPU clock keeps them). A thread waits for its
+//! own siblings only while one of them runs, so what remains was another process's doing; a
+//! tree that oversubscribes the CPUs with its own threads has nothing excused.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
@@ -165,6 +173,135 @@ fn tree_cpu_seconds(tree: &[u32]) -> Option<f64> {
     ticks.map(|t| t as f64 / 100.0)
 }
 
+/// A process's CPU time in nanoseconds by its CPU clock (`clock_getcpuclockid`): every thread it
+/// ever had, those that have exited included. `None` once it is gone.
+fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let mut clock: libc::clockid_t = 0;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: both pointers are to live locals of the types the calls write.
+    unsafe {
+        if libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) != 0
+            || libc::clock_gettime(clock, &mut ts) != 0
+        {
+            return None;
+        }
+    }
+    Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// The CPU ticks of a process's reaped children (`/proc/PID/stat`'s cutime + cstime).
+fn reaped_children_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<u64> = s[s.rfind(')')? + 2..]
+        .split_whitespace()
+        .skip(13)
+        .take(2)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    Some(f.iter().sum())
+}
+
+/// A worker tree's CPU accounts at one instant, read at a window's two ends for its excused wait
+/// (`excused_wait`): every thread's run and run-queue wait (schedstat, nanoseconds) and every
+/// process's CPU clock with its reaped children's ticks.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TreeAccounts {
+    /// Thread id → (run, run-queue wait), nanoseconds.
+    pub threads: HashMap<u32, (u64, u64)>,
+    /// Process id → (CPU clock nanoseconds, reaped children's CPU ticks).
+    pub processes: HashMap<u32, (u64, u64)>,
+}
+
+impl TreeAccounts {
+    /// The accounts of the processes `tree`; `None` where the kernel keeps no schedstat.
+    pub fn read(tree: &[u32]) -> Option<TreeAccounts> {
+        let mut a = TreeAccounts::default();
+        for &pid in tree {
+            // The clock first: a thread that exits after it is read is in the clock and in no
+            // schedstat, as one that exits before.
+            if let (Some(c), Some(k)) = (process_cpu_ns(pid), reaped_children_ticks(pid)) {
+                a.processes.insert(pid, (c, k));
+            }
+            for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else {
+                    continue;
+                };
+                let mut f = s.split_whitespace().map(|x| x.parse::<u64>().ok());
+                if let (Some(Some(r)), Some(Some(w))) = (f.next(), f.next()) {
+                    a.threads.insert(tid, (r, w));
+                }
+            }
+        }
+        (!a.threads.is_empty()).then_some(a)
+    }
+
+    /// From `self` (a window's start) to `end` (its end): each thread's (run, run-queue wait)
+    /// seconds, a thread born in the window counted whole, and the CPU seconds the whole tree
+    /// ran, its exited threads included. That is unknown (`None`) when a process of `self` is
+    /// gone by `end` or any process reaped a child in between: CPU time spent out of sight.
+    pub fn since(&self, end: &TreeAccounts) -> (Vec<(f64, f64)>, Option<f64>) {
+        let ns = |x: u64| x as f64 * 1e-9;
+        let threads = end
+            .threads
+            .iter()
+            .map(|(tid, &(r1, w1))| {
+                let (r0, w0) = self.threads.get(tid).copied().unwrap_or((0, 0));
+                (ns(r1.saturating_sub(r0)), ns(w1.saturating_sub(w0)))
+            })
+            .collect();
+        let gone = self
+            .processes
+            .iter()
+            .any(|(pid, &(_, k0))| end.processes.get(pid).is_none_or(|&(_, k1)| k1 != k0));
+        let cpu = (!gone).then(|| {
+            end.processes
+                .iter()
+                .map(|(pid, &(c1, k1))| match self.processes.get(pid) {
+                    Some(&(c0, _)) => ns(c1.saturating_sub(c0)),
+                    // Born in the window: its whole time, and its reaped children's too.
+                    None => ns(c1) + k1 as f64 / 100.0,
+                })
+                .sum()
+        });
+        (threads, cpu)
+    }
+}
+
+/// The seconds of a window's run-queue waits that the worker's tree did not cause itself, from
+/// its threads' (run, wait) seconds in the window and the CPU seconds the whole tree ran
+/// (`TreeAccounts::since`): the wait of its busiest thread (most run + wait) less what the rest
+/// of the tree ran. A thread waits for its own siblings only while one of them has a CPU, so
+/// the rest of the wait was for another process's; a tree that made its own waits (more of its
+/// threads ready than CPUs) ran at least as long as they lasted and has none excused. Nothing
+/// is excused where the tree's CPU time is unknown.
+pub fn excused_wait(threads: &[(f64, f64)], tree_cpu_seconds: Option<f64>) -> f64 {
+    let Some(cpu) = tree_cpu_seconds else {
+        return 0.0;
+    };
+    let Some((run, wait)) = busiest(threads) else {
+        return 0.0;
+    };
+    (wait - (cpu - run).max(0.0)).max(0.0)
+}
+
+/// The (run, wait) of the thread that ran and waited longest.
+fn busiest(threads: &[(f64, f64)]) -> Option<(f64, f64)> {
+    threads
+        .iter()
+        .copied()
+        .max_by(|a, b| (a.0 + a.1).total_cmp(&(b.0 + b.1)))
+}
+
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct GpuState {
     pub utilisation_pct: u32,
@@ -285,8 +422,14 @@ pub struct WindowTelemetry {
     pub system_cpu_busy: Option<f64>,
     /// The worker's CPU seconds per wall second over the window.
     pub worker_cpu_share: Option<f64>,
-    /// Seconds the worker's main thread waited on a run queue during the window.
+    /// Seconds the worker's threads waited on a run queue during the window, all added up.
     pub runqueue_wait_seconds: Option<f64>,
+    /// Of them, what the worker's own tree cannot have caused (`excused_wait`): what a window
+    /// less its waits takes out.
+    pub excused_wait_seconds: Option<f64>,
+    /// CPU seconds the worker's tree ran beside its busiest thread (its other threads and
+    /// processes, those that exited in the window included); `None` where unknown.
+    pub other_cpu_seconds: Option<f64>,
     pub max_gpu_util_pct: Option<u32>,
     pub max_gpu_temp_c: Option<u32>,
 }
@@ -305,6 +448,8 @@ pub struct Sampler<'a> {
     last_progress: Instant,
     last_cpu: Option<f64>,
     wait_at_begin: Option<f64>,
+    /// The worker's tree's CPU accounts when the window begins (`excused_wait`).
+    accounts_at_begin: Option<TreeAccounts>,
     /// The worker's process tree, found when the window begins.
     tree: Vec<u32>,
     out: WindowTelemetry,
@@ -325,6 +470,7 @@ impl<'a> Sampler<'a> {
             last_progress: now,
             last_cpu: None,
             wait_at_begin: None,
+            accounts_at_begin: None,
             tree: vec![],
             out: WindowTelemetry {
                 interval_seconds: interval.as_secs_f64(),
@@ -373,6 +519,22 @@ impl<'a> Sampler<'a> {
         if let (Some(a), Some(b)) = (self.wait_at_begin, waited) {
             self.out.runqueue_wait_seconds = Some(b - a);
         }
+        // The tree as it is now (a child born in the window included), and every process it
+        // had when the window began.
+        let mut tree = process_tree(pid);
+        let earlier: Vec<u32> = self
+            .tree
+            .iter()
+            .copied()
+            .filter(|p| !tree.contains(p))
+            .collect();
+        tree.extend(earlier);
+        if let (Some(a), Some(b)) = (&self.accounts_at_begin, TreeAccounts::read(&tree)) {
+            let (threads, cpu) = a.since(&b);
+            self.out.excused_wait_seconds = Some(excused_wait(&threads, cpu));
+            let run = busiest(&threads).map_or(0.0, |t| t.0);
+            self.out.other_cpu_seconds = cpu.map(|c| (c - run).max(0.0));
+        }
         if let (Some((t0, j0, c0)), Some((t1, j1, c1))) = (self.first, self.last) {
             let dt = (t1 - t0).as_secs_f64();
             if let (Some((b0, a0)), Some((b1, a1))) = (j0, j1) {
@@ -393,6 +555,7 @@ impl<'a> Sampler<'a> {
     pub fn begin(&mut self, pid: u32) {
         self.tree = process_tree(pid);
         self.wait_at_begin = tree_schedstat(&self.tree).map(|(_, w)| w);
+        self.accounts_at_begin = TreeAccounts::read(&self.tree);
         self.start = Instant::now();
         self.last_progress = self.start;
         self.sample(pid);
@@ -460,5 +623,132 @@ mod tests {
         c.kill().unwrap();
         let _ = c.wait();
         assert_eq!(parent_of("12 (a) b) S 7 12"), Some(7));
+    }
+
+    /// What each kind of tree has excused of its waits (seconds; deterministic: figures, no
+    /// machine). A single-threaded worker that waited for another process (the CI no-op of
+    /// `price::tests`: half of an 80 ms window) has all of its wait excused, its idle threads
+    /// and the sandbox's processes above it changing nothing.
+    #[test]
+    fn a_worker_that_waited_for_another_process_has_its_wait_excused() {
+        let one = [(0.040, 0.040), (0.0, 0.0), (0.0, 0.0)];
+        assert!((excused_wait(&one, Some(0.040)) - 0.040).abs() < 1e-12);
+        // Its parent's trouble reading the tree excuses nothing, nor does a tree with no thread.
+        assert_eq!(excused_wait(&one, None), 0.0);
+        assert_eq!(excused_wait(&[], Some(0.040)), 0.0);
+    }
+
+    /// A worker that oversubscribes the CPUs with its own threads made its waits itself. On 2
+    /// CPUs, three busy helpers beside a decode of 35 ms: every thread runs half of the 70 ms
+    /// window and waits the other half. Whether the helpers are still alive when the window ends
+    /// (seen in schedstat) or were joined before the reply (seen only in the process's CPU
+    /// clock, which keeps exited threads), the rest of the tree ran 105 ms, more than the 35 ms
+    /// the decoding thread waited: nothing is excused.
+    #[test]
+    fn a_worker_whose_own_threads_made_its_waits_has_none_excused() {
+        let live = [(0.035, 0.035); 4];
+        assert_eq!(excused_wait(&live, Some(0.140)), 0.0);
+        assert_eq!(excused_wait(&live[..1], Some(0.140)), 0.0);
+        // One helper beside the decode on a machine where another process also had a CPU:
+        // the decoding thread waited 40 ms, the helper ran 15 ms of them; 25 ms stay excused
+        // (whoever else ran, it was not the tree).
+        let mixed = [(0.035, 0.040), (0.015, 0.030)];
+        assert!((excused_wait(&mixed, Some(0.050)) - 0.025).abs() < 1e-12);
+        // The busiest thread is the one whose wait counts, whichever it is.
+        let helper_busiest = [(0.010, 0.020), (0.030, 0.060)];
+        assert!((excused_wait(&helper_busiest, Some(0.040)) - 0.050).abs() < 1e-12);
+    }
+
+    fn accounts(threads: &[(u32, u64, u64)], processes: &[(u32, u64, u64)]) -> TreeAccounts {
+        TreeAccounts {
+            threads: threads.iter().map(|&(t, r, w)| (t, (r, w))).collect(),
+            processes: processes.iter().map(|&(p, c, k)| (p, (c, k))).collect(),
+        }
+    }
+
+    /// A window's accounts from its two ends (nanoseconds in, seconds out): a thread born in
+    /// the window counts whole, one that exited counts only in its process's clock; a process
+    /// born in the window counts whole; the tree's CPU is unknown when a process went away or
+    /// reaped a child in between (time spent out of sight).
+    #[test]
+    fn a_window_accounts_for_threads_and_processes_born_and_gone() {
+        let ms = 1_000_000u64;
+        let begin = accounts(
+            &[(10, 100 * ms, 5 * ms), (11, 7 * ms, 0), (20, ms, 0)],
+            &[(10, 200 * ms, 3), (20, ms, 0)],
+        );
+        // Thread 11 exited after running 30 ms (only the clock of process 10 has it); thread 12
+        // was born and ran 10 ms; process 30 was born and ran 4 ms.
+        let end = accounts(
+            &[
+                (10, 135 * ms, 45 * ms),
+                (12, 10 * ms, 2 * ms),
+                (20, ms, 0),
+                (30, 4 * ms, 0),
+            ],
+            &[(10, 275 * ms, 3), (20, ms, 0), (30, 4 * ms, 0)],
+        );
+        let (mut threads, cpu) = begin.since(&end);
+        threads.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        let want = [(0.0, 0.0), (0.004, 0.0), (0.010, 0.002), (0.035, 0.040)];
+        assert!(
+            threads
+                .iter()
+                .zip(want)
+                .all(|(t, w)| close(t.0, w.0) && close(t.1, w.1)),
+            "{threads:?}"
+        );
+        let cpu = cpu.unwrap();
+        assert!(close(cpu, 0.079), "{cpu}");
+        // 44 ms of the rest of the tree against 40 ms of waiting: nothing excused.
+        assert_eq!(excused_wait(&threads, Some(cpu)), 0.0);
+        // Process 20 went away, or process 10 reaped a child: unknown.
+        let mut gone = end.clone();
+        gone.processes.remove(&20);
+        assert_eq!(begin.since(&gone).1, None);
+        let mut reaped = end.clone();
+        reaped.processes.insert(10, (275 * ms, 4));
+        assert_eq!(begin.since(&reaped).1, None);
+    }
+
+    /// What the window accounts read on this machine: a process's CPU clock keeps the time of
+    /// its threads that have exited, which no schedstat lists any more. A thread of this test
+    /// burns 40 ms of its own CPU time and is joined between two reads of this process.
+    #[test]
+    fn the_cpu_clock_of_a_process_keeps_its_exited_threads() {
+        let me = std::process::id();
+        let Some(begin) = TreeAccounts::read(&[me]) else {
+            eprintln!("this kernel keeps no schedstat: nothing to read");
+            return;
+        };
+        std::thread::spawn(|| {
+            let own = || {
+                let mut ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                // SAFETY: a live local of the type the call writes.
+                unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+                ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+            };
+            let t0 = own();
+            let mut x = 0u64;
+            while own() - t0 < 0.040 {
+                for i in 0..10_000u64 {
+                    x = std::hint::black_box(x.wrapping_add(i));
+                }
+            }
+        })
+        .join()
+        .unwrap();
+        let end = TreeAccounts::read(&[me]).unwrap();
+        let (threads, cpu) = begin.since(&end);
+        let live: f64 = threads.iter().map(|t| t.0).sum();
+        let cpu = cpu.expect("this process is still here");
+        assert!(
+            cpu - live >= 0.030,
+            "the process ran {cpu} s, its live threads {live} s"
+        );
     }
 }
