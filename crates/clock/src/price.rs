@@ -1580,7 +1580,7 @@ mod tests {
         }
     }
 
-    /// The hole this closes: a candidate that spawns
+    /// The hole this closes (red-team case `price-oversubscribed`): a candidate that spawns
     /// busy threads beside its decode, more of them ready than the machine has CPUs, is slow
     /// because its decoding thread waits on a run queue behind its own helpers. On the CI run's
     /// pairs, each candidate window (its decode the CI no-op's own time, `cw`) is twice as long
