@@ -213,18 +213,29 @@ pub struct TreeAccounts {
     pub threads: HashMap<u32, (u64, u64)>,
     /// Process id → (CPU clock nanoseconds, reaped children's CPU ticks).
     pub processes: HashMap<u32, (u64, u64)>,
+    /// Whether every process whose threads were read had its clock read too: else some of the
+    /// tree's CPU time is out of sight.
+    pub complete: bool,
 }
 
 impl TreeAccounts {
     /// The accounts of the processes `tree`; `None` where the kernel keeps no schedstat.
     pub fn read(tree: &[u32]) -> Option<TreeAccounts> {
-        let mut a = TreeAccounts::default();
+        let mut a = TreeAccounts {
+            complete: true,
+            ..Default::default()
+        };
         for &pid in tree {
             // The clock first: a thread that exits after it is read is in the clock and in no
             // schedstat, as one that exits before.
-            if let (Some(c), Some(k)) = (process_cpu_ns(pid), reaped_children_ticks(pid)) {
-                a.processes.insert(pid, (c, k));
-            }
+            let clock = match (process_cpu_ns(pid), reaped_children_ticks(pid)) {
+                (Some(c), Some(k)) => {
+                    a.processes.insert(pid, (c, k));
+                    true
+                }
+                _ => false,
+            };
+            let threads = a.threads.len();
             for t in std::fs::read_dir(format!("/proc/{pid}/task"))
                 .into_iter()
                 .flatten()
@@ -241,6 +252,8 @@ impl TreeAccounts {
                     a.threads.insert(tid, (r, w));
                 }
             }
+            // A process gone before its clock was read has no threads left to read either.
+            a.complete &= clock || a.threads.len() == threads;
         }
         (!a.threads.is_empty()).then_some(a)
     }
@@ -248,7 +261,8 @@ impl TreeAccounts {
     /// From `self` (a window's start) to `end` (its end): each thread's (run, run-queue wait)
     /// seconds, a thread born in the window counted whole, and the CPU seconds the whole tree
     /// ran, its exited threads included. That is unknown (`None`) when a process of `self` is
-    /// gone by `end` or any process reaped a child in between: CPU time spent out of sight.
+    /// gone by `end`, any process reaped a child in between, or a process's clock could not be
+    /// read: CPU time spent out of sight.
     pub fn since(&self, end: &TreeAccounts) -> (Vec<(f64, f64)>, Option<f64>) {
         let ns = |x: u64| x as f64 * 1e-9;
         let threads = end
@@ -259,10 +273,11 @@ impl TreeAccounts {
                 (ns(r1.saturating_sub(r0)), ns(w1.saturating_sub(w0)))
             })
             .collect();
-        let gone = self
-            .processes
-            .iter()
-            .any(|(pid, &(_, k0))| end.processes.get(pid).is_none_or(|&(_, k1)| k1 != k0));
+        let gone = !(self.complete && end.complete)
+            || self
+                .processes
+                .iter()
+                .any(|(pid, &(_, k0))| end.processes.get(pid).is_none_or(|&(_, k1)| k1 != k0));
         let cpu = (!gone).then(|| {
             end.processes
                 .iter()
@@ -663,13 +678,14 @@ mod tests {
         TreeAccounts {
             threads: threads.iter().map(|&(t, r, w)| (t, (r, w))).collect(),
             processes: processes.iter().map(|&(p, c, k)| (p, (c, k))).collect(),
+            complete: true,
         }
     }
 
     /// A window's accounts from its two ends (nanoseconds in, seconds out): a thread born in
     /// the window counts whole, one that exited counts only in its process's clock; a process
-    /// born in the window counts whole; the tree's CPU is unknown when a process went away or
-    /// reaped a child in between (time spent out of sight).
+    /// born in the window counts whole; the tree's CPU is unknown when a process went away,
+    /// reaped a child in between, or kept its clock unread (time spent out of sight).
     #[test]
     fn a_window_accounts_for_threads_and_processes_born_and_gone() {
         let ms = 1_000_000u64;
@@ -710,6 +726,12 @@ mod tests {
         let mut reaped = end.clone();
         reaped.processes.insert(10, (275 * ms, 4));
         assert_eq!(begin.since(&reaped).1, None);
+        // A process whose threads were read but not its clock: unknown, not nothing.
+        let blind = TreeAccounts {
+            complete: false,
+            ..end.clone()
+        };
+        assert_eq!(begin.since(&blind).1, None);
     }
 
     /// What the window accounts read on this machine: a process's CPU clock keeps the time of
