@@ -57,7 +57,8 @@ pub struct BenchArgs {
     /// CUDA only: generate a preset's synthetic weights directly in GPU memory (e.g. xs2.1).
     #[arg(long, conflicts_with = "model")]
     synthetic: Option<String>,
-    /// CUDA only: also time every op of the prefill and of 32 decode steps with CUDA events.
+    /// Also time every op of the prefill and of 32 decode steps of the first prompt (CUDA: with
+    /// CUDA events; CPU: the wall time of each op of the forward).
     #[arg(long)]
     profile: bool,
     /// CUDA only: write a per-block timeline of two decode steps to this CSV (kernels built with
@@ -185,8 +186,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.synthetic.is_some() {
         bail!("--synthetic needs --backend cuda (the CPU backend reads a model directory; make one with `fastdecode synth`)");
     }
-    if a.profile || a.trace.is_some() {
-        bail!("--profile and --trace time GPU kernels: they need --backend cuda");
+    if a.trace.is_some() {
+        bail!("--trace records GPU kernels: it needs --backend cuda");
     }
     let dir = match &a.model {
         Some(d) => d.clone(),
@@ -208,7 +209,54 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .map(|&k| timing.dflash(k, &serial))
         .collect::<Result<Vec<_>>>()?;
     timing.progress.finish_and_clear();
-    report(&a, &dir, &ps, serial, &dflash_rows)
+    let profile = match a.profile {
+        true => Some(cpu_profile(&model, &ps[0], a.decode_tokens.min(32))?),
+        false => None,
+    };
+    report(&a, &dir, &ps, serial, &dflash_rows, profile)
+}
+
+/// Op name, ms per forward, calls per forward: the busiest first.
+type Breakdown = Vec<(String, f64, f64)>;
+
+/// The wall time of each op of the CPU forward (`fastdecode_cpu::profile`): of the prefill of
+/// `prompt` (ms per prefill) and of `steps` serial decode steps after it (ms per token).
+fn cpu_profile(
+    model: &LoadedModel,
+    prompt: &[u32],
+    steps: usize,
+) -> Result<(Breakdown, Breakdown)> {
+    use fastdecode_cpu::profile;
+    let table = |t: profile::Totals, per: usize| {
+        let mut rows: Breakdown = t
+            .into_iter()
+            .map(|(k, (ms, n))| (k.to_string(), ms / per as f64, n as f64 / per as f64))
+            .collect();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        rows
+    };
+    let target = &model.target;
+    let vocab = target.cfg.vocab_size;
+    let mut cache = target.new_cache(1);
+    let positions: Vec<usize> = (0..prompt.len()).collect();
+    profile::start();
+    let out = target.forward(&mut cache, prompt, &positions, &[])?;
+    let prefill = table(profile::take(), 1);
+    let mut tok = fastdecode_cpu::ops::argmax(&out.logits[out.logits.len() - vocab..]) as u32;
+    profile::start();
+    for i in 0..steps {
+        let out = target.forward(&mut cache, &[tok], &[prompt.len() + i], &[])?;
+        tok = fastdecode_cpu::ops::argmax(&out.logits) as u32;
+    }
+    let decode = table(profile::take(), steps.max(1));
+    Ok((prefill, decode))
+}
+
+/// A breakdown as the JSON report writes it (the CUDA bench's shape).
+fn breakdown_json(b: &Breakdown) -> Vec<serde_json::Value> {
+    b.iter()
+        .map(|(op, ms, n)| json!({"op": op, "ms": ms, "launches": n}))
+        .collect()
 }
 
 /// The --trace file must not be one of the inputs.
@@ -413,9 +461,10 @@ fn report(
     ps: &[Vec<u32>],
     mut serial: Serial,
     dflash_rows: &[serde_json::Value],
+    profile: Option<(Breakdown, Breakdown)>,
 ) -> Result<()> {
     let serial_med = serial.median_tokens_per_s;
-    let out = json!({
+    let mut out = json!({
         "fastdecode": concat!(env!("CARGO_PKG_VERSION"), " ", env!("FASTDECODE_GIT_COMMIT")),
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         "backend": "cpu",
@@ -433,11 +482,24 @@ fn report(
         },
         "dflash": dflash_rows,
     });
+    if let Some((prefill, decode)) = &profile {
+        out["decode_breakdown_ms_per_token"] = breakdown_json(decode).into();
+        out["prefill_breakdown_ms"] = breakdown_json(prefill).into();
+    }
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    print_table(a, dir, ps.len(), serial_med, dflash_rows)
+    print_table(a, dir, ps.len(), serial_med, dflash_rows)?;
+    if let Some((prefill, decode)) = &profile {
+        for (k, ms, n) in decode {
+            outln!("  {k:<40} {ms:>8.3} ms/token  {n:>5.0} calls")?;
+        }
+        for (k, ms, n) in prefill {
+            outln!("  {k:<40} {ms:>8.3} ms/prefill {n:>5.0} calls")?;
+        }
+    }
+    Ok(())
 }
 
 fn print_table(

@@ -6,6 +6,7 @@ pub mod flags;
 pub mod kv_cache;
 pub mod layers;
 pub mod ops;
+pub mod profile;
 pub mod target;
 
 pub use drafter::{DrafterContext, DrafterModel};

@@ -12,6 +12,7 @@ use fastdecode_model::{Error, Result};
 
 use crate::kv_cache::{KvCache, LayerKv};
 use crate::layers::{normed, Attention, Ffn, Linear, Mlp, Moe};
+use crate::profile::timed;
 
 pub struct DecoderLayer {
     pub input_norm: Vec<f32>,
@@ -369,19 +370,33 @@ impl TargetModel {
                 c.num_hidden_layers
             )));
         }
-        let mut x: Vec<Vec<f32>> = tokens.iter().map(|&t| self.embed_row(t).to_vec()).collect();
+        let mut x: Vec<Vec<f32>> = timed("embed", || {
+            tokens.iter().map(|&t| self.embed_row(t).to_vec()).collect()
+        });
         let mut tap_out = vec![0f32; n * taps.len() * h];
         for (li, layer) in self.layers.iter().enumerate() {
-            let proj = layer.attn.project_rows(&x, &layer.input_norm, p0, self.eps);
-            layer
-                .attn
-                .attend_block(&proj, p0, &cache.layers[li], &mut x);
+            let proj = timed("attention projections", || {
+                layer.attn.project_rows(&x, &layer.input_norm, p0, self.eps)
+            });
+            timed("attention", || {
+                layer
+                    .attn
+                    .attend_block(&proj, p0, &cache.layers[li], &mut x)
+            });
             let kv = &mut cache.layers[li];
-            for (r, p) in proj.iter().enumerate() {
-                kv.write(p0 + r, &p.k, &p.v);
-            }
+            timed("kv cache write", || {
+                for (r, p) in proj.iter().enumerate() {
+                    kv.write(p0 + r, &p.k, &p.v);
+                }
+            });
+            let ffn = match layer.ffn {
+                Ffn::Moe(_) => "moe",
+                Ffn::Dense(_) => "mlp",
+            };
             for (r, row) in x.iter_mut().enumerate() {
-                let y = layer.ffn.forward(&normed(row, &layer.post_norm, self.eps));
+                let y = timed(ffn, || {
+                    layer.ffn.forward(&normed(row, &layer.post_norm, self.eps))
+                });
                 for (a, b) in row.iter_mut().zip(y) {
                     *a += b;
                 }
@@ -393,9 +408,11 @@ impl TargetModel {
         }
         cache.advance(n);
         let mut logits = Vec::with_capacity(n * c.vocab_size);
-        for row in &x {
-            logits.extend(self.logits(row, &self.norm));
-        }
+        timed("logits", || {
+            for row in &x {
+                logits.extend(self.logits(row, &self.norm));
+            }
+        });
         Ok(ForwardOut {
             logits,
             taps: tap_out,
