@@ -19,9 +19,9 @@
 //!   (`client`), the demo (`demo`) and the red team (`redteam`, the corpus in `redteam/`).
 //!
 //! Shared by them, at the top and using no folder: the JSON they exchange (`api`), a
-//! submission's bundle (`bundle`), the tracks (`track`), the files beside the database
-//! (`store`), the arena's repository (`git`), the blocking HTTP client of runners and `submit`
-//! (`http`). A folder uses only those and the folders listed before it (`runner/` only the
+//! submission's bundle (`bundle`), a profile run's profile parsed and bounded (`profile`), the
+//! tracks (`track`), the files beside the database (`store`), the arena's repository (`git`),
+//! the blocking HTTP client of runners and `submit` (`http`). A folder uses only those and the folders listed before it (`runner/` only the
 //! stage names of `service::stages` and the metric names of `record::metrics`). `cli` holds
 //! every `arena` command's arguments and what each does.
 
@@ -38,6 +38,7 @@ pub mod cli;
 pub mod client;
 pub mod git;
 pub mod http;
+pub mod profile;
 pub mod record;
 pub mod runner;
 pub mod server;
