@@ -142,16 +142,20 @@ impl LocalResult {
 ///   is priced.
 /// - `benchmark`: then a pricing against the current base, ending `benchmarked` with its score;
 ///   never confirmed, promoted, re-priced or ranked.
+/// - `profile`: a `benchmark`, then a profile of the candidate on the same kind of runner
+///   (`crate::profile`: its per-op times; on a CUDA track its per-kernel timeline too), ending
+///   `profiled`; the profile is its solver's only and nothing that ranks reads it.
 /// - `leaderboard`: the public submission, ranked and promoted as it earns.
 ///
-/// `test` and `benchmark` are private runs: only their solver (with its token) sees them, they
-/// draw on the track's `caps.private_runs_per_day` instead of its failure cap, and runners
-/// lease them after every waiting leaderboard job of their kind. (`profile` is not offered yet.)
+/// `test`, `benchmark` and `profile` are private runs: only their solver (with its token) sees
+/// them, they draw on the track's `caps.private_runs_per_day` instead of its failure cap, and
+/// runners lease them after every waiting leaderboard job of their kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Test,
     Benchmark,
+    Profile,
     #[default]
     Leaderboard,
 }
@@ -162,18 +166,24 @@ impl Mode {
         match self {
             Mode::Test => "test",
             Mode::Benchmark => "benchmark",
+            Mode::Profile => "profile",
             Mode::Leaderboard => "leaderboard",
         }
     }
 
     /// From the database's column; anything else is a damaged row.
     pub fn parse(s: &str) -> Option<Mode> {
-        [Mode::Test, Mode::Benchmark, Mode::Leaderboard]
-            .into_iter()
-            .find(|m| m.as_str() == s)
+        [
+            Mode::Test,
+            Mode::Benchmark,
+            Mode::Profile,
+            Mode::Leaderboard,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == s)
     }
 
-    /// A run only its solver sees (`test`, `benchmark`).
+    /// A run only its solver sees (`test`, `benchmark`, `profile`).
     pub fn private(self) -> bool {
         self != Mode::Leaderboard
     }
@@ -184,13 +194,8 @@ impl<'de> Deserialize<'de> for Mode {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Mode, D::Error> {
         let s = String::deserialize(d)?;
         Mode::parse(&s).ok_or_else(|| {
-            let later = if s == "profile" {
-                " (profile is not offered yet)"
-            } else {
-                ""
-            };
             serde::de::Error::custom(format!(
-                "mode {s:?}: one of test, benchmark, leaderboard{later}"
+                "mode {s:?}: one of test, benchmark, profile, leaderboard"
             ))
         })
     }
@@ -234,12 +239,13 @@ pub struct SubmissionView {
     /// The submission that re-prices this one on a newer base.
     pub repriced_as: Option<String>,
     pub created_ms: i64,
-    /// `test`, `benchmark` or `leaderboard` (`Mode`).
+    /// `test`, `benchmark`, `profile` or `leaderboard` (`Mode`).
     #[serde(default)]
     pub mode: Mode,
     /// `queued`, `running`, `held` (passed, not promoted), `promoted`, `repriced` (held, then
     /// re-priced on a newer base as another submission), `failed`; a private run ends
-    /// `tested` (a test that passed the gate) or `benchmarked` (a benchmark priced).
+    /// `tested` (a test that passed the gate), `benchmarked` (a benchmark priced) or
+    /// `profiled` (a profile run priced and profiled).
     pub status: String,
     /// Why an operator marked it as a cheat (it is then out of the ranking; its record stays).
     pub cheat: Option<String>,
@@ -262,6 +268,9 @@ pub struct SubmissionView {
     /// The solver's own pricing sent with it (`submit --local-result`), kept as sent.
     #[serde(default)]
     pub local_result: Option<LocalResult>,
+    /// A profile run's profile, once profiled (its solver's only, as the whole view is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::profile::Profile>,
 }
 
 impl SubmissionView {
@@ -306,7 +315,7 @@ pub struct SubmissionSummary {
     pub solver: String,
     pub track: String,
     pub model: Option<String>,
-    /// `test`, `benchmark` or `leaderboard` (only its solver lists the first two).
+    /// `test`, `benchmark`, `profile` or `leaderboard` (only its solver lists the private ones).
     #[serde(default)]
     pub mode: Mode,
     pub status: String,
@@ -423,7 +432,8 @@ pub struct QueueRow {
     pub submission: String,
     /// Empty for a private run.
     pub solver: String,
-    /// A private run (`test`, `benchmark`): shown as waiting or running, not whose or which.
+    /// A private run (`test`, `benchmark`, `profile`): shown as waiting or running, not whose or
+    /// which.
     #[serde(default)]
     pub private: bool,
     pub stage: String,
@@ -518,7 +528,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_submission_without_a_mode_is_a_leaderboard_one_and_profile_is_refused_by_name() {
+    fn a_submission_without_a_mode_is_a_leaderboard_one_and_an_unknown_one_is_refused_by_name() {
         let body = |mode: &str| {
             format!(
                 r#"{{"track": "t", "note": "n", "model": null, "claimed_score": null, "bundle": ""{mode}}}"#
@@ -526,17 +536,22 @@ mod tests {
         };
         let old: NewSubmission = serde_json::from_str(&body("")).unwrap();
         assert_eq!(old.mode, Mode::Leaderboard);
-        for m in [Mode::Test, Mode::Benchmark, Mode::Leaderboard] {
+        for m in [
+            Mode::Test,
+            Mode::Benchmark,
+            Mode::Profile,
+            Mode::Leaderboard,
+        ] {
             let n: NewSubmission =
                 serde_json::from_str(&body(&format!(r#", "mode": "{m}""#))).unwrap();
             assert_eq!(n.mode, m);
             assert_eq!(serde_json::to_value(m).unwrap(), m.as_str());
         }
-        let e = serde_json::from_str::<NewSubmission>(&body(r#", "mode": "profile""#))
+        let e = serde_json::from_str::<NewSubmission>(&body(r#", "mode": "trace""#))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("mode \"profile\": one of test, benchmark, leaderboard (profile is not offered yet)"),
+            e.contains("mode \"trace\": one of test, benchmark, profile, leaderboard"),
             "{e}"
         );
     }

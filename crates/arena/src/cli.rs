@@ -248,8 +248,10 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub idempotency_key: Option<String>,
     /// What the run is for: `test` (policy, review, build and the gate, no pricing),
-    /// `benchmark` (then priced against the current base, never promoted or ranked) — both
-    /// private to you, on their own daily quota — or `leaderboard` (the public submission).
+    /// `benchmark` (then priced against the current base, never promoted or ranked),
+    /// `profile` (a benchmark, then your build's per-op times and, on a CUDA track, its kernel
+    /// timeline, printed here) — all three private to you, on their own daily quota — or
+    /// `leaderboard` (the public submission).
     #[arg(long, value_enum, default_value_t = crate::api::Mode::Leaderboard)]
     pub mode: crate::api::Mode,
     /// Your own pricing of the change (`fastdecode price`'s result.json): its score, interval

@@ -526,7 +526,7 @@ fn private_runs_have_their_own_quota(db: Database) {
     let e = post_mode(&a, "t-2", Mode::Test).unwrap_err();
     assert!(
         e.contains("429")
-            && e.contains("2 private run(s) (test or benchmark) in the last day")
+            && e.contains("2 private run(s) (test, benchmark or profile) in the last day")
             && e.contains("daily quota of 2 on track serial-tiny (caps.private_runs_per_day)")
             && e.contains("--mode leaderboard"),
         "{e}"

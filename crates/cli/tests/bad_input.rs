@@ -2686,10 +2686,10 @@ fn cases() -> Vec<Case> {
             &["127.0.0.1:1", "refused"],
         ),
         case(
-            "submit --mode profile (not offered yet)",
+            "submit --mode of no mode",
             "submit --server http://127.0.0.1:1 --token a.b --track t --note-file {D}/n.md \
-             --mode profile",
-            &["--mode", "profile", "test, benchmark, leaderboard"],
+             --mode trace",
+            &["--mode", "trace", "test, benchmark, profile, leaderboard"],
         ),
         case(
             "submit missing note",

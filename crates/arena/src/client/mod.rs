@@ -397,7 +397,7 @@ fn first_line(detail: Option<&str>) -> &str {
 pub fn passed(v: &SubmissionView) -> bool {
     matches!(
         v.status.as_str(),
-        "held" | "promoted" | "repriced" | "tested" | "benchmarked"
+        "held" | "promoted" | "repriced" | "tested" | "benchmarked" | "profiled"
     )
 }
 
@@ -452,6 +452,11 @@ pub fn table(v: &SubmissionView) -> String {
         if let Some(b) = verdict["base_commit"].as_str() {
             row(&mut t, "new base", b.to_string());
         }
+    }
+    // A profile run's profile: names in the safe charset the service keeps (no escapes reach
+    // the terminal).
+    if let Some(p) = &v.profile {
+        t += &p.table();
     }
     t
 }

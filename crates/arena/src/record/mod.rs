@@ -38,6 +38,7 @@ pub const STATUSES: &[&str] = &[
     "failed",
     verdict::TESTED,
     verdict::BENCHMARKED,
+    verdict::PROFILED,
 ];
 
 /// The statuses that rank: passed and priced (held, promoted, or held then re-priced).
@@ -532,6 +533,20 @@ fn diff(store: &Store, repo: &Path, digest: &str, base: &str) -> Result<String> 
     Ok(out)
 }
 
+/// The profile of a profile run `id` (none before its profile stage, or of another mode): as the
+/// service checked and stored it. Private: the caller shows it to the run's solver only.
+pub async fn profile(db: &Db, id: &str) -> Result<Option<crate::profile::Profile>> {
+    let r = sqlx::query("SELECT profile FROM profiles WHERE submission = $1")
+        .bind(id)
+        .fetch_optional(&db.pool)
+        .await?;
+    let Some(r) = r else { return Ok(None) };
+    let text: String = r.try_get("profile")?;
+    let p: crate::profile::Profile =
+        serde_json::from_str(&text).with_context(|| format!("the profile of {id}"))?;
+    Ok(Some(p))
+}
+
 /// `None` when there is no such submission.
 pub async fn submission_view(s: &Service, id: &str) -> Result<Option<SubmissionView>> {
     let r = sqlx::query(
@@ -571,7 +586,9 @@ pub async fn submission_view(s: &Service, id: &str) -> Result<Option<SubmissionV
         None
     };
     let (pairs, confirmation_pairs) = pairs(&s.db, id).await?;
+    let profile = profile(&s.db, id).await?;
     Ok(Some(SubmissionView {
+        profile,
         repriced_as,
         id: r.try_get("id")?,
         solver: r.try_get("solver")?,

@@ -4,7 +4,9 @@
 //! submission whose interval clears the current best by the track's margin gets a
 //! confirmation pricing, and is promoted when that clears it too (`promotion`). A private
 //! run ends sooner (`api::Mode`): a `test` after its gate (`tested`), a `benchmark` after its
-//! pricing (`benchmarked`, its score beside the current best), neither confirmed nor promoted.
+//! pricing (`benchmarked`, its score beside the current best), a `profile` run after its
+//! profile (`profiled`: the same, and its profile stored for its solver), none of them
+//! confirmed or promoted.
 
 use anyhow::{Context, Result};
 use axum::http::StatusCode;
@@ -12,6 +14,7 @@ use serde_json::{json, Value};
 use sqlx::Row;
 
 use crate::api::{Mode, Report};
+use crate::profile::Profile;
 use crate::record::promotion;
 use crate::service::caps::Blame;
 use crate::service::db::now_ms;
@@ -22,6 +25,8 @@ use crate::track::Track;
 pub const TESTED: &str = "tested";
 /// The status of a `benchmark` priced.
 pub const BENCHMARKED: &str = "benchmarked";
+/// The status of a `profile` run priced and profiled.
+pub const PROFILED: &str = "profiled";
 
 /// The lower end of a pricing's interval, from its private result.
 fn ci_low(result: &Value) -> Option<f64> {
@@ -65,6 +70,12 @@ pub async fn on_report(
         tx.commit().await?;
         return Ok(None);
     }
+    // A profile run's profile ends it whatever the profile stage's outcome: its pricing stands.
+    if rep.stage == stages::PROFILE {
+        r.profiled(&mut tx, track).await?;
+        tx.commit().await?;
+        return Ok(None);
+    }
     if rep.outcome != "ok" && !r.unconfirmed() {
         let blame = Blame::of(&rep.outcome, rep.candidate_caused);
         let failure = (
@@ -84,7 +95,9 @@ pub async fn on_report(
         }
         None => match mode {
             Mode::Test => r.tested(&mut tx).await.map(|()| None)?,
-            Mode::Benchmark => r.benchmarked(&mut tx, track).await.map(|()| None)?,
+            Mode::Benchmark | Mode::Profile => {
+                r.benchmarked(&mut tx, track).await.map(|()| None)?
+            }
             Mode::Leaderboard => r.after_pricing(&mut tx, track).await?,
         },
     };
@@ -194,6 +207,63 @@ impl<'a> Reporting<'a> {
             None => "benchmarked; a benchmark is never promoted or ranked".into(),
         };
         self.conclude(tx, BENCHMARKED, m["score"].as_f64(), &v, &why)
+            .await
+    }
+
+    /// The end of a `profile` run after its profile stage: its profile stored (checked again;
+    /// when the stage failed or its profile is out of bounds, a profile that says so), then
+    /// `profiled` with its pricing's score beside the current best, as a benchmark's.
+    async fn profiled(&self, tx: &mut sqlx::AnyConnection, track: &Track) -> Result<(), ApiError> {
+        let rep = self.rep;
+        let unavailable = |why: String| {
+            Profile::unavailable(&track.model.backend, track.window.prompt_tokens, &why)
+        };
+        let profile = if rep.outcome == "ok" {
+            match serde_json::from_value::<Profile>(rep.result["profile"].clone()) {
+                Ok(p) => match p.check() {
+                    Ok(()) => p,
+                    Err(e) => unavailable(format!("the service refused the profile: {e}")),
+                },
+                Err(_) => unavailable("the runner reported no profile".into()),
+            }
+        } else {
+            unavailable(format!(
+                "no profile: the profile stage ended {}",
+                rep.outcome
+            ))
+        };
+        sqlx::query(
+            "INSERT INTO profiles (submission, profile, created_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (submission) DO UPDATE SET profile = EXCLUDED.profile, \
+             created_ms = EXCLUDED.created_ms",
+        )
+        .bind(&rep.submission)
+        .bind(serde_json::to_string(&profile).context("the profile as JSON")?)
+        .bind(self.now)
+        .execute(&mut *tx)
+        .await?;
+        let (_, best, _) = current_base(&self.s.db, &track.name).await?;
+        let results = stages::results(&self.s.db, &rep.submission).await?;
+        let m = &results.get(stages::PRICE).unwrap_or(&Value::Null)["metrics"];
+        let v = json!({
+            "status": PROFILED,
+            "score": m["score"],
+            "ci95": m["ci95"],
+            "metrics": m,
+            "current_best": best,
+        });
+        let timeline = if profile.timeline.is_some() {
+            " and its kernel timeline"
+        } else {
+            ""
+        };
+        let why = format!(
+            "profiled: score {} against the current best {best:.4}; per-op times of {} op(s){timeline} \
+             for its solver; a profile run is never promoted or ranked",
+            m["score"].as_f64().map_or("-".into(), |s| format!("{s:.4}")),
+            profile.decode.len(),
+        );
+        self.conclude(tx, PROFILED, m["score"].as_f64(), &v, &why)
             .await
     }
 

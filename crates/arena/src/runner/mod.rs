@@ -6,7 +6,8 @@
 
 //!
 //! A submission's stages on a runner, one file each: `checks` (policy and review), `build`,
-//! `kernels` (a CUDA build's modules, compiled once), `gate`, `price`. Every child a stage
+//! `kernels` (a CUDA build's modules, compiled once), `gate`, `price`, `profile` (a profile
+//! run's per-op times and kernel timeline, parsed and bounded by `crate::profile`). Every child a stage
 //! starts has a deadline (`child`); nothing the candidate writes becomes a stage's public
 //! detail, only the runner's own words.
 //!
@@ -22,6 +23,7 @@ mod gate;
 mod kernels;
 pub mod policy;
 mod price;
+mod profile;
 mod progress;
 pub mod review;
 pub mod sandbox;
@@ -200,6 +202,7 @@ impl Runner {
             stages::KERNELS => self.kernels(job, lost),
             stages::GATE => self.gate(job, lost),
             stages::PRICE | stages::CONFIRM => self.price(job, lost),
+            stages::PROFILE => self.profile(job, lost),
             s => bail!("a stage this runner does not know: {s}"),
         }
     }

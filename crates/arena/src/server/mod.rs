@@ -93,8 +93,8 @@ pub(crate) async fn viewer(s: &Service, h: &HeaderMap) -> ApiResult<Option<Strin
 }
 
 /// Whether `viewer` may see a submission of `solver` in `mode`: a private run (`test`,
-/// `benchmark`) only by its own solver. Others are answered as if it did not exist (404, not
-/// 403), so that its existence does not leak.
+/// `benchmark`, `profile`) only by its own solver. Others are answered as if it did not exist
+/// (404, not 403), so that its existence does not leak.
 pub(crate) fn may_see(viewer: Option<&str>, solver: &str, mode: Mode) -> bool {
     !mode.private() || viewer == Some(solver)
 }
@@ -345,7 +345,7 @@ fn over_quota(track: &Track, runs: &caps::PrivateRuns) -> ApiError {
     ApiError(
         StatusCode::TOO_MANY_REQUESTS,
         format!(
-            "{} private run(s) (test or benchmark) in the last day fill your daily quota of \
+            "{} private run(s) (test, benchmark or profile) in the last day fill your daily quota of \
              {quota} on track {} (caps.private_runs_per_day); retry in {retry} s, or submit \
              with --mode leaderboard, which this quota does not count",
             runs.created.len(),

@@ -430,7 +430,7 @@ struct StageOut {
 fn stage_out(st: &StageView) -> StageOut {
     let outcome = st.outcome.clone().unwrap_or_else(|| "running".into());
     let class = match outcome.as_str() {
-        "ok" | "held" | "promoted" | "queued" | "tested" | "benchmarked" => "ok",
+        "ok" | "held" | "promoted" | "queued" | "tested" | "benchmarked" | "profiled" => "ok",
         "running" => "running",
         "skipped" => "muted",
         _ => "bad",
@@ -473,7 +473,7 @@ struct SubmissionPage {
     base: String,
     created: String,
     status: String,
-    /// The mode of a private run (`test`, `benchmark`), which only its solver sees.
+    /// The mode of a private run (`test`, `benchmark`, `profile`), which only its solver sees.
     private: Option<String>,
     cheat: Option<String>,
     note_html: String,

@@ -49,6 +49,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "local result",
         include_str!("../../migrations/0006_local_result.sql"),
     ),
+    (
+        7,
+        "profiles",
+        include_str!("../../migrations/0007_profiles.sql"),
+    ),
 ];
 
 /// `MIGRATIONS` as sqlx's migrator takes them. Built here rather than by `sqlx::migrate!`: that

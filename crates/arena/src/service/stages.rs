@@ -3,8 +3,8 @@
 //!
 //! policy → review → build run on a builder (a CPU runner with the toolchain); on a track whose
 //! model runs on CUDA, kernels (each build's kernel modules, compiled once); gate → price (and
-//! the confirmation pricing of a promotion candidate) on the track's runner kind. The
-//! verdict is the service's, written when the last stage reports (`verdict`).
+//! the confirmation pricing of a promotion candidate, or a profile run's profile) on the track's
+//! runner kind. The verdict is the service's, written when the last stage reports (`verdict`).
 
 use anyhow::Result;
 use sqlx::Row;
@@ -22,6 +22,9 @@ pub const GATE: &str = "gate";
 pub const PRICE: &str = "price";
 /// A second pricing on another hidden prompt before a promotion.
 pub const CONFIRM: &str = "confirm";
+/// A profile run's profile of the candidate, after its pricing, on the same kind of runner
+/// (`crate::profile`).
+pub const PROFILE: &str = "profile";
 /// The service's own row: the verdict, written when the pipeline ends.
 pub const VERDICT: &str = "verdict";
 
@@ -33,8 +36,8 @@ pub const INCONCLUSIVE: &str = "infra:inconclusive";
 pub const BUILDER: &str = "builder";
 
 /// The stage after `stage` in a submission's pipeline on `track` in `mode` (`None` after the
-/// gate of a `test`, which is never priced; `None` after pricing: the verdict decides whether a
-/// confirmation follows).
+/// gate of a `test`, which is never priced; after a pricing, the profile of a `profile` run, else
+/// `None`: the verdict decides whether a confirmation follows).
 pub fn next(stage: &str, track: &Track, mode: Mode) -> Option<&'static str> {
     match stage {
         POLICY => Some(REVIEW),
@@ -42,6 +45,7 @@ pub fn next(stage: &str, track: &Track, mode: Mode) -> Option<&'static str> {
         BUILD if track.model.backend == "cuda" => Some(KERNELS),
         BUILD | KERNELS => Some(GATE),
         GATE if mode != Mode::Test => Some(PRICE),
+        PRICE if mode == Mode::Profile => Some(PROFILE),
         _ => None,
     }
 }
@@ -267,6 +271,11 @@ mod tests {
         for mode in [Mode::Benchmark, Mode::Leaderboard] {
             assert_eq!(pipeline(&cpu, mode), [&gate[..], &[PRICE]].concat());
         }
+        assert_eq!(
+            pipeline(&cpu, Mode::Profile),
+            [&gate[..], &[PRICE, PROFILE]].concat()
+        );
+        assert_eq!(kind(PROFILE, &cpu), cpu.runner_kind);
         let mut cuda = cpu.clone();
         cuda.model.backend = "cuda".into();
         assert_eq!(
