@@ -4,7 +4,8 @@
 //!
 //! Public: the pages (`/`, `/tracks/{name}`, `/submissions/{id}`: `pages`) and their JSON
 //! (`GET /api/tracks`, `/api/tracks/{name}`, `/api/tracks/{name}/ledger`, `/api/submissions`,
-//! `/api/submissions/{id}`: `docs/api.md`), both from the queries of `record`.
+//! `/api/submissions/{id}`: `docs/api.md`), both from the queries of `record`; a profile run's
+//! `/api/submissions/{id}/profile` (and `profile.svg`, `timeline.svg`) to its solver only.
 //! Solvers: `POST /api/submissions`. Runners: `POST /api/runner/{lease,heartbeat,report}`,
 //! `GET /api/trees/{commit}`, `GET|PUT /api/artifacts/{digest}`, `GET /api/builds/{key}`,
 //! `GET /api/hidden/{digest}`.
@@ -125,6 +126,9 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/submissions", get(list_submissions))
         .route("/api/submissions/{id}", get(one_submission))
+        .route("/api/submissions/{id}/profile", get(one_profile))
+        .route("/api/submissions/{id}/profile.svg", get(profile_svg))
+        .route("/api/submissions/{id}/timeline.svg", get(timeline_svg))
         .route("/api/runner/lease", post(take_lease))
         .route("/api/runner/heartbeat", post(heartbeat))
         .route("/api/runner/report", post(report))
@@ -528,6 +532,91 @@ async fn one_submission(
         .filter(|v| may_see(viewer.as_deref(), &v.solver, v.mode))
         .map(Json)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no submission {id}")))
+}
+
+/// A profile run's profile, as its view is shown: to its solver only (anyone else gets the
+/// unknown id's 404), and a 404 saying why for another mode or before its profile stage.
+async fn visible_profile(
+    s: &Service,
+    headers: &HeaderMap,
+    id: &str,
+) -> ApiResult<crate::profile::Profile> {
+    let viewer = viewer(s, headers).await?;
+    let row = sqlx::query("SELECT solver, mode FROM submissions WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&s.db.pool)
+        .await?;
+    let not_found = |m: String| ApiError::new(StatusCode::NOT_FOUND, m);
+    let mode = match row {
+        Some(r) => {
+            let solver: String = r.try_get("solver")?;
+            let mode = record::mode_of(&r)?;
+            if !may_see(viewer.as_deref(), &solver, mode) {
+                return Err(not_found(format!("no submission {id}")));
+            }
+            mode
+        }
+        None => return Err(not_found(format!("no submission {id}"))),
+    };
+    if mode != Mode::Profile {
+        return Err(not_found(format!(
+            "submission {id} is a {mode} run: only a profile run has a profile"
+        )));
+    }
+    record::profile(&s.db, id)
+        .await?
+        .ok_or_else(|| not_found(format!("submission {id} has no profile yet")))
+}
+
+async fn one_profile(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Json<crate::profile::Profile>> {
+    Ok(Json(visible_profile(&s, &headers, &id).await?))
+}
+
+/// An SVG the service drew (from the profile's numbers), as an image that runs nothing.
+fn svg(text: String) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "image/svg+xml"),
+            (header::CONTENT_SECURITY_POLICY, "default-src 'none'"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        text,
+    )
+        .into_response()
+}
+
+/// The per-op bars of a profile's decode step.
+async fn profile_svg(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let p = visible_profile(&s, &headers, &id).await?;
+    Ok(svg(plots::profile_ops(
+        "Time per op of a decode step",
+        "ms/token",
+        &p.decode,
+    )))
+}
+
+/// The kernel waterfall of a profile's timeline (CUDA tracks); a 404 saying why when none.
+async fn timeline_svg(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let p = visible_profile(&s, &headers, &id).await?;
+    match &p.timeline {
+        Some(t) => Ok(svg(plots::waterfall(t))),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("submission {id} has no kernel timeline: {}", p.note),
+        )),
+    }
 }
 
 /// The job a runner receives for `submission` at `stage`.

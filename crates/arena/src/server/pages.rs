@@ -475,6 +475,8 @@ struct SubmissionPage {
     status: String,
     /// The mode of a private run (`test`, `benchmark`, `profile`), which only its solver sees.
     private: Option<String>,
+    /// A profile run's profile (its solver's only, as the page is), drawn here.
+    profile: Option<ProfileOut>,
     cheat: Option<String>,
     note_html: String,
     queue_position: Option<String>,
@@ -512,6 +514,27 @@ fn ledger_with(v: &SubmissionView, mut rows: Vec<LedgerRow>) -> Option<String> {
         });
     }
     Some(plots::ledger(&rows, Some(&v.id)))
+}
+
+/// A profile as the page shows it: its note, and SVGs the service drew from its numbers.
+struct ProfileOut {
+    note: String,
+    decode_svg: String,
+    prefill_svg: String,
+    timeline_svg: Option<String>,
+}
+
+fn profile_out(p: &crate::profile::Profile) -> ProfileOut {
+    ProfileOut {
+        note: p.note.clone(),
+        decode_svg: plots::profile_ops("Time per op of a decode step", "ms/token", &p.decode),
+        prefill_svg: plots::profile_ops(
+            &format!("Time per op of the prefill of {} tokens", p.prompt_tokens),
+            "ms/prefill",
+            &p.prefill,
+        ),
+        timeline_svg: p.timeline.as_ref().map(plots::waterfall),
+    }
 }
 
 fn submission_page(
@@ -563,6 +586,7 @@ fn submission_page(
         created: datetime(v.created_ms),
         status: v.status.clone(),
         private: v.mode.private().then(|| v.mode.to_string()),
+        profile: v.profile.as_ref().map(profile_out),
         cheat: v.cheat.clone(),
         note_html,
         queue_position: v

@@ -2,12 +2,14 @@
 //! frontier over time (the record line, each promotion a point, other ranked submissions beside
 //! it), a pricing's pairs (each pair's score with the overall score, its interval, 1.0 and the
 //! floor) and the transfer ledger (each submission's local score against the arena's, both
-//! intervals, the line y = x). All with axes, units and labels; every solver-supplied string
-//! (names, machine descriptions) escaped.
+//! intervals, the line y = x), and a profile run's per-op bars and kernel waterfall (drawn from
+//! the numbers the runner parsed, never an SVG of the candidate's). All with axes, units and
+//! labels; every solver-supplied string (names, machine descriptions, op names) escaped.
 
 use std::fmt::Write;
 
 use crate::api::{FrontierPoint, LeaderboardRow, LedgerRow, PairPoint};
+use crate::profile::{OpTime, Timeline};
 
 const W: f64 = 760.0;
 const H: f64 = 340.0;
@@ -526,6 +528,124 @@ pub fn ledger(rows: &[LedgerRow], this: Option<&str>) -> String {
     s
 }
 
+/// The most launches a timeline's waterfall draws (the earliest).
+pub const WATERFALL_MAX: usize = 300;
+
+/// A profile's per-op times as horizontal bars, the busiest first, each with its value and
+/// calls (`unit`: `ms/token`, `ms/prefill`). Drawn here from the parsed numbers; every name
+/// escaped (they are in a safe charset already).
+pub fn profile_ops(title: &str, unit: &str, ops: &[OpTime]) -> String {
+    let (w, left, right, row) = (W, 230.0, 150.0, 18.0);
+    let h = T + 20.0 + row * ops.len().max(1) as f64;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{}" font-family="sans-serif" font-size="12">"#,
+        esc(title)
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="8" y="22" font-size="14" font-weight="bold">{} ({})</text>"#,
+        esc(title),
+        esc(unit)
+    );
+    let max = ops.iter().map(|o| o.ms).fold(0.0, f64::max);
+    let total: f64 = ops.iter().map(|o| o.ms).sum();
+    if ops.is_empty() {
+        let _ = writeln!(
+            s,
+            r#"<text x="8" y="{:.1}">no per-op times</text>"#,
+            T + 14.0
+        );
+    }
+    for (i, o) in ops.iter().enumerate() {
+        let y = T + row * i as f64;
+        let bw = if max > 0.0 {
+            (w - left - right) * o.ms / max
+        } else {
+            0.0
+        };
+        let share = if total > 0.0 {
+            100.0 * o.ms / total
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            s,
+            r##"<g class="op"><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><rect x="{left}" y="{:.1}" width="{bw:.1}" height="{:.1}" fill="#4477aa"/><text x="{:.1}" y="{:.1}">{:.4} ({share:.1} %, {:.0} calls)</text></g>"##,
+            left - 6.0,
+            y + 13.0,
+            esc(&o.op),
+            y + 3.0,
+            row - 5.0,
+            left + bw + 6.0,
+            y + 13.0,
+            o.ms,
+            o.calls
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// A timeline's launches as a waterfall: one row per launch (the earliest `WATERFALL_MAX`),
+/// a bar from its first block's start to its last block's end, on a µs axis; kernel names from
+/// the arena's own table, escaped.
+pub fn waterfall(t: &Timeline) -> String {
+    let shown = &t.launches[..t.launches.len().min(WATERFALL_MAX)];
+    let (w, left, right, row) = (W, 200.0, 30.0, 12.0);
+    let h = T + 40.0 + row * shown.len().max(1) as f64;
+    let end = shown.iter().map(|l| l.end_us).fold(0.0, f64::max).max(1e-3);
+    let x = |us: f64| left + (w - left - right) * us / end;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="kernel timeline of two decode steps" font-family="sans-serif" font-size="10">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let more = t.launches.len() - shown.len() + t.left_out;
+    let _ = writeln!(
+        s,
+        r#"<text x="8" y="22" font-size="14" font-weight="bold">Kernel timeline of two decode steps ({} launches{})</text>"#,
+        shown.len(),
+        if more > 0 {
+            format!(", {more} more not drawn")
+        } else {
+            String::new()
+        }
+    );
+    let (ticks, dec) = ticks(0.0, end, 6);
+    for tk in ticks {
+        let _ = writeln!(
+            s,
+            r##"<line x1="{0:.1}" x2="{0:.1}" y1="{T}" y2="{1:.1}" stroke="#eee"/><text x="{0:.1}" y="{2:.1}" text-anchor="middle">{tk:.dec$} µs</text>"##,
+            x(tk),
+            h - 30.0,
+            h - 16.0
+        );
+    }
+    for (i, l) in shown.iter().enumerate() {
+        let y = T + row * i as f64;
+        let _ = writeln!(
+            s,
+            r##"<g class="launch"><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><rect x="{:.2}" y="{:.1}" width="{:.2}" height="{:.1}" fill="#cc6677"><title>{} blocks, {:.2}–{:.2} µs</title></rect></g>"##,
+            left - 6.0,
+            y + 9.0,
+            esc(&l.kernel),
+            x(l.start_us),
+            y + 2.0,
+            (x(l.end_us) - x(l.start_us)).max(0.5),
+            row - 3.0,
+            l.blocks,
+            l.start_us,
+            l.end_us
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -763,5 +883,42 @@ mod tests {
             }
             assert!(ys.iter().all(|y| y.1 <= H - B + 4.0 && y.1 >= T), "{ys:?}");
         }
+    }
+    #[test]
+    fn a_profile_is_drawn_from_its_numbers_with_names_escaped() {
+        let ops = vec![
+            OpTime {
+                op: "moe".into(),
+                ms: 2.0,
+                calls: 4.0,
+            },
+            OpTime {
+                op: "<script>".into(),
+                ms: 1.0,
+                calls: 1.0,
+            },
+        ];
+        let svg = profile_ops("Decode step", "ms/token", &ops);
+        assert_eq!(svg.matches(r#"class="op""#).count(), 2);
+        assert!(
+            svg.contains("&lt;script&gt;") && !svg.contains("<script"),
+            "{svg}"
+        );
+        assert!(svg.contains("66.7 %"), "{svg}");
+        let t = Timeline {
+            launches: (0..WATERFALL_MAX + 5)
+                .map(|i| crate::profile::Launch {
+                    kernel: "gemv_bf16".into(),
+                    start_us: i as f64,
+                    end_us: i as f64 + 0.5,
+                    blocks: 2,
+                })
+                .collect(),
+            kernels: vec![],
+            left_out: 7,
+        };
+        let svg = waterfall(&t);
+        assert_eq!(svg.matches(r#"class="launch""#).count(), WATERFALL_MAX);
+        assert!(svg.contains("12 more not drawn"), "{svg}");
     }
 }
