@@ -15,6 +15,11 @@
 //!   lists and the leaderboard leave it out, the queue shows an anonymous row); private runs
 //!   have their own daily quota, which leaderboard submissions do not draw on (nor they on the
 //!   failure cap); a runner leases every waiting leaderboard job before a private run.
+//! - A `profile` run (issue 49): priced as a benchmark, then profiled on the same runner; its
+//!   per-op table (and the SVGs the service draws from it) go to its solver alone, with the
+//!   priced result; another solver and the public get 404; it counts against the private quota;
+//!   a profile out of bounds is refused by the service (stored as unavailable, saying so), and
+//!   the CPU bench's real `--profile` output parses as a profile.
 //! - The transfer ledger (issue 49): `submit --local-result` keeps the solver's pricing beside
 //!   the arena's, in the view, the list, the track's ledger and its page's plot; a bad one is
 //!   refused naming the file or the field; a private run's stays its solver's.
@@ -31,6 +36,7 @@ use fastdecode_arena::api::{
 };
 use fastdecode_arena::bundle::Content;
 use fastdecode_arena::http::Api;
+use fastdecode_arena::profile::{self, Profile};
 use serde_json::{json, Value};
 
 on_both_databases!(
@@ -43,6 +49,7 @@ on_both_databases!(
     private_runs_have_their_own_quota,
     leaderboard_jobs_are_leased_before_private_runs,
     a_local_result_is_kept_beside_the_ranked_score,
+    a_profile_run_returns_its_profile_to_its_solver_alone,
 );
 
 fn off_surface() -> Vec<(String, Content)> {
@@ -749,4 +756,189 @@ fn a_local_result_is_kept_beside_the_ranked_score(db: Database) {
             && page.matches("<circle class=\"ledger\"").count() == 1,
         "{page}"
     );
+}
+
+/// What a runner reports of a profile stage: the profile as `runner::profile` parses it from a
+/// build's `bench --profile` output, here a hostile one's (an odd op name).
+fn profile_result(ops: &str) -> Value {
+    let out = format!(
+        "{{\"decode_breakdown_ms_per_token\": {ops}, \"prefill_breakdown_ms\": \
+         [{{\"op\": \"moe\", \"ms\": 40.0, \"launches\": 4}}]}}"
+    );
+    let (decode, prefill) = profile::ops_from_bench(out.as_bytes()).unwrap();
+    json!({"profile": Profile {
+        backend: "cpu".into(),
+        prompt_tokens: 512,
+        decode,
+        prefill,
+        timeline: None,
+        note: "per-op times; no kernel timeline: a CPU track has none".into(),
+    }})
+}
+
+/// A profile run priced and profiled: `profiled` with its score beside the best, its per-op
+/// table in its view, `/profile`, the SVGs, its page and `arena status` for alice only; bob and
+/// the public get 404 everywhere; nothing is ranked; a second profile run's out-of-bounds
+/// profile is refused by the service; both count against the private quota (2).
+fn a_profile_run_returns_its_profile_to_its_solver_alone(db: Database) {
+    let a = Arena::on_track(db, 30, |t| t.caps.private_runs_per_day = 2);
+    let bob = another_solver(&a, "bob");
+    let r = fake_runner(&a, "fake");
+    let id = post_mode(&a, "prof", Mode::Profile).unwrap();
+    let job = lease_until(&r, "price");
+    let job = report(&r, &job, "ok", priced([1.2, 1.3]), false).expect("profiled on this runner");
+    assert_eq!(
+        (job.submission.as_str(), job.stage.as_str()),
+        (id.as_str(), "profile")
+    );
+    let hostile = r#"[{"op": "attention", "ms": 1.5, "launches": 4},
+        {"op": "<img src=x onerror=alert(1)>", "ms": 0.25, "launches": 1}]"#;
+    assert!(report(&r, &job, "ok", profile_result(hostile), false).is_none());
+    let v = a.finished(&id);
+    assert_eq!((v.mode, v.status.as_str()), (Mode::Profile, "profiled"));
+    let verdict = v.verdict.clone().unwrap();
+    assert!(
+        (verdict["score"].as_f64().unwrap() - 1.25).abs() < 1e-9,
+        "{verdict}"
+    );
+    assert_eq!(verdict["current_best"], 1.0);
+    let tail: Vec<(String, String)> = rows(&v).split_off(v.stages.len() - 3);
+    assert_eq!(
+        tail,
+        pairs(&[("price", "ok"), ("profile", "ok"), ("verdict", "profiled")])
+    );
+    let p = v.profile.clone().expect("the profile in its solver's view");
+    let ops: Vec<&str> = p.decode.iter().map(|o| o.op.as_str()).collect();
+    assert_eq!(ops, ["attention", "?img src=x onerror=alert(1)?"]);
+    assert!(p.note.contains("a CPU track has none"), "{}", p.note);
+    assert!(lease_none(&r), "a job was left after the profile's verdict");
+
+    // Its solver: the profile, its SVGs (drawn by the service), its page, `arena status`.
+    let mine = a.api();
+    let got: Profile = mine
+        .get_json(&format!("/api/submissions/{id}/profile"))
+        .unwrap();
+    assert_eq!(got, p);
+    let svg = mine
+        .get_bytes(&format!("/api/submissions/{id}/profile.svg"))
+        .unwrap()
+        .unwrap();
+    let svg = String::from_utf8_lossy(&svg);
+    assert!(
+        svg.starts_with("<svg") && svg.contains("attention") && !svg.contains("<img"),
+        "{svg}"
+    );
+    let e = format!(
+        "{:#}",
+        mine.get_json::<Value>(&format!("/api/submissions/{id}/timeline.svg"))
+            .unwrap_err()
+    );
+    assert!(e.contains("404") && e.contains("no kernel timeline"), "{e}");
+    let html = mine
+        .get_bytes(&format!("/submissions/{id}"))
+        .unwrap()
+        .unwrap();
+    let html = String::from_utf8_lossy(&html);
+    assert!(
+        html.contains("id=\"profile-decode\"") && html.contains("A private profile run"),
+        "{html}"
+    );
+    assert!(!html.contains("<img src=x"), "an op name rendered raw");
+    let o = Command::new(BIN)
+        .args([
+            "arena",
+            "status",
+            &id,
+            "--server",
+            &a.url(),
+            "--token",
+            &a.solver,
+        ])
+        .env_remove("FASTDECODE_ARENA_TOKEN")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("profile (cpu)") && out.contains("attention") && out.contains("ms/token"),
+        "{out}"
+    );
+
+    // Bob and the public: 404 everywhere, and nothing in the lists or on the track's pages.
+    for (who, token) in [("bob", Some(bob.as_str())), ("the public", None)] {
+        let api = Api::new(&a.url(), token).unwrap();
+        for path in [
+            format!("/api/submissions/{id}"),
+            format!("/api/submissions/{id}/profile"),
+            format!("/api/submissions/{id}/profile.svg"),
+            format!("/api/submissions/{id}/timeline.svg"),
+        ] {
+            let e = format!("{:#}", api.get_json::<Value>(&path).unwrap_err());
+            assert!(
+                e.contains("404") && e.contains(&format!("no submission {id}")),
+                "{who} {path}: {e}"
+            );
+        }
+        assert!(api
+            .get_bytes(&format!("/submissions/{id}"))
+            .unwrap()
+            .is_none());
+        assert!(list(&a, token).is_empty(), "{who}");
+        for page in ["/tracks/serial-tiny", "/api/tracks/serial-tiny", "/"] {
+            let b = api.get_bytes(page).unwrap().unwrap();
+            let b = String::from_utf8_lossy(&b);
+            assert!(!b.contains(&id) && !b.contains("onerror"), "{who} {page}");
+        }
+    }
+    let t = a.track();
+    assert_eq!(t.current_best_score, 1.0);
+    assert!(t.leaderboard.is_empty(), "{:?}", t.leaderboard);
+
+    // A second profile run whose runner reports a profile out of bounds: the service stores one
+    // that says it refused it, and the run is still profiled with its pricing.
+    let second = post_mode(&a, "prof-2", Mode::Profile).unwrap();
+    let job = lease_until(&r, "price");
+    let job = report(&r, &job, "ok", priced([0.9, 1.0]), false).unwrap();
+    let mut bad = profile_result(r#"[{"op": "moe", "ms": 1, "launches": 1}]"#);
+    bad["profile"]["decode"][0]["op"] = json!("<script>");
+    assert!(report(&r, &job, "ok", bad, false).is_none());
+    let v = a.finished(&second);
+    assert_eq!(v.status, "profiled");
+    let p = v.profile.unwrap();
+    assert!(p.decode.is_empty(), "{p:?}");
+    assert!(
+        p.note.contains("the service refused the profile"),
+        "{}",
+        p.note
+    );
+    // Both count against the private quota of 2.
+    let e = post_mode(&a, "bench", Mode::Benchmark).unwrap_err();
+    assert!(
+        e.contains("429") && e.contains("2 private run(s) (test, benchmark or profile)"),
+        "{e}"
+    );
+}
+
+/// The CPU bench's `--profile --json` output (the engine's own, on the bundled model) is what
+/// the runner's parser takes: a per-op table of the decode step and of the prefill.
+#[test]
+fn the_cpu_benchs_profile_parses_as_a_profile() {
+    let o = Command::new(BIN)
+        .args(["bench", "--profile", "--json", "--prompt-tokens", "16"])
+        .args(["--decode-tokens", "4", "--repeats", "1"])
+        .args(["--block-sizes", "2", "--draft", "oracle:1"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (decode, prefill) = profile::ops_from_bench(&o.stdout).unwrap();
+    let names = |ops: &[profile::OpTime]| {
+        let mut v: Vec<String> = ops.iter().map(|o| o.op.clone()).collect();
+        v.sort();
+        v
+    };
+    for ops in [&decode, &prefill] {
+        for op in ["attention", "attention projections", "embed", "logits"] {
+            assert!(names(ops).iter().any(|n| n == op), "{op}: {ops:?}");
+        }
+        assert!(ops.iter().all(|o| o.ms >= 0.0 && o.calls > 0.0), "{ops:?}");
+    }
 }
