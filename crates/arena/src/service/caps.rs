@@ -5,7 +5,7 @@
 //! crashed, hung or broke the protocol, which a candidate can do at will), and its submissions
 //! still queued or running (any of them may fail). Free: infrastructure failures the runner or
 //! the reference caused, cancelled jobs, and the re-pricings the service queues itself. Private
-//! runs (`test`, `benchmark`) are not counted here: they have their own quota
+//! runs (`test`, `benchmark`, `profile`) are not counted here: they have their own quota
 //! (`caps.private_runs_per_day`, `PrivateRuns`), which leaderboard submissions never draw on.
 
 use anyhow::Result;
@@ -162,7 +162,7 @@ pub async fn usage(
     Ok(u)
 }
 
-/// A solver's private runs (`test`, `benchmark`) on a track in the last day, against the
+/// A solver's private runs (`test`, `benchmark`, `profile`) on a track in the last day, against the
 /// track's own quota (`caps.private_runs_per_day`): each counts from its start, whatever its
 /// outcome, for a day. Leaderboard submissions never count here, nor private runs there.
 #[derive(Debug, Clone, PartialEq)]
