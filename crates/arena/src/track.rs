@@ -161,6 +161,10 @@ pub struct Deadlines {
     /// Beyond the clock's own `time_budget` (the pair under way, the judge, start-ups).
     #[serde(default = "default_price_grace_seconds")]
     pub price_grace: f64,
+    /// Each child of a profile run's profile stage (its `bench --profile`, on a CUDA track its
+    /// `bench --trace`); past it the profile says so, and the run keeps its pricing.
+    #[serde(default = "default_profile_seconds")]
+    pub profile: f64,
 }
 
 fn default_build_seconds() -> f64 {
@@ -179,6 +183,10 @@ fn default_price_grace_seconds() -> f64 {
     900.0
 }
 
+fn default_profile_seconds() -> f64 {
+    300.0
+}
+
 impl Default for Deadlines {
     fn default() -> Self {
         Deadlines {
@@ -186,6 +194,7 @@ impl Default for Deadlines {
             kernels: default_kernels_seconds(),
             gate: default_gate_seconds(),
             price_grace: default_price_grace_seconds(),
+            profile: default_profile_seconds(),
         }
     }
 }

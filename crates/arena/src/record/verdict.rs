@@ -252,16 +252,17 @@ impl<'a> Reporting<'a> {
             "metrics": m,
             "current_best": best,
         });
-        let timeline = if profile.timeline.is_some() {
-            " and its kernel timeline"
-        } else {
-            ""
+        let got = match (profile.decode.len(), profile.timeline.is_some()) {
+            (0, _) => "no per-op times (its profile says why)".to_string(),
+            (n, true) => format!("per-op times of {n} op(s) and a kernel timeline for its solver"),
+            (n, false) => format!("per-op times of {n} op(s) for its solver"),
         };
         let why = format!(
-            "profiled: score {} against the current best {best:.4}; per-op times of {} op(s){timeline} \
-             for its solver; a profile run is never promoted or ranked",
-            m["score"].as_f64().map_or("-".into(), |s| format!("{s:.4}")),
-            profile.decode.len(),
+            "profiled: score {} against the current best {best:.4}; {got}; a profile run is \
+             never promoted or ranked",
+            m["score"]
+                .as_f64()
+                .map_or("-".into(), |s| format!("{s:.4}")),
         );
         self.conclude(tx, PROFILED, m["score"].as_f64(), &v, &why)
             .await

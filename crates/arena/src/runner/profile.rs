@@ -1,7 +1,8 @@
 //! The profile stage of a `profile` run, after its pricing, on the same kind of runner: the
 //! candidate's own `fastdecode bench --profile --json` on the track's model, a random prompt of
 //! the window's length (never a hidden one) and 32 decode steps, sandboxed as every candidate
-//! process is, with a deadline and a cap on what it writes; on a CUDA track then `bench --trace`
+//! process is, with a deadline (the track's `deadlines.profile`, each child) and a cap on what
+//! it writes; on a CUDA track then `bench --trace`
 //! (kernels compiled with `-DFD_TRACE`, in the sandbox) for the per-kernel timeline of two decode
 //! steps. What the build printed and wrote is read bounded and parsed here (`crate::profile`);
 //! the stage's detail and the profile's note are the runner's own words, never the build's
@@ -25,8 +26,6 @@ use crate::api::Job;
 use crate::profile::{self, Profile};
 use crate::track::Track;
 
-/// How long each profiling child may run.
-const DEADLINE: Duration = Duration::from_secs(300);
 /// The most bytes a profiling child may leave in its directory (its output and its trace).
 const DISK: u64 = 64 << 20;
 /// Decode tokens of the profiled run.
@@ -70,8 +69,9 @@ fn bench_model_args(model: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// The words for a profiling child that did not end well (no text of the build's).
-fn ended_badly(ended: &Ended) -> Option<String> {
+/// The words for a profiling child that did not end well (no text of the build's), whose
+/// deadline was `deadline` seconds.
+fn ended_badly(ended: &Ended, deadline: f64) -> Option<String> {
     match ended {
         Ended::Exited(st) if st.success() => None,
         Ended::Exited(st) => Some(format!(
@@ -79,8 +79,8 @@ fn ended_badly(ended: &Ended) -> Option<String> {
              predates the per-op profile of its backend has none)"
         )),
         Ended::Deadline => Some(format!(
-            "the profiling ran past its deadline of {} s and was stopped",
-            DEADLINE.as_secs()
+            "the profiling ran past its deadline of {deadline:.0} s (deadlines.profile) and was \
+             stopped"
         )),
         Ended::Disk(_) => Some(format!(
             "the profiling wrote more than {DISK} bytes and was stopped"
@@ -134,14 +134,14 @@ impl Runner {
         // The service checks it again; a profile the runner would refuse is a bug here.
         p.check()
             .map_err(|e| anyhow::anyhow!("the parsed profile: {e}"))?;
-        let detail = format!(
-            "{} op(s) timed{}",
-            p.decode.len(),
-            match &p.timeline {
-                Some(tl) => format!(", {} kernel launches on the timeline", tl.launches.len()),
-                None => String::new(),
-            }
-        );
+        let detail = match (p.decode.len(), &p.timeline) {
+            (0, _) => p.note.clone(),
+            (n, Some(tl)) => format!(
+                "{n} op(s) timed, {} kernel launches on the timeline",
+                tl.launches.len()
+            ),
+            (n, None) => format!("{n} op(s) timed; no kernel timeline"),
+        };
         Ok(ok(detail, json!({ "profile": p })))
     }
 
@@ -202,7 +202,7 @@ impl Runner {
         cmd.args(extra);
         let log = work.join(format!("{name}.out"));
         let limits = Limits {
-            deadline: DEADLINE,
+            deadline: Duration::from_secs_f64(t.deadlines.profile),
             disk: Some((work, DISK)),
         };
         Ok((child::run(cmd, &log, lost, limits)?, log))
@@ -219,7 +219,7 @@ impl Runner {
     ) -> Result<std::result::Result<Tables, String>> {
         let (ended, log) =
             self.bench_child(t, cand, model, work, "ops", &["--profile"], None, lost)?;
-        if let Some(why) = ended_badly(&ended) {
+        if let Some(why) = ended_badly(&ended, t.deadlines.profile) {
             return Ok(Err(why));
         }
         Ok(read_capped(&log, profile::OUTPUT_MAX)
@@ -250,7 +250,7 @@ impl Runner {
             Some(&dir),
             lost,
         )?;
-        if let Some(why) = ended_badly(&ended) {
+        if let Some(why) = ended_badly(&ended, t.deadlines.profile) {
             return Ok(Err(why.replace("--profile", "--trace")));
         }
         Ok(read_capped(&dir.join("trace.csv"), profile::TRACE_MAX)

@@ -247,6 +247,7 @@ fn check_deadlines(d: &Deadlines) -> Result<()> {
         (d.kernels, "deadlines.kernels"),
         (d.gate, "deadlines.gate"),
         (d.price_grace, "deadlines.price_grace"),
+        (d.profile, "deadlines.profile"),
     ] {
         if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
             bail!("{f} {v}: seconds in (0, 86400]");
