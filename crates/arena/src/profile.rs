@@ -588,4 +588,75 @@ mod tests {
         bad(&|p| p.note = "x\u{1b}[2J".into());
         bad(&|p| p.prefill = vec![p.decode[0].clone(); OPS_MAX + 1]);
     }
+    /// The contract with the engine's own trace writer and grouping
+    /// (`fastdecode_cuda::timeline`): what `bench --trace` writes reads back as the launches
+    /// and kernel names `fastdecode timeline` finds, for any records.
+    mod against_the_engine {
+        use super::super::*;
+        use fastdecode_cuda::timeline as engine;
+        use proptest::prelude::*;
+
+        fn record() -> impl Strategy<Value = engine::TraceRecord> {
+            (
+                0u64..200,
+                prop::sample::select(vec![1u32 << 20, 2 << 20 | 7, 6 << 20, 13 << 20 | 1]),
+                prop::sample::select(vec![0u32, 1, 2, 3]),
+                0u32..4,
+            )
+                .prop_map(|(t, kind, event, block)| engine::TraceRecord {
+                    module: "moe".into(),
+                    ns: 1000 + 10 * t,
+                    kind,
+                    event,
+                    block,
+                    clock: t * 3,
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            #[test]
+            fn a_written_trace_reads_back_as_the_engines_launches(
+                recs in prop::collection::vec(record(), 1..120)
+            ) {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("trace.csv");
+                engine::write_csv(&path, &recs).unwrap();
+                let mut want: Vec<(String, u64, u64, u32)> = engine::launches(&recs)
+                    .iter()
+                    .map(|l| (engine::kind_name(l.kind), l.first_start, l.last_end, l.blocks as u32))
+                    .collect();
+                match timeline_from_csv(&std::fs::read(&path).unwrap()) {
+                    Err(e) => prop_assert!(want.is_empty(), "{e}: {want:?}"),
+                    Ok(t) => {
+                        let t0 = want.iter().map(|w| w.1).min().unwrap();
+                        let us = |ns: u64| (ns - t0) as f64 / 1e3;
+                        let mut got: Vec<(String, f64, f64, u32)> = t
+                            .launches
+                            .iter()
+                            .map(|l| (l.kernel.clone(), l.start_us, l.end_us, l.blocks))
+                            .collect();
+                        let mut want: Vec<(String, f64, f64, u32)> = want
+                            .drain(..)
+                            .map(|(k, a, b, n)| (k, us(a), us(b), n))
+                            .collect();
+                        let key = |x: &(String, f64, f64, u32)| (x.1.to_bits(), x.2.to_bits(), x.0.clone(), x.3);
+                        got.sort_by_key(key);
+                        want.sort_by_key(key);
+                        prop_assert_eq!(got, want);
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn kernel_names_are_the_engines() {
+            for id in 0..16u32 {
+                for tag in [0u32, 1, 4095] {
+                    let kind = id << 20 | tag;
+                    assert_eq!(kernel_name(kind), engine::kind_name(kind), "{kind:#x}");
+                }
+            }
+        }
+    }
 }
