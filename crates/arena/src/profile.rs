@@ -16,8 +16,9 @@ use serde_json::Value;
 
 /// The most bytes of the bench's output the runner reads.
 pub const OUTPUT_MAX: usize = 1 << 20;
-/// The most bytes of a trace's CSV the runner reads.
-pub const TRACE_MAX: usize = 32 << 20;
+/// The most bytes of a trace's CSV the runner reads: the engine's most records (`RECORDS_MAX`)
+/// at about 80 bytes a line.
+pub const TRACE_MAX: usize = 160 << 20;
 /// The most ops a table may list.
 pub const OPS_MAX: usize = 64;
 /// The most characters an op name keeps.
@@ -26,8 +27,9 @@ pub const NAME_MAX: usize = 48;
 pub const LAUNCHES_MAX: usize = 2000;
 /// The most kernels a timeline's table lists.
 pub const KERNELS_MAX: usize = 64;
-/// The most records of a trace read.
-pub const RECORDS_MAX: usize = 1_000_000;
+/// The most records of a trace read: the most the engine's trace buffer holds (`FD_TRACE_CAP`
+/// in `crates/cuda/kernels/common.cuh`), so an honest trace is never refused for its size.
+pub const RECORDS_MAX: usize = 1 << 21;
 /// The most milliseconds an op may take (per token or per prefill), and microseconds a
 /// timeline may span.
 pub const MS_MAX: f64 = 1e7;
@@ -235,6 +237,10 @@ pub fn timeline_from_csv(csv: &[u8]) -> Result<Timeline, String> {
         }
         if recs.len() >= RECORDS_MAX {
             return Err(format!("the trace has more than {RECORDS_MAX} records"));
+        }
+        // An honest line is under 100 bytes; a long one is not split (into millions of fields).
+        if line.len() > 256 {
+            return Err(format!("trace line {}: longer than a record", i + 1));
         }
         let f: Vec<&str> = line.split(',').collect();
         let num = |j: usize| -> Result<u64, String> {
@@ -557,6 +563,10 @@ mod tests {
             (b"h\nm,1,99999999999,0,0,0\n".to_vec(), "out of range"),
             (b"h\n\xff\xfe\n".to_vec(), "not UTF-8"),
             (b"h\nm,1,1,0,0,0\n".to_vec(), "no whole launch"),
+            (
+                [b"h\n".to_vec(), vec![b','; 100_000]].concat(),
+                "longer than a record",
+            ),
             (vec![b'0'; TRACE_MAX + 1], "more than"),
         ] {
             let e = timeline_from_csv(&bad).unwrap_err();

@@ -26,8 +26,9 @@ use crate::api::Job;
 use crate::profile::{self, Profile};
 use crate::track::Track;
 
-/// The most bytes a profiling child may leave in its directory (its output and its trace).
-const DISK: u64 = 64 << 20;
+/// The most bytes a profiling child may leave in its directory (its output and its trace, which
+/// may be up to `profile::TRACE_MAX`).
+const DISK: u64 = 256 << 20;
 /// Decode tokens of the profiled run.
 const DECODE_TOKENS: usize = 32;
 /// A build's per-op tables: its decode step's and its prefill's.
