@@ -35,6 +35,8 @@ pub const RECORDS_MAX: usize = 1 << 21;
 pub const MS_MAX: f64 = 1e7;
 /// The most calls (launches) an op may count per token or prefill.
 pub const CALLS_MAX: f64 = 1e9;
+/// The most characters of a profile's note (the runner's or the service's words).
+pub const NOTE_MAX: usize = 1000;
 
 /// What a profile run returns its solver.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -341,8 +343,10 @@ impl Profile {
         if self.prompt_tokens > 1 << 20 {
             return Err("prompt_tokens: too many".into());
         }
-        if self.note.chars().count() > 400 || self.note.chars().any(char::is_control) {
-            return Err("note: at most 400 characters, none of them control characters".into());
+        if self.note.chars().count() > NOTE_MAX || self.note.chars().any(char::is_control) {
+            return Err(format!(
+                "note: at most {NOTE_MAX} characters, none of them control characters"
+            ));
         }
         let num = |x: f64, max: f64| x.is_finite() && (0.0..=max).contains(&x);
         for (what, ops) in [("decode", &self.decode), ("prefill", &self.prefill)] {
@@ -385,7 +389,11 @@ impl Profile {
             decode: vec![],
             prefill: vec![],
             timeline: None,
-            note: why.chars().filter(|c| !c.is_control()).take(400).collect(),
+            note: why
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(NOTE_MAX)
+                .collect(),
         }
     }
 

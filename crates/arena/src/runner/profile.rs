@@ -124,7 +124,7 @@ impl Runner {
                      CUDA tracks only)";
             None
         };
-        let p = Profile {
+        let mut p = Profile {
             backend: t.model.backend.clone(),
             prompt_tokens: t.window.prompt_tokens,
             decode,
@@ -132,9 +132,15 @@ impl Runner {
             timeline,
             note,
         };
-        // The service checks it again; a profile the runner would refuse is a bug here.
-        p.check()
-            .map_err(|e| anyhow::anyhow!("the parsed profile: {e}"))?;
+        // The service checks it again; one the parsing made and the check refuses would be a
+        // bug here, reported as such rather than sent.
+        if let Err(e) = p.check() {
+            p = Profile::unavailable(
+                &t.model.backend,
+                t.window.prompt_tokens,
+                &format!("no profile: the runner's parse of it is out of bounds ({e})"),
+            );
+        }
         let detail = match (p.decode.len(), &p.timeline) {
             (0, _) => p.note.clone(),
             (n, Some(tl)) => format!(
