@@ -13,46 +13,20 @@
 #include <string>
 
 #include "driver.h"
+#include "persistent_toy_host.h"
 
 namespace emu_driver {
 
-// A toy launch's shapes, weights, queues and buffers (persistent_toy.cu's layout).
-struct Toy {
-    int ops = 0, grid = 0;
-    std::vector<int> shape, w_off, x_off, queue, queue_start;
-    std::vector<unsigned> weights, x, done;
-    unsigned base = 0;
+// A random toy (2 to 5 ops, tiles dealt to `grid` blocks at random) and its counters.
+struct Toy : ToyLayout {
+    std::vector<unsigned> done;
 
-    // A random toy: 2 to 5 ops of widths 1 to 80, tiles of rows fitting a page, its items dealt to
-    // `grid` blocks at random (each block's queue in op order).
-    Toy(std::mt19937& rng, int grid_) : grid(grid_) {
-        ops = 2 + rng() % 4;
-        std::vector<int> width(ops + 1);
-        for (int& w : width) w = 1 + rng() % 80;
-        std::vector<std::vector<int>> queues(grid);
-        int w_total = 0, x_total = width[0];
-        x_off.push_back(0);
-        for (int i = 0; i < ops; i++) {
-            const int in = width[i], out = width[i + 1];
-            const int most = std::min(out, TOY_PAGE_WORDS / in);
-            const int rows = 1 + rng() % most, tiles = (out + rows - 1) / rows;
-            shape.insert(shape.end(), {in, out, rows, tiles});
-            w_off.push_back(w_total);
-            w_total += in * out;
-            x_off.push_back(x_total);
-            x_total += out;
-            for (int t = 0; t < tiles; t++) queues[rng() % grid].push_back(i << 16 | t);
-        }
-        weights.resize(w_total);
-        for (auto& w : weights) w = rng();
-        x.assign(x_total, 0xdeadbeefu);
-        queue_start.push_back(0);
-        for (auto& q : queues) {
-            queue.insert(queue.end(), q.begin(), q.end());  // dealt in op order already
-            queue_start.push_back((int)queue.size());
-        }
-        base = rng() % 2 ? (unsigned)rng() : 0u - (unsigned)(rng() % 64);  // near 2^32: the targets wrap
-        done.assign(ops, base);
+    Toy(std::mt19937& rng, int grid_) : ToyLayout(random(rng, grid_)) { done.assign(ops, base); }
+
+    static ToyLayout random(std::mt19937& rng, int grid) {
+        std::vector<int> width, rows;
+        toy_random_shape(rng, 2 + rng() % 4, width, rows);
+        return ToyLayout(rng, grid, width, rows, [&](int, int) { return (int)(rng() % 65536); });
     }
 
     // Step `step` on input `in` (x_0): the launch, then whether every op's output is the host's.
@@ -63,20 +37,7 @@ struct Toy {
             toy_persistent_step(weights.data(), shape.data(), w_off.data(), x_off.data(), x.data(), done.data(),
                                 queue.data(), queue_start.data(), s, base, bug);
         }, seed);
-        std::vector<unsigned> xi = in;
-        bool ok = true;
-        for (int i = 0; i < ops; i++) {
-            const int n_in = shape[4 * i], n_out = shape[4 * i + 1];
-            std::vector<unsigned> xo(n_out);
-            for (int j = 0; j < n_out; j++) {
-                unsigned acc = 0;
-                for (int k = 0; k < n_in; k++) acc += weights[w_off[i] + (size_t)j * n_in + k] * xi[k];
-                xo[j] = acc + (unsigned)(j + i);
-                ok &= x[x_off[i + 1] + j] == xo[j];
-            }
-            xi = xo;
-        }
-        return ok;
+        return outputs_right(in);
     }
 
     // Steps 0..steps-1 on random inputs: how many gave a wrong output.

@@ -20,6 +20,7 @@
 
 #include "../../crates/cuda/kernels/common.cuh"
 #include "../emu/persistent_toy.cu"
+#include "../emu/persistent_toy_host.h"
 
 #define CHECK(x)                                                                         \
     do {                                                                                 \
@@ -38,41 +39,15 @@ T* upload(const std::vector<T>& v) {
     return d;
 }
 
-// A toy's shapes and queues (persistent_toy.cu's layout), its device copies, and the host's answer.
-struct Toy {
-    int ops = 0, grid = 0;
-    std::vector<int> shape, w_off, x_off, queue, queue_start;
-    std::vector<unsigned> weights, x;
-    unsigned base = 0;
+// A toy (persistent_toy_host.h's layout and answer) and its device copies.
+struct Toy : ToyLayout {
     int next_step = 0;  // counters are never reset: each launch is the next step
     unsigned *d_weights = nullptr, *d_x = nullptr, *d_done = nullptr;
     int *d_shape = nullptr, *d_w_off = nullptr, *d_x_off = nullptr, *d_queue = nullptr, *d_queue_start = nullptr;
 
-    // `widths` (ops + 1 of them), `rows` per tile of each op, each tile dealt by `deal(op, tile)`.
     template <typename Deal>
     Toy(std::mt19937& rng, int grid_, const std::vector<int>& width, const std::vector<int>& rows, Deal deal)
-        : ops((int)rows.size()), grid(grid_) {
-        std::vector<std::vector<int>> queues(grid);
-        int w_total = 0, x_total = width[0];
-        x_off.push_back(0);
-        for (int i = 0; i < ops; i++) {
-            const int in = width[i], out = width[i + 1], tiles = (out + rows[i] - 1) / rows[i];
-            shape.insert(shape.end(), {in, out, rows[i], tiles});
-            w_off.push_back(w_total);
-            w_total += in * out;
-            x_off.push_back(x_total);
-            x_total += out;
-            for (int t = 0; t < tiles; t++) queues[deal(i, t) % grid].push_back(i << 16 | t);
-        }
-        weights.resize(w_total);
-        for (auto& w : weights) w = rng();
-        x.assign(x_total, 0xdeadbeefu);
-        queue_start.push_back(0);
-        for (auto& q : queues) {
-            queue.insert(queue.end(), q.begin(), q.end());
-            queue_start.push_back((int)queue.size());
-        }
-        base = rng() % 2 ? (unsigned)rng() : 0u - (unsigned)(rng() % 64);  // near 2^32: the targets wrap
+        : ToyLayout(rng, grid_, width, rows, deal) {
         d_weights = upload(weights), d_x = upload(x), d_done = upload(std::vector<unsigned>(ops, base));
         d_shape = upload(shape), d_w_off = upload(w_off), d_x_off = upload(x_off);
         d_queue = upload(queue), d_queue_start = upload(queue_start);
@@ -90,20 +65,7 @@ struct Toy {
         launch();
         CHECK(cudaGetLastError());
         CHECK(cudaMemcpy(x.data(), d_x, x.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
-        std::vector<unsigned> xi = in;
-        bool ok = true;
-        for (int i = 0; i < ops; i++) {
-            const int n_in = shape[4 * i], n_out = shape[4 * i + 1];
-            std::vector<unsigned> xo(n_out);
-            for (int j = 0; j < n_out; j++) {
-                unsigned acc = 0;
-                for (int k = 0; k < n_in; k++) acc += weights[w_off[i] + (size_t)j * n_in + k] * xi[k];
-                xo[j] = acc + (unsigned)(j + i);
-                ok &= x[x_off[i + 1] + j] == xo[j];
-            }
-            xi = xo;
-        }
-        return ok;
+        return outputs_right(in);
     }
 };
 
@@ -142,9 +104,8 @@ int main() {
     for (int seed = 0; seed < 200; seed++) {
         std::mt19937 rng(seed);
         const int grid = 1 + rng() % sms, ops = 2 + rng() % 6;
-        std::vector<int> width(ops + 1), rows(ops);
-        for (int& w : width) w = 1 + rng() % 80;
-        for (int i = 0; i < ops; i++) rows[i] = 1 + rng() % std::min(width[i + 1], TOY_PAGE_WORDS / width[i]);
+        std::vector<int> width, rows;
+        toy_random_shape(rng, ops, width, rows);
         Toy toy(rng, grid, width, rows, [&](int, int) { return (int)(rng() % 65536); });
         if (!resident(grid)) continue;
         for (int s = 0; s < 4; s++) {
@@ -160,25 +121,29 @@ int main() {
     }
     std::printf("random toys: %d steps, %d items a step summed, %d wrong\n", steps, items, failures);
 
-    // Chains of one-tile ops (16 wide): each op's tile on the next SM's block, or all on block 0.
-    // The difference over the ops is what one hand-off between SMs adds to a chain.
+    // Chains of one-tile ops: each op's tile on the next SM's block, or all on block 0. The
+    // difference over the ops is what one hand-off between SMs adds to a chain; the one-block
+    // figure is the op itself. 16 wide: each compute warp walks 5-6 rows, an L2 read of x each;
+    // 3 wide: one row a compute warp, the least an op does (wait, one L2 read, store, release).
     const int chain = 256;
-    std::vector<int> width(chain + 1, 16), rows(chain, 16);
-    std::mt19937 rng(1);
-    Toy across(rng, std::min(sms, chain), width, rows, [](int op, int) { return op; });
-    Toy within(rng, 1, width, rows, [](int, int) { return 0; });
-    for (Toy* t : {&across, &within}) {
-        std::vector<unsigned> in(16, 3);
-        if (!t->step(in)) {
-            std::printf("FAIL chain on %d blocks\n", t->grid);
-            failures++;
+    std::printf("{");
+    for (int wide : {16, 3}) {
+        std::vector<int> width(chain + 1, wide), rows(chain, wide);
+        std::mt19937 rng(1);
+        Toy across(rng, std::min(sms, chain), width, rows, [](int op, int) { return op; });
+        Toy within(rng, 1, width, rows, [](int, int) { return 0; });
+        for (Toy* t : {&across, &within}) {
+            std::vector<unsigned> in(wide, 3);
+            if (!t->step(in)) {
+                std::printf("FAIL chain %d wide on %d blocks\n", wide, t->grid);
+                failures++;
+            }
         }
+        const double us_across = step_us(across, 51), us_within = step_us(within, 51);
+        std::printf("\"wide_%d\": {\"chain_ops\": %d, \"across_us\": %.2f, \"within_us\": %.2f, "
+                    "\"per_op_across_us\": %.3f, \"per_op_within_us\": %.3f}, ",
+                    wide, chain, us_across, us_within, us_across / chain, us_within / chain);
     }
-    const double us_across = step_us(across, 51), us_within = step_us(within, 51);
-    std::printf("chain of %d ops: %.1f us across %d SMs, %.1f us on one block\n", chain, us_across, across.grid,
-                us_within);
-    std::printf("{\"chain_ops\": %d, \"across_us\": %.2f, \"within_us\": %.2f, \"per_handoff_across_us\": %.3f, "
-                "\"per_op_within_us\": %.3f, \"failures\": %d}\n",
-                chain, us_across, us_within, us_across / chain, us_within / chain, failures);
+    std::printf("\"failures\": %d}\n", failures);
     return failures ? 1 : 0;
 }
