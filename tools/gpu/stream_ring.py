@@ -8,18 +8,22 @@ y = W x in f32):
 
 - `plain`: 8 blocks of 256 threads per SM, a warp per row at a time, every lane's 16-byte words
   of the row requested at once (today's GEMV in its simplest form);
-- the ring: one block per SM, warp 0's lane 0 the loader (a page = whole rows, PAGES of them in
-  the ring, each page's bytes one bulk copy), issuing from the kernel's start while COMPUTE
-  warps stage x, then drain each full page and arrive on its `empty` barrier: `rows`, a row a
-  warp; `split`, every row split over the warps by columns, their sums added after a barrier;
-  `drain`, no compute at all (the ring's own streaming rate).
+- `tiles`: one block per SM, a loader warp and compute warps; the rows in groups (dealt over the
+  blocks), each group streamed as tiles of its rows by some columns: a page, one bulk copy a row
+  issued by the loader's lanes at once, completing on the page's mbarrier. Each compute warp owns
+  a few rows of the group, keeps their sums in registers across the tiles and releases a page when
+  its reads are done: no barrier between compute warps, x read once a word for all its rows.
+  (A first ring, pages of whole rows drained a row a warp or split over the warps by columns,
+  lost 5-50 %: a page held fewer rows than there were warps, so most warps waited.) `solo` leaves
+  warps 4, 8, 12 idle so the loader has its scheduler alone; `drain`: the same ring, the compute
+  warps only releasing pages (the ring's own streaming rate).
 
 Shapes: XS 2.1's q|k|v|g (10240 x 2048), o_proj (2048 x 8192) and lm_head (100352 x 2048),
 eight copies of each smaller matrix rotated launch after launch so none is read from L2. For each
 (kernel, shape, ring configuration) the median of several timings of 16 back-to-back launches
 gives ms and TB/s, beside the device-to-device copy of the same bytes (the roofline; its TB/s
 counts what it reads and writes). The launches are queued behind a kernel that holds the stream
-for 5 ms, so they run back to back whatever the host's pace. The ring's
+for 5 ms, so they run back to back whatever the host's pace. The tiles'
 y is checked against the plain kernel's (f32 sums in another order: relative 1e-3).
 
     python3 tools/gpu/stream_ring.py [--json FILE]      # on the GPU machine (cuprobe.py)
@@ -128,92 +132,101 @@ __device__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned l
                  ::"r"(smem(dst)), "l"(src), "r"(bytes), "r"(smem(bar)) : "memory");
 }
 
-// One block per SM: warp 0's lane 0 loads pages of `page_rows` rows (chunks dealt round-robin
-// over the blocks) from the start, warps 1..COMPUTE stage x meanwhile and compute: `mode` 1 a
-// row a warp, 2 every row split over the warps by columns (their sums added after a barrier of
-// the compute warps), 0 nothing (they only release each page: the ring's streaming rate alone);
-// dynamic shared memory: the pages, then x.
+constexpr int MOST_ROWS_A_WARP = 4;
+
+// One block per SM, a loader warp (warp 0) and compute warps. The work is groups of `group`
+// rows (dealt round-robin over the blocks), each streamed as COLS / `cols` tiles of `group` rows
+// by `cols` columns: a page, filled by one bulk copy a row, issued by the loader's lanes at once.
+// A compute warp owns the rows cw, cw + compute, ... of a group and keeps their sums in registers
+// across the group's tiles (no barrier between compute warps: each only arrives on the page's
+// `empty` barrier when its reads are done); lane l's words of a tile row are l, l + 32, ..., and
+// x's eight values for a word are read once for all the warp's rows. `solo`: warps 4, 8, 12 stay
+// idle, so the loader has its scheduler (warp % 4) alone; `work` 0: the compute warps only
+// release each page (the ring's own streaming rate). Dynamic shared memory: the pages, then x.
 template <int COLS>
-__device__ void ring_rows(const unsigned short* w, const float* x, float* y, int rows, int page_rows, int pages,
-                          int mode, unsigned char* dyn) {
+__device__ void tile_rows(const unsigned short* w, const float* x, float* y, int rows, int group, int cols,
+                          int pages, int solo, int work, unsigned char* dyn) {
     __shared__ unsigned long long full[16], empty[16];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, compute = blockDim.x / WARP - 1;
-    const unsigned page_bytes = page_rows * COLS * 2;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
+    const bool idle = solo && warp != 0 && warp % 4 == 0;
+    const int compute = solo ? warps - warps / 4 : warps - 1;
+    const int cw = solo ? warp - warp / 4 - 1 : warp - 1;  // solo: warps 1 2 3 5 6 7 ... are 0 1 2 3 4 5 ...
+    const unsigned page_bytes = group * cols * 2;
     float* xs = reinterpret_cast<float*>(dyn + (size_t)pages * page_bytes);
     if (threadIdx.x == 0) {
         for (int p = 0; p < pages; p++) mbar_init(&full[p], 1), mbar_init(&empty[p], compute);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    const int chunks = (rows + page_rows - 1) / page_rows;
+    if (idle) return;
+    const int groups = (rows + group - 1) / group, tiles = COLS / cols;
     if (warp == 0) {
-        if (lane == 0) {
-            int k = 0;
-            for (int c = blockIdx.x; c < chunks; c += gridDim.x, k++) {
+        int k = 0;
+        for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+            const int n = min(group, rows - g * group);
+            for (int t = 0; t < tiles; t++, k++) {
                 const int p = k % pages;
                 if (k >= pages) mbar_wait(&empty[p], (k / pages - 1) & 1);
-                const int n = min(page_rows, rows - c * page_rows);
-                mbar_expect(&full[p], n * COLS * 2);
-                bulk_copy(dyn + (size_t)p * page_bytes, w + (size_t)c * page_rows * COLS, n * COLS * 2, &full[p]);
+                if (lane == 0) mbar_expect(&full[p], n * cols * 2);
+                __syncwarp();
+                if (lane < n)
+                    bulk_copy(dyn + (size_t)p * page_bytes + lane * cols * 2,
+                              w + (size_t)(g * group + lane) * COLS + t * cols, cols * 2, &full[p]);
             }
         }
         return;
     }
-    for (int i = threadIdx.x - WARP; i < COLS; i += blockDim.x - WARP) xs[i] = x[i];
+    for (int i = cw * WARP + lane; i < COLS; i += compute * WARP) xs[i] = x[i];
     asm volatile("bar.sync 1, %0;" ::"r"(compute * WARP) : "memory");  // the compute warps only
-    __shared__ float part[2][8][16];  // split: each row's sums by compute warp, two pages' worth
-    const int cw = warp - 1, slice = COLS / 8 / compute;  // split: a warp's 16-byte words of a row
     int k = 0;
-    for (int c = blockIdx.x; c < chunks; c += gridDim.x, k++) {
-        const int p = k % pages, n = min(page_rows, rows - c * page_rows);
-        mbar_wait(&full[p], (k / pages) & 1);
-        const uint4* page = reinterpret_cast<const uint4*>(dyn + (size_t)p * page_bytes);
-        if (mode == 1) {  // a row a warp
-            for (int r = cw; r < n; r += compute) {
-                float s = 0.f;
-#pragma unroll 8
-                for (int i = lane; i < COLS / 8; i += WARP) s += dot8(page[r * (COLS / 8) + i], xs + i * 8);
-                s = warp_sum(s);
-                if (lane == 0) y[c * page_rows + r] = s;
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        const int n = min(group, rows - g * group);
+        float acc[MOST_ROWS_A_WARP] = {};
+        for (int t = 0; t < tiles; t++, k++) {
+            const int p = k % pages;
+            mbar_wait(&full[p], (k / pages) & 1);
+            const uint4* page = reinterpret_cast<const uint4*>(dyn + (size_t)p * page_bytes);
+            for (int j = lane; work && j < cols / 8; j += WARP) {
+                float xv[8];
+                const float4* x4 = reinterpret_cast<const float4*>(xs + t * cols + j * 8);
+                const float4 a = x4[0], b = x4[1];
+                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+#pragma unroll
+                for (int q = 0; q < MOST_ROWS_A_WARP; q++) {
+                    const int r = cw + q * compute;
+                    if (r < n) acc[q] += dot8(page[r * (cols / 8) + j], xv);
+                }
             }
-        } else if (mode == 2) {  // every row split over the warps by columns, summed after a barrier
-            for (int r = 0; r < n; r++) {
-                float s = 0.f;
-                for (int i = cw * slice + lane; i < (cw + 1) * slice; i += WARP)
-                    s += dot8(page[r * (COLS / 8) + i], xs + i * 8);
-                s = warp_sum(s);
-                if (lane == 0) part[k & 1][r][cw] = s;
-            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[p]);  // its reads of the page are done
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[p]);  // its reads of the page are done
-        if (mode == 2) {
-            asm volatile("bar.sync 1, %0;" ::"r"(compute * WARP) : "memory");
-            if (cw == 0 && lane < n) {
-                float s = 0.f;
-                for (int w = 0; w < compute; w++) s += part[k & 1][lane][w];
-                y[c * page_rows + lane] = s;
+#pragma unroll
+        for (int q = 0; q < MOST_ROWS_A_WARP; q++) {
+            const int r = cw + q * compute;
+            if (r < n) {
+                const float s = warp_sum(acc[q]);
+                if (lane == 0) y[g * group + r] = s;
             }
         }
     }
 }
 
-#define RING(COLS)                                                                                            \
-    extern "C" __global__ void ring_##COLS(const unsigned short* w, const float* x, float* y, int rows,        \
-                                           int page_rows, int pages, int mode) {                               \
+#define TILES(COLS)                                                                                           \
+    extern "C" __global__ void tiles_##COLS(const unsigned short* w, const float* x, float* y, int rows,       \
+                                            int group, int cols, int pages, int solo, int work) {              \
         extern __shared__ __align__(128) unsigned char dyn[];                                                 \
-        ring_rows<COLS>(w, x, y, rows, page_rows, pages, mode, dyn);                                          \
+        tile_rows<COLS>(w, x, y, rows, group, cols, pages, solo, work, dyn);                                  \
     }
-RING(2048)
-RING(8192)
+TILES(2048)
+TILES(8192)
 """
 
 SHAPES = {"qkvg": (10240, 2048), "o_proj": (2048, 8192), "lm_head": (100352, 2048)}
-# (bytes a page, pages, compute warps, mode): the ring configurations timed (at most 16 pages and 8
-# rows a page, fewer pages where they and x would not fit in a block's shared memory).
-MODES = {0: "drain", 1: "rows", 2: "split"}
-RINGS = [(16384, 12, 8, 1), (32768, 6, 8, 1), (16384, 12, 8, 2), (32768, 6, 8, 2), (16384, 12, 4, 2),
-         (8192, 16, 8, 2), (16384, 12, 8, 0), (32768, 6, 8, 0)]
+# (rows a group, columns a tile, pages, warps a block, solo loader, compute on): the tile
+# configurations timed (at most 16 pages, fewer where they and x would not fit in a block's
+# shared memory; a warp's rows at most MOST_ROWS_A_WARP).
+TILES = [(16, 512, 12, 9, 0, 1), (32, 256, 12, 9, 0, 1), (8, 1024, 12, 9, 0, 1), (16, 512, 12, 16, 1, 1),
+         (24, 512, 8, 16, 1, 1), (32, 512, 6, 16, 1, 1), (16, 512, 12, 9, 0, 0), (32, 512, 6, 9, 0, 0)]
 COPIES = 8  # rotated matrices of the smaller shapes, so a launch never finds its weights in L2
 LAUNCHES = 16
 
@@ -281,29 +294,26 @@ def main():
         plain = gpu.function(mod, f"plain_{cols}")
         ms, tbs = timed(lambda m: launch_async(gpu, plain, 8 * sms, 256, [m, x, y_plain, ctypes.c_int(rows)]))
         results.append({"shape": name, "kernel": "plain", "ms": ms, "tb_s": tbs})
-        ring = None
-        for page_bytes, pages, compute, mode in RINGS:
-            page_rows = max(1, page_bytes // (cols * 2))
-            pages = min(pages, (most_shared - 1024 - cols * 4) // (page_rows * cols * 2))
-            shared = pages * page_rows * cols * 2 + cols * 4
-            ring = gpu.function(mod, f"ring_{cols}", shared)
-            ring_args = lambda m: [m, x, y_ring, ctypes.c_int(rows), ctypes.c_int(page_rows), ctypes.c_int(pages),
-                                   ctypes.c_int(mode)]
-            ms, tbs = timed(lambda m: launch_async(gpu, ring, sms, 32 * (1 + compute), ring_args(m), shared))
-            if mode == 0:
-                results.append({"shape": name, "kernel": "drain", "page_bytes": page_rows * cols * 2,
-                                "pages": pages, "compute_warps": compute, "ms": ms, "tb_s": tbs})
-                continue
-            # The last launch read mats[(LAUNCHES - 1) % copies]: check it against plain on the same.
-            m = mats[(LAUNCHES - 1) % copies]
-            gpu.launch(plain, 8 * sms, 256, [m, x, y_plain, ctypes.c_int(rows)])
-            a, b = gpu.read(y_plain, ctypes.c_float, rows), gpu.read(y_ring, ctypes.c_float, rows)
-            worst = max(abs(p - q) / max(1.0, abs(p)) for p, q in zip(a, b))
-            results.append({"shape": name, "kernel": MODES[mode], "page_bytes": page_rows * cols * 2, "pages": pages,
-                            "compute_warps": compute, "ms": ms, "tb_s": tbs, "max_rel_diff": worst})
-        for r in results[-len(RINGS) - 2:]:
-            conf = f"{r['page_bytes']} B x {r['pages']}, {r['compute_warps']} warps" if "pages" in r else ""
-            print(f"{name:8} {r['kernel']:6} {conf:28} {r['ms'] * 1e3:8.1f} us {r['tb_s']:5.2f} TB/s"
+        for group, tile_cols, pages, warps, solo, work in TILES:
+            page_bytes = group * tile_cols * 2
+            pages = min(pages, (most_shared - 1024 - cols * 4) // page_bytes)
+            shared = pages * page_bytes + cols * 4
+            tiles = gpu.function(mod, f"tiles_{cols}", shared)
+            tile_args = lambda m: [m, x, y_ring, ctypes.c_int(rows), ctypes.c_int(group), ctypes.c_int(tile_cols),
+                                   ctypes.c_int(pages), ctypes.c_int(solo), ctypes.c_int(work)]
+            ms, tbs = timed(lambda m: launch_async(gpu, tiles, sms, 32 * warps, tile_args(m), shared))
+            r = {"shape": name, "kernel": "tiles" if work else "drain", "group": group, "tile_cols": tile_cols,
+                 "pages": pages, "warps": warps, "solo": solo, "ms": ms, "tb_s": tbs}
+            if work:  # the last launch read mats[(LAUNCHES - 1) % copies]: checked against plain on the same
+                m = mats[(LAUNCHES - 1) % copies]
+                gpu.launch(plain, 8 * sms, 256, [m, x, y_plain, ctypes.c_int(rows)])
+                a, b = gpu.read(y_plain, ctypes.c_float, rows), gpu.read(y_ring, ctypes.c_float, rows)
+                r["max_rel_diff"] = max(abs(p - q) / max(1.0, abs(p)) for p, q in zip(a, b))
+            results.append(r)
+        for r in results[-len(TILES) - 2:]:
+            conf = (f"{r['group']}x{r['tile_cols']} x {r['pages']}, {r['warps']} warps{' solo' if r['solo'] else ''}"
+                    if "pages" in r else "")
+            print(f"{name:8} {r['kernel']:6} {conf:30} {r['ms'] * 1e3:8.1f} us {r['tb_s']:5.2f} TB/s"
                   + (f"  max rel diff {r['max_rel_diff']:.1e}" if "max_rel_diff" in r else ""))
         for p in mats + [x, y_plain, y_ring, dst]:
             gpu.cu.cuMemFree_v2(p)
@@ -312,7 +322,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"sms": sms, "results": results, "wrong": len(bad)}, f, indent=1)
     if bad:
-        raise SystemExit(f"{len(bad)} ring configurations disagree with the plain kernel")
+        raise SystemExit(f"{len(bad)} tile configurations disagree with the plain kernel")
 
 
 if __name__ == "__main__":
