@@ -26,8 +26,9 @@ pub struct Knobs {
     pub pdl: bool,
     /// `FASTDECODE_MOE=f32|mma2`: the expert GEMVs (default `mma2`).
     pub moe: MoeKernel,
-    /// `FASTDECODE_DENSE=f32|mma`: the bf16 GEMVs on the f32 cores or the tensor cores
-    /// (default `f32`).
+    /// `FASTDECODE_DENSE=f32|mma`: the bf16 GEMVs on the f32 cores (default `f32`: the
+    /// column-owned kernel for inputs up to 2048 columns, the row-owned ones for wider) or the
+    /// tensor cores.
     pub dense_mma: bool,
 }
 
