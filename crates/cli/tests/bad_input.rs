@@ -988,11 +988,6 @@ fn cases() -> Vec<Case> {
             &["--synthetic"],
         ),
         case(
-            "bench --profile on cpu",
-            "bench --model {M} --profile",
-            &["--backend cuda"],
-        ),
-        case(
             "bench --trace on cpu",
             "bench --model {M} --trace {D}/t.csv",
             &["--backend cuda"],
