@@ -244,13 +244,7 @@ impl Runner {
     /// seeing the model (the `--model` of `model`, read-only) and its build's compiled kernels
     /// (read-only, at `/kernels`), and nothing else of this machine.
     pub(super) fn sandboxed(&self, build: &Path, model: &[String], at: &Path) -> Result<PathBuf> {
-        let mut mounts: Vec<Mount> = model
-            .iter()
-            .position(|a| a == "--model")
-            .and_then(|i| model.get(i + 1))
-            .map(|d| Mount::same(Path::new(d)))
-            .into_iter()
-            .collect();
+        let mut mounts: Vec<Mount> = model_mount(model).into_iter().collect();
         let kernels = self.kernels_of(build)?;
         let mut env = vec![];
         if let Some(k) = &kernels {
@@ -259,6 +253,16 @@ impl Runner {
         }
         self.sandbox.wrapper(build, &mounts, &env, at)
     }
+}
+
+/// The model directory a build's `--model` argument names (of `model`), read-only at its own
+/// path in the sandbox; none where the model comes otherwise (`--synthetic`).
+pub(super) fn model_mount(model: &[String]) -> Option<Mount> {
+    model
+        .iter()
+        .position(|a| a == "--model")
+        .and_then(|i| model.get(i + 1))
+        .map(|d| Mount::same(Path::new(d)))
 }
 
 #[cfg(test)]

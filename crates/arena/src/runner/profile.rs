@@ -72,11 +72,11 @@ fn bench_model_args(model: &[String]) -> Vec<String> {
 
 /// The words for a profiling child that did not end well (no text of the build's), whose
 /// deadline was `deadline` seconds.
-fn ended_badly(ended: &Ended, deadline: f64) -> Option<String> {
+fn ended_badly(ended: &Ended, flag: &str, deadline: f64) -> Option<String> {
     match ended {
         Ended::Exited(st) if st.success() => None,
         Ended::Exited(st) => Some(format!(
-            "the build's `fastdecode bench --profile` exited with {st} (a build whose base \
+            "the build's `fastdecode bench {flag}` exited with {st} (a build whose base \
              predates the per-op profile of its backend has none)"
         )),
         Ended::Deadline => Some(format!(
@@ -166,13 +166,7 @@ impl Runner {
         trace_dir: Option<&Path>,
         lost: &AtomicBool,
     ) -> Result<(Ended, PathBuf)> {
-        let mut mounts: Vec<Mount> = model
-            .iter()
-            .position(|a| a == "--model")
-            .and_then(|i| model.get(i + 1))
-            .map(|d| Mount::same(Path::new(d)))
-            .into_iter()
-            .collect();
+        let mut mounts: Vec<Mount> = super::gate::model_mount(model).into_iter().collect();
         let mut env: Vec<(&str, &OsStr)> = vec![];
         if let Some(d) = trace_dir {
             mounts.push(Mount::rw(d, OUT));
@@ -226,7 +220,7 @@ impl Runner {
     ) -> Result<std::result::Result<Tables, String>> {
         let (ended, log) =
             self.bench_child(t, cand, model, work, "ops", &["--profile"], None, lost)?;
-        if let Some(why) = ended_badly(&ended, t.deadlines.profile) {
+        if let Some(why) = ended_badly(&ended, "--profile", t.deadlines.profile) {
             return Ok(Err(why));
         }
         Ok(read_capped(&log, profile::OUTPUT_MAX)
@@ -257,8 +251,8 @@ impl Runner {
             Some(&dir),
             lost,
         )?;
-        if let Some(why) = ended_badly(&ended, t.deadlines.profile) {
-            return Ok(Err(why.replace("--profile", "--trace")));
+        if let Some(why) = ended_badly(&ended, "--trace", t.deadlines.profile) {
+            return Ok(Err(why));
         }
         Ok(read_capped(&dir.join("trace.csv"), profile::TRACE_MAX)
             .map_err(|e| format!("the trace: {e}"))
