@@ -4,9 +4,9 @@
 //!
 //! Everything here comes from the candidate's own build, which is hostile: the runner reads at
 //! most a bounded prefix of what it printed, takes only numbers that are finite and within
-//! bounds, keeps op names in a safe charset and short, names kernels from its own table (the
-//! trace's numeric kernel id, never a string of the candidate's), and caps how many rows it
-//! keeps. The service checks the parsed profile again (`Profile::check`) before storing it.
+//! bounds, keeps op names in a safe charset and short, names kernels from the `fastdecode_trace`
+//! table (the trace's numeric kernel id, never a string of the candidate's), and caps how many
+//! rows it keeps. The service checks the parsed profile again (`Profile::check`) before storing it.
 //! Nothing in it is rendered raw: the pages escape its names and the SVGs are drawn by the
 //! service from these numbers (`server::plots`). It goes to its solver only, and nothing that
 //! prices, ranks or promotes reads it.
@@ -196,31 +196,6 @@ pub fn ops_from_bench(output: &[u8]) -> Result<(Vec<OpTime>, Vec<OpTime>), Strin
     ))
 }
 
-/// A kernel's name from the trace's kernel id: the arena's own table of the `FD_TRACE_KERNEL`
-/// ids (as `fastdecode_cuda::timeline::kind_name`), the tag a number: never the candidate's text.
-pub fn kernel_name(kind: u32) -> String {
-    let name = match kind >> 20 {
-        1 => "embed_rows",
-        2 => "gemv_bf16",
-        3 => "attend_decode",
-        4 => "router",
-        5 => "moe_gate_up",
-        6 => "moe_down",
-        7 => "argmax_rows",
-        8 => "silu_mul",
-        9 => "router_topk",
-        10 => "copy_taps",
-        11 => "rms_norm_rows",
-        12 => "attend_merge",
-        _ => "kernel",
-    };
-    match (kind >> 20, kind & 0xfffff) {
-        (1..=12, 0) => name.to_string(),
-        (1..=12, tag) => format!("{name} ({tag})"),
-        (id, _) => format!("{name} {id}"),
-    }
-}
-
 /// A timeline from `bench --trace`'s CSV (`module,ns,kind,event,block,clock`, one stamp per
 /// block event): each line's numbers parsed (a line that is not is refused), the module column
 /// ignored, blocks grouped into launches as `fastdecode timeline` does (a kind's block that
@@ -300,7 +275,7 @@ pub fn timeline_from_csv(csv: &[u8]) -> Result<Timeline, String> {
         .take(LAUNCHES_MAX)
         .filter(|(_, o)| us(o.end) <= MS_MAX)
         .map(|(kind, o)| Launch {
-            kernel: kernel_name(*kind),
+            kernel: fastdecode_trace::kind_name(*kind),
             start_us: us(o.start),
             end_us: us(o.end),
             blocks: o.blocks,
@@ -642,7 +617,7 @@ mod tests {
                 engine::write_csv(&path, &recs).unwrap();
                 let mut want: Vec<(String, u64, u64, u32)> = engine::launches(&recs)
                     .iter()
-                    .map(|l| (engine::kind_name(l.kind), l.first_start, l.last_end, l.blocks as u32))
+                    .map(|l| (fastdecode_trace::kind_name(l.kind), l.first_start, l.last_end, l.blocks as u32))
                     .collect();
                 match timeline_from_csv(&std::fs::read(&path).unwrap()) {
                     Err(e) => prop_assert!(want.is_empty(), "{e}: {want:?}"),
@@ -663,16 +638,6 @@ mod tests {
                         want.sort_by_key(key);
                         prop_assert_eq!(got, want);
                     }
-                }
-            }
-        }
-
-        #[test]
-        fn kernel_names_are_the_engines() {
-            for id in 0..16u32 {
-                for tag in [0u32, 1, 4095] {
-                    let kind = id << 20 | tag;
-                    assert_eq!(kernel_name(kind), engine::kind_name(kind), "{kind:#x}");
                 }
             }
         }

@@ -10,6 +10,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use fastdecode_trace::kind_name;
+
 use crate::error::{CudaError, Result};
 
 /// One stamp of a traced kernel (`fd_stamp` in common.cuh).
@@ -27,31 +29,6 @@ pub struct TraceRecord {
     pub block: u32,
     /// The SM's cycle counter (comparable within a block only).
     pub clock: u64,
-}
-
-/// The kernel a kind stands for, with its tag when it has one (a GEMV's output rows, the
-/// attention's kv heads). The ids are those of the `FD_TRACE_KERNEL` calls in `kernels/*.cu`.
-pub fn kind_name(kind: u32) -> String {
-    let name = match kind >> 20 {
-        1 => "embed_rows",
-        2 => "gemv_bf16",
-        3 => "attend_decode",
-        4 => "router",
-        5 => "moe_gate_up",
-        6 => "moe_down",
-        7 => "argmax_rows",
-        8 => "silu_mul",
-        9 => "router_topk",
-        10 => "copy_taps",
-        11 => "rms_norm_rows",
-        12 => "attend_merge",
-        _ => "kernel",
-    };
-    match (kind >> 20, kind & 0xfffff) {
-        (1..=12, 0) => name.to_string(),
-        (1..=12, tag) => format!("{name} ({tag})"),
-        (id, _) => format!("{name} {id}"),
-    }
 }
 
 /// One launch: when its blocks started, passed their wait and ended (ns), and its marks.
