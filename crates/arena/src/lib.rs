@@ -25,10 +25,10 @@
 //! stage names of `service::stages` and the metric names of `record::metrics`). `cli` holds
 //! every `arena` command's arguments and what each does.
 
-#![deny(clippy::print_stdout)] // stdout goes through out!/outln! (out.rs)
+#![deny(clippy::print_stdout)] // stdout goes through out!/outln! (fastdecode_out)
 
 #[macro_use]
-mod out;
+extern crate fastdecode_out;
 
 #[cfg(test)]
 mod abuse_tests;

@@ -1,9 +1,9 @@
 //! `fastdecode`: the one command-line entry point.
 
-#![deny(clippy::print_stdout)] // stdout goes through out!/outln! (out.rs)
+#![deny(clippy::print_stdout)] // stdout goes through out!/outln! (fastdecode_out)
 
 #[macro_use]
-mod out;
+extern crate fastdecode_out;
 
 mod bench;
 mod check;
