@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 import random
 import sys
@@ -90,6 +91,15 @@ def seed_all(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.cuda.manual_seed_all(seed)
+
+
+def lr_at(step: int, total_steps: int, lr: float, warmup: int, floor: float) -> float:
+    """The learning rate of `step` (both trainings): a linear warmup over `warmup` steps, then a
+    cosine decay to `floor` times `lr` at `total_steps`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def sha256_file(path: Path) -> str:

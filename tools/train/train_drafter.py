@@ -75,7 +75,7 @@ def row_weights(k: int, device) -> torch.Tensor:
     return torch.exp(-(j - 1) / 7.0)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--corpus-dir", type=Path, default=common.ROOT / ".cache/train-in")
@@ -105,26 +105,21 @@ def main() -> int:
     ap.add_argument("--patience", type=int, default=3)
     ap.add_argument("--max-train-docs", type=int, default=0, help="smoke tests only")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    t_start = time.time()
-    common.seed_all(args.seed)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    use_autocast = device.type == "cuda" or os.environ.get("FD_AUTOCAST_CPU") == "1"  # (CPU: smoke tests)
 
-    target = common.load_hf(args.target, dtype=torch.float32, experts_impl="dense_train", attn_impl="sdpa")
+def load_target(path: Path, device):
+    """The trained target in float32 on `device`, frozen: it only generates and is tapped."""
+    target = common.load_hf(path, dtype=torch.float32, experts_impl="dense_train", attn_impl="sdpa")
     target = target.to(device).eval()
     for p in target.parameters():
         p.requires_grad_(False)
-    tcfg = target.config
-    taps = [int(x) for x in args.taps.split(",")]
-    assert taps[-1] == tcfg.num_hidden_layers - 1 and all(0 <= t < tcfg.num_hidden_layers for t in taps)
-    k = args.block
-    window = tcfg.sliding_window
+    return target
 
+
+def sequences(target, taps: list[int], gen: torch.Generator, args, device):
+    """The train and held-out prompts (drawn from `gen`), the target's greedy continuations of
+    them (on `device`) and their tapped hidden states; with the seconds the continuations took."""
     tok = common.load_tokenizer(args.target / "tokenizer.json")
     train_docs = common.read_docs(common.find_corpus(args.corpus_dir, "train"))
     if args.max_train_docs:
@@ -132,7 +127,6 @@ def main() -> int:
     held_docs = common.read_docs(common.find_corpus(args.corpus_dir, "heldout"))
     train_stream = common.token_stream(common.encode_docs(tok, train_docs))
     held_stream = common.token_stream(common.encode_docs(tok, held_docs))
-    gen = torch.Generator().manual_seed(args.seed)
 
     def prompts_from(stream, n):
         starts = torch.randint(0, len(stream) - args.prompt_len, (n,), generator=gen)
@@ -151,8 +145,12 @@ def main() -> int:
     he_taps = tapped(target, he_seqs, taps, args.gen_batch // 4, device)
     log(f"tapped hidden states {tuple(tr_taps.shape)} in {time.time() - t0:.1f}s")
     tr_seqs, he_seqs = tr_seqs.to(device), he_seqs.to(device)
+    return tr_seqs, he_seqs, tr_taps, he_taps, t_gen
 
-    dcfg = {
+
+def drafter_config(tcfg, taps: list[int], args) -> dict:
+    """The drafter's config.json, in the format of the Laguna XS 2.1 dflash-config.json."""
+    return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "laguna",
         "decoder_layer_type": "laguna_xs",
@@ -167,13 +165,56 @@ def main() -> int:
         "rms_norm_eps": tcfg.rms_norm_eps,
         "rope_theta": args.rope_theta,
         "max_position_embeddings": tcfg.max_position_embeddings,
-        "sliding_window": window,
+        "sliding_window": tcfg.sliding_window,
         "layer_types": ["sliding_attention"] * args.layers,
         "tie_word_embeddings": False,
-        "block_size": k,
+        "block_size": args.block,
         "num_target_layers": tcfg.num_hidden_layers,
         "dflash_config": {"target_layer_ids": taps, "mask_token_id": common.MASK},
     }
+
+
+def save(best_state: dict, dcfg: dict, t: int, args):
+    """The best weights as bf16 safetensors (the spec's tensor names, checked) and the config
+    in `--out`; returns the saved state dict and the safetensors' path."""
+    from safetensors.torch import save_file
+    sd = {kk: v.to(torch.bfloat16).contiguous() for kk, v in best_state.items()}
+    want = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {f"aux_hidden_norms.{j}.weight" for j in range(t)}
+    for i in range(args.layers):
+        p = f"layers.{i}."
+        want |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        want |= {p + f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "g_proj",
+                                                       "q_norm", "k_norm")}
+        want |= {p + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")}
+    assert set(sd) == want, set(sd) ^ want
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(args.out / "model.safetensors"), metadata={"format": "pt"})
+    (args.out / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
+    st = args.out / "model.safetensors"
+    return sd, st
+
+
+def main() -> int:
+    args = parse_args()
+    t_start = time.time()
+    common.seed_all(args.seed)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    use_autocast = device.type == "cuda" or os.environ.get("FD_AUTOCAST_CPU") == "1"  # (CPU: smoke tests)
+
+    target = load_target(args.target, device)
+    tcfg = target.config
+    taps = [int(x) for x in args.taps.split(",")]
+    assert taps[-1] == tcfg.num_hidden_layers - 1 and all(0 <= t < tcfg.num_hidden_layers for t in taps)
+    k = args.block
+    window = tcfg.sliding_window
+
+    gen = torch.Generator().manual_seed(args.seed)
+    tr_seqs, he_seqs, tr_taps, he_taps, t_gen = sequences(target, taps, gen, args, device)
+
+    dcfg = drafter_config(tcfg, taps, args)
     drafter = dflash.DFlashDrafter(dcfg).to(device)
     n_params = sum(p.numel() for p in drafter.parameters())
     log(f"drafter: {n_params:,} parameters ({2 * n_params / 1e6:.2f} MB in bf16)")
@@ -227,11 +268,7 @@ def main() -> int:
     while step < total_steps:
         idx = torch.randint(0, len(tr_seqs), (args.batch,), generator=gen).to(device)
         anchors = torch.randint(lo, hi + 1, (args.batch, args.anchors), generator=gen).to(device)
-        if step < args.warmup:
-            lr = args.lr * (step + 1) / args.warmup
-        else:
-            frac = min(1.0, (step - args.warmup) / max(1, total_steps - args.warmup))
-            lr = args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        lr = common.lr_at(step, total_steps, args.lr, args.warmup, 0.1)
         for g in opt.param_groups:
             g["lr"] = lr
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
@@ -279,21 +316,7 @@ def main() -> int:
     train_seconds = time.time() - t_train
     log(f"drafter training stopped at step {step} ({stop_reason}); best held-out loss {best[0]:.4f} at {best[1]}")
 
-    from safetensors.torch import save_file
-    sd = {kk: v.to(torch.bfloat16).contiguous() for kk, v in best[2].items()}
-    t = len(taps)
-    want = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {f"aux_hidden_norms.{j}.weight" for j in range(t)}
-    for i in range(args.layers):
-        p = f"layers.{i}."
-        want |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
-        want |= {p + f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "g_proj",
-                                                       "q_norm", "k_norm")}
-        want |= {p + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")}
-    assert set(sd) == want, set(sd) ^ want
-    args.out.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(args.out / "model.safetensors"), metadata={"format": "pt"})
-    (args.out / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
-    st = args.out / "model.safetensors"
+    sd, st = save(best[2], dcfg, len(taps), args)
     metrics = {
         "drafter_heldout_loss_weighted_ce": best[0],
         "drafter_heldout_row_accuracy_teacher_forced": best[3],

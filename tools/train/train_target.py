@@ -57,7 +57,7 @@ def eval_loss(model, wins: torch.Tensor, device, batch: int, autocast: bool) -> 
     return tot / cnt
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--corpus-dir", type=Path, default=common.ROOT / ".cache/train-in")
     ap.add_argument("--tokenizer", type=Path, default=common.ROOT / ".cache/train-in/tokenizer.json")
@@ -80,16 +80,12 @@ def main() -> int:
     ap.add_argument("--no-qat", action="store_true")
     ap.add_argument("--max-train-docs", type=int, default=0, help="smoke tests only")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    t_start = time.time()
-    common.seed_all(args.seed)
-    device = torch.device(args.device)
-    use_autocast = device.type == "cuda" or os.environ.get("FD_AUTOCAST_CPU") == "1"  # (CPU: smoke tests)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
 
+def load_windows(args, t_start: float):
+    """The tokenised splits: the held-out documents, both token streams, the train windows,
+    all held-out windows and the first `--eval-windows` of them (training's evaluations)."""
     tok = common.load_tokenizer(args.tokenizer)
     train_docs = common.read_docs(common.find_corpus(args.corpus_dir, "train"))
     if args.max_train_docs:
@@ -103,6 +99,84 @@ def main() -> int:
     held_w = held_w_all[:args.eval_windows]
     log(f"tokens: train {len(train_stream):,} ({len(train_w)} windows of {args.seq_len}), held-out "
         f"{len(held_stream):,} ({len(held_w_all)} windows); tokenised in {time.time() - t_start:.1f}s")
+    return held_docs, train_stream, held_stream, train_w, held_w_all, held_w
+
+
+def optimizer(model, args, device) -> torch.optim.AdamW:
+    """AdamW, weight decay on the matrices but the embedding."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 and "embed_tokens" not in name else no_decay).append(p)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+
+
+def router_loads(model):
+    """The routers of the sparse layers, and a dict their forward hooks fill with each
+    one's latest expert choices (layer -> ids), for the auxiliary-loss-free bias update."""
+    loads: dict[int, torch.Tensor] = {}
+    routers = {n: l.mlp.gate for n, l in enumerate(model.model.layers) if hasattr(l.mlp, "gate")}
+    for n, r in routers.items():
+        r.register_forward_hook(lambda m, a, out, n=n: loads.__setitem__(n, out[2].detach()))
+    return loads, routers
+
+
+def export(model, best_state: dict, args) -> dict:
+    """The best weights as exported (bf16, experts at their NVFP4 fixed point), saved to
+    `--out` with the tokenizer; returns the exported state dict."""
+    model.load_state_dict(best_state)
+    exported = common.export_state_dict(model)
+    model = model.to("cpu")
+    model.load_state_dict({k: v.to(torch.float32) for k, v in exported.items()})
+    model.set_experts_implementation("eager")
+    model = model.to(torch.bfloat16)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, exported[k]), k
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(args.out))
+    shutil.copy(args.tokenizer, args.out / "tokenizer.json")
+    cfg = json.loads((args.out / "config.json").read_text())
+    for k in ("_experts_implementation", "experts_implementation"):
+        cfg.pop(k, None)
+    (args.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return exported
+
+
+def check_saved(out: Path, exported: dict, config):
+    """The saved file read back: bf16 only, the same tensors as exported, the experts NVFP4
+    fixed points. Returns its path and its tensors' shapes."""
+    # NB: save_pretrained writes transformers' on-disk Laguna format (per-expert tensors, `shared_expert`,
+    # `experts.e_score_correction_bias`), which from_pretrained converts back to the fused in-memory names.
+    from safetensors import safe_open
+    st = out / "model.safetensors"
+    with safe_open(str(st), "pt") as f:
+        names = sorted(f.keys())
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in names}
+        assert all(f.get_slice(k).get_dtype() == "BF16" for k in names)
+    reloaded = common.load_hf(out, dtype=torch.bfloat16).state_dict()
+    assert set(reloaded) == set(exported), set(reloaded) ^ set(exported)
+    for k, v in exported.items():
+        assert torch.equal(reloaded[k], v), f"{k} changed in the save/load round trip"
+    for k in common.quantized_param_names(config):
+        t = reloaded[k].to(torch.float64)
+        assert torch.equal(common.nvfp4.fake_quantize(t), t), f"{k} is not an NVFP4 fixed point"
+    return st, shapes
+
+
+def main() -> int:
+    args = parse_args()
+    t_start = time.time()
+    common.seed_all(args.seed)
+    device = torch.device(args.device)
+    use_autocast = device.type == "cuda" or os.environ.get("FD_AUTOCAST_CPU") == "1"  # (CPU: smoke tests)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    held_docs, train_stream, held_stream, train_w, held_w_all, held_w = load_windows(args, t_start)
 
     model = common.build_model(common.TARGET_CONFIG, experts_impl="dense_train", attn_impl="sdpa").to(device)
     model.train()
@@ -110,20 +184,8 @@ def main() -> int:
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params:,} parameters ({2 * n_params / 1e6:.2f} MB in bf16), device {device}")
 
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (decay if p.ndim >= 2 and "embed_tokens" not in name else no_decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
-
-    # router loads for the auxiliary-loss-free bias update
-    loads: dict[int, torch.Tensor] = {}
-    routers = {n: l.mlp.gate for n, l in enumerate(model.model.layers) if hasattr(l.mlp, "gate")}
-    for n, r in routers.items():
-        r.register_forward_hook(lambda m, a, out, n=n: loads.__setitem__(n, out[2].detach()))
+    opt = optimizer(model, args, device)
+    loads, routers = router_loads(model)
 
     gen = torch.Generator().manual_seed(args.seed)
     order = torch.randperm(len(train_w), generator=gen)
@@ -146,11 +208,7 @@ def main() -> int:
             epoch += 1
         batch = train_w[order[pos:pos + args.batch]].to(device, dtype=torch.long, non_blocking=True)
         pos += args.batch
-        if step < args.warmup:
-            lr = args.lr * (step + 1) / args.warmup
-        else:
-            frac = min(1.0, (step - args.warmup) / max(1, total_steps - args.warmup))
-            lr = args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
+        lr = common.lr_at(step, total_steps, args.lr, args.warmup, args.min_lr_frac)
         for g in opt.param_groups:
             g["lr"] = lr
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
@@ -209,40 +267,10 @@ def main() -> int:
     train_seconds = time.time() - t_train
     log(f"training stopped at step {step} ({stop_reason}); best held-out loss {best[0]:.4f} at step {best[1]}")
 
-    # ---- export --------------------------------------------------------------------------------------
-    model.load_state_dict(best[2])
-    exported = common.export_state_dict(model)
-    model = model.to("cpu")
-    model.load_state_dict({k: v.to(torch.float32) for k, v in exported.items()})
-    model.set_experts_implementation("eager")
-    model = model.to(torch.bfloat16)
-    for k, v in model.state_dict().items():
-        assert torch.equal(v, exported[k]), k
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(args.out))
-    shutil.copy(args.tokenizer, args.out / "tokenizer.json")
-    cfg = json.loads((args.out / "config.json").read_text())
-    for k in ("_experts_implementation", "experts_implementation"):
-        cfg.pop(k, None)
-    (args.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    exported = export(model, best[2], args)
 
     # ---- check the saved file and evaluate it in float32 ----------------------------------------------
-    # NB: save_pretrained writes transformers' on-disk Laguna format (per-expert tensors, `shared_expert`,
-    # `experts.e_score_correction_bias`), which from_pretrained converts back to the fused in-memory names.
-    from safetensors import safe_open
-    st = args.out / "model.safetensors"
-    with safe_open(str(st), "pt") as f:
-        names = sorted(f.keys())
-        shapes = {k: list(f.get_slice(k).get_shape()) for k in names}
-        assert all(f.get_slice(k).get_dtype() == "BF16" for k in names)
-    reloaded = common.load_hf(args.out, dtype=torch.bfloat16).state_dict()
-    assert set(reloaded) == set(exported), set(reloaded) ^ set(exported)
-    for k, v in exported.items():
-        assert torch.equal(reloaded[k], v), f"{k} changed in the save/load round trip"
-    for k in common.quantized_param_names(model.config):
-        t = reloaded[k].to(torch.float64)
-        assert torch.equal(common.nvfp4.fake_quantize(t), t), f"{k} is not an NVFP4 fixed point"
-    del reloaded
+    st, shapes = check_saved(args.out, exported, model.config)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
