@@ -263,8 +263,10 @@ def self_test() -> int:
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+def command(doc: str, found, self_test) -> int:
+    """The command line of a CI check (this one's and long_functions.py's): `--self-test` runs
+    `self_test()`, else the exit status is 1 when `found(root)` is not empty."""
+    parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2],
                         help="the workspace (default: this script's, two folders up)")
@@ -272,8 +274,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.self_test:
         return self_test()
-    return 1 if check(args.root)[2] else 0
+    return 1 if found(args.root) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(__doc__, lambda root: check(root)[2], self_test))
