@@ -765,6 +765,7 @@ async fn every_key_of_the_public_api_is_snake_case() {
         "/api/tracks".to_string(),
         format!("/api/tracks/{TRACK}"),
         format!("/api/tracks/{TRACK}/ledger"),
+        "/api/solvers/alice/ledger".to_string(),
         format!("/api/submissions/{queued}"),
         format!("/api/submissions/{running}"),
         format!("/api/submissions?track={TRACK}"),

@@ -343,6 +343,9 @@ pub struct Ledger {
 pub struct LedgerRow {
     pub submission: String,
     pub solver: String,
+    pub track: String,
+    /// `leaderboard`; in a solver's own ledger (with its token), `benchmark` or `profile` too.
+    pub mode: Mode,
     /// The solver's pricing (score, interval, pairs, machine), as sent.
     pub local: LocalResult,
     /// The arena's pricing: the verdict's score and interval.
@@ -351,6 +354,35 @@ pub struct LedgerRow {
     /// The submission's status (`held`, `promoted`, `repriced`, `failed`, …).
     pub status: String,
     pub created_ms: i64,
+}
+
+/// `GET /api/solvers/{name}/ledger`: one solver's transfer ledger over every track, oldest
+/// first, and how far each of its local machines sat from the arena. The public's holds its
+/// leaderboard submissions (as the tracks' ledgers do); the solver's own, with its token, its
+/// priced private runs (`benchmark`, `profile`) too. A solver with no leaderboard submission is,
+/// to anyone but itself, `404` as a name nobody holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SolverLedger {
+    pub solver: String,
+    pub rows: Vec<LedgerRow>,
+    /// One per track and machine (as `LocalResult::machine_line` writes it), in the order of
+    /// their first row.
+    pub machines: Vec<MachineTransfer>,
+}
+
+/// How a local machine's measurements transferred to the arena's on one track: the ratios
+/// ranked over local of its rows (1: as measured; below 1: the machine promised more).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineTransfer {
+    pub track: String,
+    pub machine: String,
+    pub rows: u64,
+    /// The geometric mean of the rows' ratios (a ratio's mean, so that 0.5 and 2 cancel).
+    pub ratio_mean: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+    /// The rows whose local 95 % interval holds the ranked score.
+    pub within_local_ci: u64,
 }
 
 /// `GET /api/tracks` (one entry per track) and `GET /api/tracks/{name}`.

@@ -21,8 +21,8 @@ use serde_json::Value;
 use sqlx::Row;
 
 use crate::api::{
-    FrontierPoint, LeaderboardRow, LedgerRow, LocalResult, Mode, PairPoint, PricingRow, QueueRow,
-    Rules, SubmissionList, SubmissionSummary, SubmissionView, TrackView,
+    FrontierPoint, LeaderboardRow, LedgerRow, LocalResult, MachineTransfer, Mode, PairPoint,
+    PricingRow, QueueRow, Rules, SubmissionList, SubmissionSummary, SubmissionView, TrackView,
 };
 use crate::service::db::{now_ms, Db};
 use crate::service::{current_base, lease, stages, Service};
@@ -60,20 +60,37 @@ fn local_of(r: &sqlx::any::AnyRow) -> Result<Option<LocalResult>> {
 /// result and has the arena's score, not marked a cheat, oldest first. Private runs are never in
 /// it (their local results are their solvers' only, on their own pages).
 pub async fn ledger(db: &Db, track: &str) -> Result<Vec<LedgerRow>> {
-    let rows = sqlx::query(
-        "SELECT id, solver, status, score, verdict, local_result, created_ms FROM submissions \
-         WHERE track = $1 AND mode = 'leaderboard' AND local_result IS NOT NULL \
-         AND score IS NOT NULL AND cheat_reason IS NULL ORDER BY created_ms, id",
-    )
-    .bind(track)
-    .fetch_all(&db.pool)
-    .await?;
+    ledger_rows(db, "track = $1 AND mode = 'leaderboard'", track).await
+}
+
+/// The same of one solver over every track; with `own` (the solver reads its own), its priced
+/// private runs (`benchmark`, `profile`) too.
+pub async fn solver_ledger(db: &Db, solver: &str, own: bool) -> Result<Vec<LedgerRow>> {
+    let cond = if own {
+        "solver = $1"
+    } else {
+        "solver = $1 AND mode = 'leaderboard'"
+    };
+    ledger_rows(db, cond, solver).await
+}
+
+/// The ledger's rows that `cond` (its one placeholder bound to `value`) selects among those
+/// with a local result, the arena's score and no cheat mark, oldest first.
+async fn ledger_rows(db: &Db, cond: &str, value: &str) -> Result<Vec<LedgerRow>> {
+    let sql = format!(
+        "SELECT id, solver, track, mode, status, score, verdict, local_result, created_ms \
+         FROM submissions WHERE {cond} AND local_result IS NOT NULL AND score IS NOT NULL \
+         AND cheat_reason IS NULL ORDER BY created_ms, id"
+    );
+    let rows = sqlx::query(&sql).bind(value).fetch_all(&db.pool).await?;
     let mut out = vec![];
     for r in rows {
         let Some(local) = local_of(&r)? else { continue };
         out.push(LedgerRow {
             submission: r.try_get("id")?,
             solver: r.try_get("solver")?,
+            track: r.try_get("track")?,
+            mode: mode_of(&r)?,
             local,
             ranked_score: r.try_get("score")?,
             ranked_ci95: ci_of(&verdict_json(r.try_get("verdict")?)),
@@ -82,6 +99,62 @@ pub async fn ledger(db: &Db, track: &str) -> Result<Vec<LedgerRow>> {
         });
     }
     Ok(out)
+}
+
+/// How each local machine of `rows` transferred, per track (`MachineTransfer`), in the order of
+/// each one's first row.
+pub fn machines(rows: &[LedgerRow]) -> Vec<MachineTransfer> {
+    let mut out: Vec<(MachineTransfer, f64)> = vec![];
+    for r in rows {
+        let machine = r.local.machine_line();
+        let ratio = r.ranked_score / r.local.score;
+        let [lo, hi] = r.local.ci95;
+        let within = u64::from((lo..=hi).contains(&r.ranked_score));
+        match out
+            .iter_mut()
+            .find(|(m, _)| m.track == r.track && m.machine == machine)
+        {
+            Some((m, log_sum)) => {
+                m.rows += 1;
+                *log_sum += ratio.ln();
+                m.ratio_min = m.ratio_min.min(ratio);
+                m.ratio_max = m.ratio_max.max(ratio);
+                m.within_local_ci += within;
+            }
+            None => out.push((
+                MachineTransfer {
+                    track: r.track.clone(),
+                    machine,
+                    rows: 1,
+                    ratio_mean: ratio,
+                    ratio_min: ratio,
+                    ratio_max: ratio,
+                    within_local_ci: within,
+                },
+                ratio.ln(),
+            )),
+        }
+    }
+    out.into_iter()
+        .map(|(m, log_sum)| MachineTransfer {
+            ratio_mean: (log_sum / m.rows as f64).exp(),
+            ..m
+        })
+        .collect()
+}
+
+/// Whether `name` shows on the public record: a solver with a leaderboard submission. One with
+/// only private runs is as unknown as a name nobody holds, but to itself.
+pub async fn solver_is_public(db: &Db, name: &str) -> Result<bool> {
+    Ok(
+        sqlx::query(
+            "SELECT id FROM submissions WHERE solver = $1 AND mode = 'leaderboard' LIMIT 1",
+        )
+        .bind(name)
+        .fetch_optional(&db.pool)
+        .await?
+        .is_some(),
+    )
 }
 
 fn verdict_json(v: Option<String>) -> Option<Value> {
@@ -917,5 +990,57 @@ mod tests {
         assert!(e(Filter::parse(None, None, None, None, some("x"))).contains("1 to 200"));
         let f = Filter::parse(None, some("alice"), some("cheat"), None, None).unwrap();
         assert_eq!((f.page, f.per_page), (1, 50));
+    }
+
+    #[test]
+    fn each_machine_sums_up_its_rows_per_track_a_ratio_mean_geometric() {
+        use crate::api::LocalMachine;
+        let row = |track: &str, cpu: &str, local: f64, ranked: f64| LedgerRow {
+            submission: "s".into(),
+            solver: "alice".into(),
+            track: track.into(),
+            mode: Mode::Leaderboard,
+            local: LocalResult {
+                score: local,
+                ci95: [local - 0.05, local + 0.05],
+                pairs: 12,
+                track: "serial".into(),
+                machine: LocalMachine {
+                    cpu_model: Some(cpu.into()),
+                    ..Default::default()
+                },
+            },
+            ranked_score: ranked,
+            ranked_ci95: None,
+            status: "held".into(),
+            created_ms: 0,
+        };
+        let m = machines(&[
+            row("serial-tiny", "EPYC", 2.0, 1.0),
+            row("serial-tiny", "Xeon", 1.0, 1.02),
+            row("serial-tiny", "EPYC", 1.0, 2.0),
+            // The same machine on another track is another line.
+            row("dflash-tiny", "EPYC", 1.0, 1.0),
+        ]);
+        let got: Vec<(&str, &str, u64, u64)> = m
+            .iter()
+            .map(|m| {
+                let t = (m.track.as_str(), m.machine.as_str());
+                (t.0, t.1, m.rows, m.within_local_ci)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("serial-tiny", "EPYC", 2, 0),
+                ("serial-tiny", "Xeon", 1, 1),
+                ("dflash-tiny", "EPYC", 1, 1)
+            ]
+        );
+        // Half and twice: a mean of 1, as a ratio's should be; the range both ends.
+        assert!((m[0].ratio_mean - 1.0).abs() < 1e-12, "{m:?}");
+        assert_eq!((m[0].ratio_min, m[0].ratio_max), (0.5, 2.0));
+        assert!((m[1].ratio_mean - 1.02).abs() < 1e-12);
+        assert!(machines(&[]).is_empty());
     }
 }

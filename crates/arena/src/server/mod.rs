@@ -2,10 +2,12 @@
 //! stores and the arena's repository. It holds no GPU and runs no candidate code; everything it
 //! knows is in the database and its stores, so it can be restarted at any moment.
 //!
-//! Public: the pages (`/`, `/tracks/{name}`, `/submissions/{id}`: `pages`) and their JSON
-//! (`GET /api/tracks`, `/api/tracks/{name}`, `/api/tracks/{name}/ledger`, `/api/submissions`,
-//! `/api/submissions/{id}`: `docs/api.md`), both from the queries of `record`; a profile run's
-//! `/api/submissions/{id}/profile` (and `profile.svg`, `timeline.svg`) to its solver only.
+//! Public: the pages (`/`, `/tracks/{name}`, `/submissions/{id}`: `pages`)
+//! and their JSON (`GET /api/tracks`, `/api/tracks/{name}`, `/api/tracks/{name}/ledger`,
+//! `/api/solvers/{name}/ledger`, `/api/submissions`, `/api/submissions/{id}`: `docs/api.md`),
+//! both from the queries of `record`, a solver's private runs in them to that solver only; a
+//! profile run's `/api/submissions/{id}/profile` (and `profile.svg`, `timeline.svg`) to its
+//! solver only.
 //! Solvers: `POST /api/submissions`. Runners: `POST /api/runner/{lease,heartbeat,report}`,
 //! `GET /api/trees/{commit}`, `GET|PUT /api/artifacts/{digest}`, `GET /api/builds/{key}`,
 //! `GET /api/hidden/{digest}`.
@@ -32,7 +34,7 @@ use sqlx::Row;
 
 use crate::api::{
     Accepted, BuildRecord, Heartbeat, Job, LeaseRequest, Ledger, Mode, NewSubmission, Report,
-    ReportReply, SubmissionList, SubmissionView, TrackView,
+    ReportReply, SolverLedger, SubmissionList, SubmissionView, TrackView,
 };
 use crate::bundle;
 use crate::record::{self, notes, verdict};
@@ -120,6 +122,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/tracks", get(list_tracks))
         .route("/api/tracks/{name}", get(one_track))
         .route("/api/tracks/{name}/ledger", get(track_ledger))
+        .route("/api/solvers/{name}/ledger", get(solver_ledger))
         .route(
             "/api/submissions",
             post(intake).layer(DefaultBodyLimit::max(16 << 20)),
@@ -258,6 +261,28 @@ async fn track_ledger(
     Ok(Json(Ledger {
         rows: record::ledger(&s.db, &name).await?,
         track: name,
+    }))
+}
+
+/// A solver's transfer ledger over every track, with its machines' summary: its leaderboard
+/// submissions to anyone, its priced private runs too to itself (its token).
+async fn solver_ledger(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<Json<SolverLedger>> {
+    let own = viewer(&s, &headers).await?.as_deref() == Some(name.as_str());
+    if !own && !record::solver_is_public(&s.db, &name).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no solver {name}"),
+        ));
+    }
+    let rows = record::solver_ledger(&s.db, &name, own).await?;
+    Ok(Json(SolverLedger {
+        machines: record::machines(&rows),
+        rows,
+        solver: name,
     }))
 }
 

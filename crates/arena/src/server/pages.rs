@@ -506,6 +506,8 @@ fn ledger_with(v: &SubmissionView, mut rows: Vec<LedgerRow>) -> Option<String> {
         rows.push(LedgerRow {
             submission: v.id.clone(),
             solver: v.solver.clone(),
+            track: v.track.clone(),
+            mode: v.mode,
             local,
             ranked_score,
             ranked_ci95: serde_json::from_value(verdict["ci95"].clone()).ok(),

@@ -655,6 +655,8 @@ mod tests {
         LedgerRow {
             submission: id.into(),
             solver: solver.into(),
+            track: "serial-tiny".into(),
+            mode: crate::api::Mode::Leaderboard,
             local: LocalResult {
                 score: local,
                 ci95: [local - 0.02, local + 0.03],
