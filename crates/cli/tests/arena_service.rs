@@ -21,8 +21,9 @@
 //!   a profile out of bounds is refused by the service (stored as unavailable, saying so), and
 //!   the CPU bench's real `--profile` output parses as a profile.
 //! - The transfer ledger (issue 49): `submit --local-result` keeps the solver's pricing beside
-//!   the arena's, in the view, the list, the track's ledger and its page's plot; a bad one is
-//!   refused naming the file or the field; a private run's stays its solver's.
+//!   the arena's, in the view, the list, the track's ledger and its page's plot, and the
+//!   solver's ledger and page (its machines summed up); a bad one is refused naming the file or
+//!   the field; a private run's stays its solver's.
 
 #[macro_use]
 mod arena_support;
@@ -31,7 +32,7 @@ use std::process::Command;
 
 use arena_support::*;
 use fastdecode_arena::api::{
-    Job, LeaseRequest, Ledger, LocalMachine, LocalResult, Mode, Report, ReportReply,
+    Job, LeaseRequest, Ledger, LocalMachine, LocalResult, Mode, Report, ReportReply, SolverLedger,
     SubmissionList, SubmissionView,
 };
 use fastdecode_arena::bundle::Content;
@@ -754,6 +755,78 @@ fn a_local_result_is_kept_beside_the_ranked_score(db: Database) {
         page.contains("id=\"local-result\"")
             && page.contains("class=\"ledger this\"")
             && page.matches("<circle class=\"ledger\"").count() == 1,
+        "{page}"
+    );
+
+    // Alice's ledger, to anyone: her row, her machine summed up (0.995 against 1.2, outside
+    // her interval [1.18, 1.22]).
+    let al: SolverLedger = public.get_json("/api/solvers/alice/ledger").unwrap();
+    let rows: Vec<(&str, &str, Mode)> = al
+        .rows
+        .iter()
+        .map(|r| (r.submission.as_str(), r.track.as_str(), r.mode))
+        .collect();
+    assert_eq!(rows, [(id.as_str(), TRACK, Mode::Leaderboard)]);
+    assert_eq!(al.machines.len(), 1, "{al:?}");
+    let m = &al.machines[0];
+    assert_eq!(
+        (
+            m.track.as_str(),
+            m.machine.clone(),
+            m.rows,
+            m.within_local_ci
+        ),
+        (TRACK, mine.machine_line(), 1, 0)
+    );
+    assert!((m.ratio_mean - 0.995 / 1.2).abs() < 1e-9, "{m:?}");
+    // Bob's, to bob: his benchmark (1.5 both ways). Bob has no leaderboard submission: to the
+    // public and to alice there is no solver bob, so not even that he ran something shows.
+    let bl: SolverLedger = bobs.get_json("/api/solvers/bob/ledger").unwrap();
+    assert_eq!(bl.rows.len(), 1, "{bl:?}");
+    assert_eq!(
+        (bl.rows[0].submission.as_str(), bl.rows[0].mode),
+        (bench.as_str(), Mode::Benchmark)
+    );
+    assert_eq!(
+        (bl.machines[0].rows, bl.machines[0].within_local_ci),
+        (1, 1)
+    );
+    for (who, api) in [("the public", &public), ("alice", &a.api())] {
+        let e = format!(
+            "{:#}",
+            api.get_json::<Value>("/api/solvers/bob/ledger")
+                .unwrap_err()
+        );
+        assert!(
+            e.contains("404") && e.contains("no solver bob"),
+            "{who}: {e}"
+        );
+        assert!(api.get_bytes("/solvers/bob").unwrap().is_none(), "{who}");
+    }
+    // Alice's page: her point with both bars and the diagonal, her machine escaped, linked from
+    // the track's page; bob's page to bob: his benchmark, said to be private.
+    let page = public.get_bytes("/solvers/alice").unwrap().unwrap();
+    let page = String::from_utf8_lossy(&page);
+    assert!(
+        page.matches("<circle class=\"ledger\"").count() == 1
+            && page.contains("class=\"identity\"")
+            && page.contains("class=\"local-ci\"")
+            && page.contains("class=\"ranked-ci\"")
+            && page.matches("<tr class=\"machine\">").count() == 1
+            && page.contains(&format!("href=\"/submissions/{id}\""))
+            && page.contains("&lt;script&gt;alert(1)&lt;/script&gt; EPYC")
+            && !page.contains("<script>alert")
+            && !page.contains("id=\"own\""),
+        "{page}"
+    );
+    assert!(html.contains("href=\"/solvers/alice\""), "{html}");
+    let page = bobs.get_bytes("/solvers/bob").unwrap().unwrap();
+    let page = String::from_utf8_lossy(&page);
+    assert!(
+        page.contains("id=\"own\"")
+            && page.contains(&bench)
+            && page.contains("(private benchmark)")
+            && page.contains("bob&#39;s laptop"),
         "{page}"
     );
 }

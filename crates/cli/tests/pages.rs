@@ -362,7 +362,7 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
         assert!(shown[0] > shown[1], "{shown:?}");
         let order: Vec<Value> = ids.iter().map(|i| json!(i)).collect();
         assert_eq!(
-            b.js(r##"return [...document.querySelectorAll("#leaderboard tr.entry a")].map(a => a.textContent);"##),
+            b.js(r##"return [...document.querySelectorAll("#leaderboard tr.entry td:last-child a")].map(a => a.textContent);"##),
             Value::Array(order)
         );
         assert_eq!(t.frontier.len(), 2);

@@ -2,7 +2,7 @@
 //! stores and the arena's repository. It holds no GPU and runs no candidate code; everything it
 //! knows is in the database and its stores, so it can be restarted at any moment.
 //!
-//! Public: the pages (`/`, `/tracks/{name}`, `/submissions/{id}`: `pages`)
+//! Public: the pages (`/`, `/tracks/{name}`, `/submissions/{id}`, `/solvers/{name}`: `pages`)
 //! and their JSON (`GET /api/tracks`, `/api/tracks/{name}`, `/api/tracks/{name}/ledger`,
 //! `/api/solvers/{name}/ledger`, `/api/submissions`, `/api/submissions/{id}`: `docs/api.md`),
 //! both from the queries of `record`, a solver's private runs in them to that solver only; a
@@ -118,6 +118,7 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(pages::index))
         .route("/tracks/{name}", get(pages::track))
         .route("/submissions/{id}", get(pages::submission))
+        .route("/solvers/{name}", get(pages::solver))
         .route("/static/live.js", get(pages::live_js))
         .route("/api/tracks", get(list_tracks))
         .route("/api/tracks/{name}", get(one_track))

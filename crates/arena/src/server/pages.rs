@@ -1,7 +1,8 @@
 //! The public pages, rendered on the server (askama templates in `templates/`), readable without
 //! JavaScript: the tracks, a track's leaderboard (rules, best metrics, frontier plot, queue) and a
 //! submission (note, as rendered once at intake: `notes`; stages, metrics, pairs plot, verdict,
-//! re-pricings, code where published).
+//! re-pricings, code where published) and a solver (its transfer ledger plotted per track, its
+//! machines summed up, its submissions; its private runs to itself only).
 //! They read the same queries as the JSON API (`record`). A page with a running job carries
 //! `data-live="1"`; `/static/live.js` then fetches the page again every 2 s and swaps the live
 //! part in (without the script, a `<noscript>` refresh does the same).
@@ -664,6 +665,154 @@ pub async fn submission(
     page(
         StatusCode::OK,
         submission_page(v, note, floor, &publish, ledger).render(),
+    )
+}
+
+/// A track's part of a solver's ledger: its plot.
+struct TrackLedgerOut {
+    track: String,
+    svg: String,
+}
+
+/// A local machine's transfer on one track, as the solver's page shows it.
+struct MachineOut {
+    track: String,
+    machine: String,
+    rows: u64,
+    /// The ratios ranked over local: their geometric mean and range, each minus one.
+    mean: String,
+    range: String,
+    within: String,
+}
+
+/// One of the solver's submissions: the arena's score beside its local one.
+struct SolverRowOut {
+    id: String,
+    track: String,
+    /// A private run's mode (only the solver itself is shown one).
+    private: Option<String>,
+    status: String,
+    ranked: String,
+    local: String,
+    machine: String,
+    date: String,
+}
+
+/// The most submissions a solver's page lists (the API pages through all of them).
+const SOLVER_SHOWN: u64 = 50;
+
+#[derive(Template)]
+#[template(path = "solver.html")]
+struct SolverPage {
+    title: String,
+    live: bool,
+    name: String,
+    /// Whether the reader is the solver itself (its token): its private runs are shown.
+    own: bool,
+    ledgers: Vec<TrackLedgerOut>,
+    machines: Vec<MachineOut>,
+    rows: Vec<SolverRowOut>,
+    total: i64,
+}
+
+/// A solver's page: its ledger plotted per track (local against ranked, the intervals, y = x),
+/// how far each of its local machines sat from the arena, and its newest submissions with both
+/// scores. Its private runs are on it only for itself (a request with its token, as the API's);
+/// a solver with no leaderboard submission is, to anyone else, a name nobody holds.
+pub async fn solver(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    let own = match super::viewer(&s, &headers).await {
+        Ok(v) => v.as_deref() == Some(name.as_str()),
+        Err(e) => return error_page(e.0, e.1),
+    };
+    match record::solver_is_public(&s.db, &name).await {
+        Ok(true) => {}
+        Ok(false) if own => {}
+        Ok(false) => return not_found(format!("There is no solver {name}.")),
+        Err(e) => return trouble(e),
+    }
+    let ledger = match record::solver_ledger(&s.db, &name, own).await {
+        Ok(l) => l,
+        Err(e) => return trouble(e),
+    };
+    let mut tracks: Vec<&str> = ledger.iter().map(|r| r.track.as_str()).collect();
+    tracks.sort_unstable();
+    tracks.dedup();
+    let ledgers = tracks
+        .into_iter()
+        .map(|t| {
+            let rows: Vec<LedgerRow> = ledger.iter().filter(|r| r.track == t).cloned().collect();
+            TrackLedgerOut {
+                track: t.to_string(),
+                svg: plots::ledger(&rows, None),
+            }
+        })
+        .collect();
+    let machines = record::machines(&ledger)
+        .into_iter()
+        .map(|m| MachineOut {
+            mean: pct(Some(m.ratio_mean - 1.0)),
+            range: format!(
+                "{} to {}",
+                pct(Some(m.ratio_min - 1.0)),
+                pct(Some(m.ratio_max - 1.0))
+            ),
+            within: format!("{} of {}", m.within_local_ci, m.rows),
+            track: m.track,
+            machine: m.machine,
+            rows: m.rows,
+        })
+        .collect();
+    let list = record::Filter {
+        track: None,
+        solver: Some(name.clone()),
+        status: None,
+        page: 1,
+        per_page: SOLVER_SHOWN,
+        viewer: own.then(|| name.clone()),
+    };
+    let list = match record::submissions(&s.db, &list).await {
+        Ok(l) => l,
+        Err(e) => return trouble(e),
+    };
+    let rows = list
+        .submissions
+        .iter()
+        .map(|r| SolverRowOut {
+            id: r.id.clone(),
+            track: r.track.clone(),
+            private: r.mode.private().then(|| r.mode.to_string()),
+            status: r.status.clone(),
+            ranked: r.score.map(f4).unwrap_or_else(|| "–".into()),
+            local: r
+                .local_result
+                .as_ref()
+                .map(|l| score_ci(l.score, Some(l.ci95)))
+                .unwrap_or_else(|| "–".into()),
+            machine: r
+                .local_result
+                .as_ref()
+                .map(LocalResult::machine_line)
+                .unwrap_or_default(),
+            date: datetime(r.created_ms),
+        })
+        .collect();
+    page(
+        StatusCode::OK,
+        SolverPage {
+            title: format!("solver {name}"),
+            live: false,
+            own,
+            ledgers,
+            machines,
+            rows,
+            total: list.total,
+            name,
+        }
+        .render(),
     )
 }
 
