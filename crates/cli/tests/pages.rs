@@ -5,9 +5,12 @@
 //! a change that fails at policy. It checks what a person would: the leaderboard in score order,
 //! the queue with a waiting job and the runner holding the other, a submission page that follows
 //! its job without a reload, the hostile note's script gone, the code diff, a frontier with one
-//! point per promotion,
-//! a cheat leaving the ranking. Each page's screenshot is written to `screenshots/` in the target
-//! directory (`target/screenshots/`), never into the tree.
+//! point per promotion, the transfer ledger (the no-op carries a local result: its plot well
+//! formed, its point inside its bars and under y = x, on the track's page and its solver's),
+//! a private test (reusing the no-op's build) shown to its solver and a 404 to another solver
+//! and to the public, in no public page, and a cheat leaving the ranking. Each page's
+//! screenshot is written to `screenshots/` in the target directory (`target/screenshots/`),
+//! never into the tree.
 //!
 //! Nothing here decides on timing: waits have the harness's deadlines; both changes pass (the
 //! floor is 0.5), and the speed-up is promoted (it prices near 1.8 with an interval of about
@@ -21,14 +24,19 @@ use std::time::{Duration, Instant};
 
 use arena_support::*;
 use fantoccini::{Client, ClientBuilder, Locator};
-use fastdecode_arena::api::{SubmissionList, TrackView};
+use fastdecode_arena::api::{
+    Ledger, LocalMachine, LocalResult, Mode, SolverLedger, SubmissionList, TrackView,
+};
 use fastdecode_arena::bundle::Content;
+use fastdecode_arena::http::Api;
 use serde_json::{json, Value};
 
 /// chromedriver and the browser session it drives; both end with this value.
 struct Browser {
     rt: tokio::runtime::Runtime,
     client: Option<Client>,
+    /// chromedriver's own API (`http://127.0.0.1:PORT`), for what WebDriver has no command for.
+    driver_api: Api,
     _driver: Proc,
     _profile: tempfile::TempDir,
 }
@@ -98,6 +106,7 @@ impl Browser {
         Browser {
             rt,
             client: Some(client),
+            driver_api: Api::new(&format!("http://127.0.0.1:{port}"), None).unwrap(),
             _driver: driver,
             _profile: profile,
         }
@@ -111,6 +120,39 @@ impl Browser {
         self.rt
             .block_on(self.c().goto(url))
             .unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+
+    /// Every request of the browser from now on carries `token` as a bearer token (none: no
+    /// token), as a solver's own client would send it: a private run's page is its solver's
+    /// only, and a browser has no other way to say who it is here. Set through Chromium's
+    /// DevTools protocol (`Network.setExtraHTTPHeaders`), which chromedriver passes on.
+    fn as_solver(&self, token: Option<&str>) {
+        let sid = self
+            .rt
+            .block_on(self.c().session_id())
+            .unwrap()
+            .expect("a session");
+        let headers = match token {
+            Some(t) => json!({"Authorization": format!("Bearer {t}")}),
+            None => json!({}),
+        };
+        for (cmd, params) in [
+            ("Network.enable", json!({})),
+            ("Network.setExtraHTTPHeaders", json!({"headers": headers})),
+        ] {
+            self.driver_api
+                .post::<_, Value>(
+                    &format!("/session/{sid}/goog/cdp/execute"),
+                    &json!({"cmd": cmd, "params": params}),
+                    &[],
+                )
+                .unwrap_or_else(|e| panic!("{cmd}: {e:#}"));
+        }
+    }
+
+    /// The page's source as the browser received it.
+    fn source(&self) -> String {
+        self.rt.block_on(self.c().source()).unwrap()
     }
 
     /// A script's value (`return …`).
@@ -218,6 +260,92 @@ const HOSTILE: &str = "# A hostile note\n\nIt makes a **bold claim**.\n\n\
     <img src=\"x\" onerror=\"document.title = 'pwned'\">\n\n\
     [click me](javascript:document.title='pwned')\n";
 
+/// The no-op's local result: a machine that promised 1.3 where the arena finds about 1 (its
+/// point lies well below y = x), described in markup that must stay text.
+fn noop_local() -> LocalResult {
+    LocalResult {
+        score: 1.3,
+        ci95: [1.25, 1.35],
+        pairs: 12,
+        track: "serial".into(),
+        machine: LocalMachine {
+            cpu_model: Some("<em>laptop</em> & co".into()),
+            cpus: Some(2),
+            gpus: vec![],
+            backend: Some("cpu".into()),
+        },
+    }
+}
+
+/// A ledger plot as the browser reads it: whether the service's SVG text (`raw`, from the page
+/// as served) parses as XML, the diagonal's ends, and each point with its title and its bars.
+#[derive(serde::Deserialize, Debug)]
+struct LedgerPlot {
+    well_formed: bool,
+    identity: [f64; 4],
+    points: Vec<(f64, f64, String)>,
+    local_ci: Vec<[f64; 3]>,
+    ranked_ci: Vec<[f64; 3]>,
+    markup: usize,
+}
+
+/// The ledger plot under `css` on the page at `path` (fetched raw by `api` to check the
+/// service's own text, as well as read from the page the browser shows).
+fn ledger_plot(b: &Browser, api: &Api, path: &str, css: &str) -> LedgerPlot {
+    let raw = String::from_utf8(api.get_bytes(path).unwrap().expect("the page")).unwrap();
+    let at = raw
+        .find(&format!("id=\"{}\"", css.trim_start_matches('#')))
+        .unwrap_or_else(|| panic!("no {css} in {path}"));
+    let svg = &raw[at..];
+    let svg = &svg[svg.find("<svg").unwrap()..svg.find("</svg>").unwrap() + 6];
+    let v = b.rt.block_on(b.c().execute(
+        r#"const svg = document.querySelector(arguments[0] + " svg");
+        const xml = new DOMParser().parseFromString(arguments[1], "image/svg+xml");
+        const n = (e, a) => parseFloat(e.getAttribute(a));
+        const id = svg.querySelector("line.identity");
+        return {
+            well_formed: !xml.querySelector("parsererror")
+                && xml.documentElement.localName === "svg",
+            identity: ["x1", "y1", "x2", "y2"].map(a => n(id, a)),
+            points: [...svg.querySelectorAll("circle.ledger")]
+                .map(c => [n(c, "cx"), n(c, "cy"), c.querySelector("title").textContent]),
+            local_ci: [...svg.querySelectorAll("line.local-ci")]
+                .map(l => [n(l, "x1"), n(l, "x2"), n(l, "y1")]),
+            ranked_ci: [...svg.querySelectorAll("line.ranked-ci")]
+                .map(l => [n(l, "y1"), n(l, "y2"), n(l, "x1")]),
+            markup: svg.querySelectorAll("em, script").length,
+        };"#,
+        vec![json!(css), json!(svg)],
+    ));
+    serde_json::from_value(v.unwrap_or_else(|e| panic!("{css}: {e}")))
+        .unwrap_or_else(|e| panic!("{css} on {path}: {e}"))
+}
+
+/// The ledger plot of one public row, the no-op's (local 1.3, ranked about 1): well formed, one
+/// point inside both its bars, under the diagonal, its title the row's, its machine text.
+fn assert_noop_ledger(p: &LedgerPlot, noop: &str) {
+    assert!(p.well_formed, "{p:?}");
+    assert_eq!(p.markup, 0, "the machine's markup is text: {p:?}");
+    let [x1, y1, x2, y2] = p.identity;
+    assert!(x1 < x2 && y2 < y1, "y = x rises left to right: {p:?}");
+    assert_eq!(
+        (p.points.len(), p.local_ci.len(), p.ranked_ci.len()),
+        (1, 1, 1)
+    );
+    let (cx, cy, title) = &p.points[0];
+    let [lx1, lx2, ly] = p.local_ci[0];
+    let [ry1, ry2, rx] = p.ranked_ci[0];
+    assert!(lx1 < *cx && *cx < lx2 && (ly - cy).abs() < 0.2, "{p:?}");
+    assert!(ry2 < *cy && *cy < ry1 && (rx - cx).abs() < 0.2, "{p:?}");
+    let under = y1 + (cx - x1) * (y2 - y1) / (x2 - x1);
+    assert!(*cy > under + 5.0, "the local machine promised more: {p:?}");
+    assert!(
+        title.starts_with(&format!("{noop} by alice: local 1.3000 [1.2500, 1.3500]"))
+            && title.contains("<em>laptop</em> & co, 2 CPUs, cpu"),
+        "{title}"
+    );
+}
+
 #[test]
 fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -233,6 +361,13 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
     let _r1 = a.runner("r1");
     let b = Browser::start();
     let url = a.url();
+    // Another solver, who must never see alice's private run.
+    let mut add = ["arena", "admin", "solver", "add", "bob"]
+        .map(String::from)
+        .to_vec();
+    add.extend(a.state());
+    let bob = fd(&add.iter().map(String::as_str).collect::<Vec<_>>());
+    let public = Api::new(&url, None).unwrap();
 
     // A hostile note on a change off the surface: refused at policy, in seconds.
     let off = [(
@@ -253,12 +388,16 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
                 .unwrap();
             list.submissions.first().map(|s| s.id.clone())
         });
-        // The no-op waits behind it: the one runner keeps the speed-up to its verdict.
+        // The no-op waits behind it: the one runner keeps the speed-up to its verdict. It
+        // carries its solver's own pricing, for the transfer ledger.
         let noop = a
-            .post_note(
+            .post_local(
+                &a.solver,
                 &[],
                 "noop",
                 "# No-op\n\nThe unmodified engine: the clock's own check.",
+                Mode::Leaderboard,
+                Some(noop_local()),
             )
             .unwrap()
             .id;
@@ -276,6 +415,23 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
         assert!(noop_row.starts_with("1 (waiting)"), "{rows}");
         assert_eq!(b.wrapped_cells("#queue td"), Vec::<String>::new());
         b.screenshot("queue");
+
+        // Alice's private test of the unchanged engine: behind the no-op (leaderboard jobs
+        // first), on the base the no-op was built on, so its build is the no-op's. In the public
+        // queue it is a row that names neither it nor her.
+        let private = a
+            .post_as(&a.solver, &[], "private", "# A private test", Mode::Test)
+            .unwrap()
+            .id;
+        b.goto(&format!("{url}/tracks/{TRACK}"));
+        assert_eq!(b.count("#queue tr.job"), 3, "{}", b.text("#queue"));
+        assert_eq!(b.count("#queue tr.job .private"), 1);
+        let row = b.text("#queue tr.job:last-child");
+        assert!(
+            row.contains("a private run") && !row.contains("alice"),
+            "{row}"
+        );
+        assert!(!b.source().contains(&private));
 
         // The no-op's page while it waits.
         b.goto(&format!("{url}/submissions/{noop}"));
@@ -341,6 +497,9 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
             "{said}"
         );
 
+        // The private test ends (its gate) before the queue is looked at again.
+        assert_eq!(a.finished(&private).status, "tested");
+
         // The leaderboard: in rank-score order, as the API ranks them; the frontier: the baseline and
         // each promotion.
         let t: TrackView = a.track();
@@ -392,6 +551,18 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
             Vec::<String>::new()
         );
         assert_eq!(b.overlapping_labels("#frontier"), Vec::<String>::new());
+        // The transfer ledger: the no-op's row, as the API lists it, plotted and listed.
+        let ledger: Ledger = public
+            .get_json(&format!("/api/tracks/{TRACK}/ledger"))
+            .unwrap();
+        assert_eq!(ledger.rows.len(), 1, "{ledger:?}");
+        assert_eq!(ledger.rows[0].submission, noop);
+        assert!(ledger.rows[0].ranked_score < 1.25, "{ledger:?}");
+        let p = ledger_plot(&b, &public, &format!("/tracks/{TRACK}"), "#ledger");
+        assert_noop_ledger(&p, &noop);
+        assert_eq!(b.count("#ledger-rows tr.ledger-row"), 1);
+        assert!(b.text("#ledger-rows tr.ledger-row").starts_with(&noop));
+        assert_eq!(b.overlapping_labels("#ledger"), Vec::<String>::new());
         b.screenshot("leaderboard");
 
         // The speed-up's page: metrics under the original's names, each with its meaning,
@@ -502,6 +673,65 @@ fn the_pages_in_a_browser_rank_queue_follow_and_sanitise() {
             .get_json::<Value>("/api/submissions/s-0000000000000000")
             .unwrap_err();
         assert!(format!("{e:#}").contains("404"), "{e:#}");
+
+        // Alice's page, to the public: her ledger plotted as the track's, her machine summed
+        // up, her public submissions listed; her private run nowhere.
+        let mine: SolverLedger = public.get_json("/api/solvers/alice/ledger").unwrap();
+        assert_eq!(mine.rows.len(), 1, "{mine:?}");
+        assert_eq!(mine.machines.len(), 1, "{mine:?}");
+        b.goto(&format!("{url}/solvers/alice"));
+        assert_eq!(b.text("#solver"), "alice");
+        assert_eq!(b.count("#own"), 0);
+        let p = ledger_plot(&b, &public, "/solvers/alice", &format!("#ledger-{TRACK}"));
+        assert_noop_ledger(&p, &noop);
+        assert_eq!(b.count("#machines tr.machine"), 1);
+        let m = b.text("#machines tr.machine");
+        assert!(
+            m.contains("<em>laptop</em> & co") && m.contains("0 of 1"),
+            "{m}"
+        );
+        assert_eq!(b.count("#submissions tr.submission"), 3);
+        assert_eq!(b.count("#submissions tr.private"), 0);
+        assert!(!b.source().contains(&private));
+        b.screenshot("solver");
+        // Alice's private run's page, to alice (her token on every request): its mode and
+        // status; her page lists it, marked private.
+        b.as_solver(Some(&a.solver));
+        b.goto(&format!("{url}/submissions/{private}"));
+        assert_eq!(b.text("#status"), "tested");
+        assert!(b.text("#mode").contains("A private test run"));
+        b.screenshot("private-run");
+        b.goto(&format!("{url}/solvers/alice"));
+        assert_eq!(b.count("#own"), 1);
+        assert_eq!(b.count("#submissions tr.private"), 1);
+        assert!(b.text("#submissions tr.private").contains(&private));
+        // To bob and to the public: the unknown id's 404 (the status, from the same requests
+        // without a browser, too), and no trace on any public page.
+        for (who, token) in [("bob", Some(bob.as_str())), ("the public", None)] {
+            b.as_solver(token);
+            b.goto(&format!("{url}/submissions/{private}"));
+            assert!(
+                b.text("#error")
+                    .contains(&format!("There is no submission {private}")),
+                "{who}"
+            );
+            let api = Api::new(&url, token).unwrap();
+            assert!(
+                api.get_bytes(&format!("/submissions/{private}"))
+                    .unwrap()
+                    .is_none(),
+                "{who}: not a 404"
+            );
+            for page in [
+                "/".to_string(),
+                format!("/tracks/{TRACK}"),
+                "/solvers/alice".into(),
+            ] {
+                b.goto(&format!("{url}{page}"));
+                assert!(!b.source().contains(&private), "{who} sees it on {page}");
+            }
+        }
+        b.as_solver(None);
 
         // An operator marks the no-op as a cheat: it leaves the ranking, its page stays.
         let mut cheat = vec![
