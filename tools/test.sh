@@ -83,8 +83,10 @@ export "$runner=$PWD/tools/ci/timed-runner.sh"
 summary=(python3 tools/ci/summary.py --json target/test-timings.json
     --stages target/tmp/arena-stages.jsonl)
 mkdir -p target
+# A failing test binary stops no other (`--no-fail-fast`): a red run still runs every binary,
+# and the summary's counts and timings cover all of them.
 if [ $# -gt 0 ]; then
-    cargo test "$@" 2>&1 | "${summary[@]}"
+    cargo test --no-fail-fast "$@" 2>&1 | "${summary[@]}"
     exit
 fi
 
@@ -108,9 +110,10 @@ print("\n".join(sorted(names)))'); do
 done
 jobs=()
 for t in "${long[@]}"; do
-    jobs+=("$t=cargo test ${all[*]} --test $t")
+    jobs+=("$t=cargo test --no-fail-fast ${all[*]} --test $t")
 done
-jobs+=("rest=cargo test ${all[*]} --lib --bins ${rest[*]}" "doc=cargo test ${all[*]} --doc")
+jobs+=("rest=cargo test --no-fail-fast ${all[*]} --lib --bins ${rest[*]}"
+    "doc=cargo test --no-fail-fast ${all[*]} --doc")
 {
     cargo test "${all[@]}" --no-run
     python3 tools/ci/lanes.py --lanes 2 "${jobs[@]}"
