@@ -5,7 +5,8 @@ Reads cargo test's output on stdin and passes it through unchanged as it comes; 
 prints how long the build took (start to the first test binary), each test binary's wall time
 and CPU time (tools/ci/timed-runner.sh's line), the tests that cost the most wall time, and one
 line:
-`tests: P passed, F failed, I ignored in S s (build B s)`. A test's cost is the wall time from
+`tests: P passed, F failed, I ignored in S s (build B s)`; a binary that ends without libtest's
+result line (a crash, a signal) counts its tests' own lines and one failure more. A test's cost is the wall time from
 the previous test's end in its binary (or the binary's start) to its own: what it added to the
 run, whether its binary's tests ran in turns (the arena's hold a lock) or side by side; libtest's
 own figure (`--report-time`, which tools/test.sh asks for) follows it, and counts time spent
@@ -62,9 +63,23 @@ def main() -> None:
     counts = {"passed": 0, "failed": 0, "ignored": 0}
     failed = []
     # Each job's running binary (tools/ci/lanes.py tags a job's lines `[NAME] `): the row of
-    # `binaries` it fills, when it started, and when its last test ended.
+    # `binaries` it fills, when it started, when its last test ended, and its tests' own lines
+    # counted until its result line comes.
     jobs = {}
     busy = None  # tools/ci/lanes.py's line on how busy the machine was
+
+    def unfinished(state) -> None:
+        """A binary that ended without its result line (a crash, a signal: cargo's `--no-fail-fast`
+        goes on to the next) counts its tests' own lines, and one failure for the run itself."""
+        if state["row"] is None or state["seen"] is None:
+            return
+        for key, n in state["seen"].items():
+            counts[key] += n
+        state["row"][1] = state["last"] - state["started"]
+        counts["failed"] += 1
+        failed.append(f"{state['row'][0]}: ended without its result line")
+        state["seen"] = None
+
     for line in sys.stdin:
         sys.stdout.write(line)
         sys.stdout.flush()
@@ -72,28 +87,36 @@ def main() -> None:
         job, text = "", line
         if m := JOB.match(line):
             job, text = m.group(1), line[m.end() :]
-        state = jobs.setdefault(job, {"row": None, "started": now, "last": now})
+        state = jobs.setdefault(job, {"row": None, "started": now, "last": now, "seen": None})
         if BUSY.match(text):
             busy = text.strip()
         elif m := RUNNING.match(text):
             if build_s is None:
                 build_s = now - t0
+            unfinished(state)
             binaries.append([binary_name(m), 0.0, None])
             state.update(row=binaries[-1], started=now, last=now)
+            state["seen"] = {"passed": 0, "failed": 0, "ignored": 0}
         elif (m := RESULT.match(text)) and state["row"] is not None:
             for key, g in zip(("passed", "failed", "ignored"), m.groups()):
                 counts[key] += int(g)
             state["row"][1] = now - state["started"]
+            state["seen"] = None
         elif (m := CPU.match(text)) and state["row"] is not None:
             state["row"][2] = int(m.group(1)) / 1000
         elif (m := TIMED.match(text)) and state["row"] is not None:
             current = state["row"][0]
+            if state["seen"] is not None:
+                key = {"ok": "passed", "FAILED": "failed"}.get(m.group(2), "ignored")
+                state["seen"][key] += 1
             if m.group(2) == "FAILED":
                 failed.append(f"{current}: {m.group(1)}")
             if m.group(2) != "ignored":
                 own = float(m.group(3)) if m.group(3) else None
                 tests.append((current, m.group(1), now - state["last"], own))
                 state["last"] = now
+    for state in jobs.values():
+        unfinished(state)
     total = time.monotonic() - t0
 
     out = sys.stdout
