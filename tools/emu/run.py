@@ -27,7 +27,8 @@ TIMEOUT_S = 1200
 DROPPED = ["after_wait", "block_arrives_last", "warp_arrives_last", "mma_bf16", "mma_f16", "cluster_rank",
            "cluster_barrier", "cluster_load", "e4m3_pair_x128", "pf_cp16", "pf_cp16w", "pf_cp8", "pf_cp16z",
            "pf_cp_commit", "pf_cp_wait", "pf_ldsm4", "pf_ldsm4t", "counter_acquire_load", "counter_release_add",
-           "page_flag_acquire_load", "page_flag_release_add", "wait_backoff"]
+           "page_flag_acquire_load", "page_flag_release_add", "wait_backoff", "page_barrier_init",
+           "page_barrier_arrive_expect_bytes", "page_barrier_arrive", "page_barrier_try_wait_parity", "page_bulk_load"]
 
 
 def drop_functions(src):
@@ -52,7 +53,7 @@ DECL_IDS = iter(range(1 << 30))
 def shared_decl(m):
     """A function's `__shared__ TYPE a[..], b;` as references into the running block's arena."""
     indent, body = m.group(1), m.group(2)
-    t = re.match(r"((?:unsigned |const )*\w+) ", body)
+    t = re.match(r"((?:unsigned |const |long )*\w+) ", body)
     names, out = body[t.end():], []
     depth, cur = 0, ""
     for ch in names + ",":

@@ -12,8 +12,9 @@
 // Tensor-core m16n8k16 MMAs are emulated per lane from the warp's gathered fragments (products
 // exact, summed in k order onto the accumulator: not the tensor cores' own rounding), the
 // last-block and last-warp arrivals with plain counters (one host thread runs every fiber);
-// cp.async copies land in shared memory only at the wait that covers their group, and ldmatrix
-// gathers its fragments from the warp's row addresses.
+// cp.async copies land in shared memory only at the wait that covers their group, bulk copies
+// (cp.async.bulk on a page barrier, an mbarrier) at a random later point of the schedule, and
+// ldmatrix gathers its fragments from the warp's row addresses.
 // Floating point: products and sums in f32 with contraction to fma (the caller compiles with
 // -ffp-contract=fast -mfma), so a kernel's bits match across its own row counts here, not
 // necessarily the GPU's bits.
@@ -127,10 +128,21 @@ struct EmuFiber {
     unsigned int target = 0;
 };
 
+// A bulk copy (common.cuh's page_bulk_load) issued and not yet landed: emu_run performs it at a
+// random later pass, then completes its bytes on its page barrier.
+struct EmuBulkCopy {
+    void* dst;
+    const void* src;
+    unsigned int bytes;
+    unsigned long long* bar;
+    EmuBlock* home;  // the issuing block (its shared memory names the barrier in a report)
+};
+
 // The running cluster (with emu_launch_resident, the whole grid): its blocks, barrier and fibers
 // (the first of emu_fibers), the fiber running and the scheduler's context, and whether any fiber
 // changed what a waiting fiber could see in the current pass: started, arrived at a barrier,
-// ended, or added to a counter (an atomic or a release; see emu_launch_resident).
+// ended, or added to a counter (an atomic or a release; see emu_launch_resident). Its bulk copies
+// in flight, and the page barriers initialised (for a deadlock's report).
 struct EmuCluster {
     std::vector<std::unique_ptr<EmuBlock>> blocks;
     std::unique_ptr<EmuBarrier> bar;
@@ -140,6 +152,8 @@ struct EmuCluster {
     jmp_buf scheduler;
     bool progress = false, resident = false;
     const std::function<void()>* kernel = nullptr;
+    std::vector<EmuBulkCopy> bulk;
+    std::vector<const void*> page_barriers;
 };
 // Every launch's fibers, kept from launch to launch (a stack is mapped once, not per launch).
 inline std::vector<EmuFiber> emu_fibers;
@@ -457,6 +471,103 @@ inline void emu_label(const unsigned int* base, size_t n, const char* name) {
     emu_labels.push_back({base, n, name});
 }
 
+// p by name, for a report: `name`[i] of a driver's label, `__shared__ name`[i] of block `home`'s
+// shared memory (elements of `elem` bytes), else its address.
+inline std::string emu_where(const void* p, size_t elem, const EmuBlock& home) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (const auto& l : emu_labels) {
+        const auto* base = static_cast<const unsigned char*>(l.base);
+        if (c >= base && c < base + 4 * l.n) return std::string(l.name) + "[" + std::to_string((c - base) / 4) + "]";
+    }
+    for (const auto& [id, b] : home.shared) {
+        if (c >= b.data() && c < b.data() + b.size()) {
+            const uintptr_t first = (reinterpret_cast<uintptr_t>(b.data()) + 15) & ~uintptr_t(15);  // emu_shared's
+            const size_t at = (reinterpret_cast<uintptr_t>(c) - first) / elem;
+            const auto name = emu_shared_names.find(id);
+            return std::string("__shared__ ") + (name != emu_shared_names.end() ? name->second : "?") + "[" +
+                   std::to_string(at) + "]";
+        }
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%p", p);
+    return buf;
+}
+
+// Page barriers (common.cuh's mbarriers): the state in the barrier's own 8 bytes, as the GPU
+// keeps it there (in its own layout): the arrivals a phase expects (bits 0..19, 0 until
+// initialised), those still to come in the current phase (20..39), the transaction bytes still to
+// come (40..61, two's complement: a copy may land before its bytes are expected) and the
+// current phase's parity (62). A phase completes when no arrival and no byte is to come; the next
+// then expects the same arrivals and no bytes.
+struct EmuPageBarrier {
+    unsigned int expected, pending;
+    int tx;
+    unsigned int parity;
+    explicit EmuPageBarrier(unsigned long long b)
+        : expected(b & 0xfffff),
+          pending((b >> 20) & 0xfffff),
+          tx((int)((b >> 40) & 0x3fffff) << 10 >> 10),
+          parity((b >> 62) & 1) {}
+    unsigned long long bits() const {
+        return expected | (unsigned long long)pending << 20 | ((unsigned long long)tx & 0x3fffff) << 40 |
+               (unsigned long long)parity << 62;
+    }
+};
+[[noreturn]] inline void emu_page_barrier_misuse(const unsigned long long* bar, const char* what) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "emu: %s on page barrier %s (undefined on the GPU)\n", what,
+                 emu_where(bar, 8, *emu_block).c_str());
+    std::abort();
+}
+inline void page_barrier_init(unsigned long long* bar, unsigned int count) {
+    if (count == 0 || count > 0xfffff) emu_page_barrier_misuse(bar, "a count of 0 or past 2^20 - 1");
+    EmuPageBarrier b(0);
+    b.expected = b.pending = count;
+    *bar = b.bits();
+    emu_cluster->page_barriers.push_back(bar);
+    emu_changed();
+}
+// tx more bytes to come and `arrivals` arrivals on *bar (the phase completing if that was all).
+inline void emu_page_barrier_update(unsigned long long* bar, int tx, unsigned int arrivals) {
+    EmuPageBarrier b(*bar);
+    if (b.expected == 0) emu_page_barrier_misuse(bar, "an arrival, expect or copy before its initialisation");
+    if (arrivals > b.pending) emu_page_barrier_misuse(bar, "an arrival past its phase's count");
+    b.tx += tx;
+    if (b.tx >= 1 << 21 || b.tx < -(1 << 21)) emu_page_barrier_misuse(bar, "transaction bytes past 2^21");
+    b.pending -= arrivals;
+    if (b.pending == 0 && b.tx == 0) {
+        b.pending = b.expected;
+        b.parity ^= 1;
+    }
+    *bar = b.bits();
+    emu_changed();
+}
+inline void page_barrier_arrive_expect_bytes(unsigned long long* bar, unsigned int bytes) {
+    emu_page_barrier_update(bar, (int)bytes, 1);
+}
+inline void page_barrier_arrive(unsigned long long* bar) { emu_page_barrier_update(bar, 0, 1); }
+inline bool page_barrier_try_wait_parity(unsigned long long* bar, unsigned int parity) {
+    const EmuPageBarrier b(*bar);
+    if (b.expected == 0) emu_page_barrier_misuse(bar, "a wait before its initialisation");
+    return b.parity != (parity & 1);
+}
+// Queued, not performed: emu_run lands it at a random later pass (reading src then), so a read of
+// the page before a wait on the barrier has seen its phase complete gets stale bytes in some
+// schedules. The GPU's alignment rules are checked here.
+inline void page_bulk_load(void* dst, const void* src, unsigned int bytes, unsigned long long* bar) {
+    if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) % 16 != 0 || bytes == 0)
+        emu_page_barrier_misuse(bar, "a bulk copy not of 16-byte aligned addresses and a multiple of 16 bytes");
+    emu_cluster->bulk.push_back({dst, src, bytes, bar, emu_block});
+}
+// Lands queued bulk copy i: its bytes, then their completion on its barrier.
+inline void emu_bulk_land(EmuCluster& c, size_t i) {
+    const EmuBulkCopy b = c.bulk[i];
+    c.bulk.erase(c.bulk.begin() + i);
+    emu_block = b.home;
+    std::memcpy(b.dst, b.src, b.bytes);
+    emu_page_barrier_update(b.bar, -(int)b.bytes, 0);
+}
+
 // Two e4m3 bytes (bits 0..15 of s01) as f16 pairs (s0, s0) and (s1, s1), times 2^7 (moe.cu's
 // e4m3_pair_x128, a cvt.rn.f16x2.e4m3x2 there): every e4m3 value and its 2^7 multiple are f16s.
 inline float emu_e4m3(unsigned int b) {
@@ -578,28 +689,18 @@ inline std::string emu_wait_text(const EmuFiber& f) {
         case EmuFiber::Wait::none: return "nowhere known (it yielded outside a barrier or wait loop)";
         case EmuFiber::Wait::value: break;
     }
-    std::string where;
-    for (const auto& l : emu_labels) {
-        const auto* base = static_cast<const unsigned int*>(l.base);
-        if (f.what >= base && f.what < base + l.n)
-            where = std::string(l.name) + "[" + std::to_string(f.what - base) + "]";
-    }
-    for (const auto& [id, b] : f.home->shared) {
-        const auto* p = reinterpret_cast<const unsigned char*>(f.what);
-        if (where.empty() && p >= b.data() && p < b.data() + b.size()) {
-            const uintptr_t first = (reinterpret_cast<uintptr_t>(b.data()) + 15) & ~uintptr_t(15);  // emu_shared's
-            const size_t at = (reinterpret_cast<uintptr_t>(p) - first) / 4;
-            const auto name = emu_shared_names.find(id);
-            where = std::string("__shared__ ") + (name != emu_shared_names.end() ? name->second : "?") + "[" +
-                    std::to_string(at) + "]";
-        }
-    }
-    if (where.empty()) {
-        std::snprintf(buf, sizeof buf, "%p", (const void*)f.what);
-        where = buf;
+    const bool page_barrier = std::find(emu_cluster->page_barriers.begin(), emu_cluster->page_barriers.end(),
+                                        (const void*)f.what) != emu_cluster->page_barriers.end();
+    if (page_barrier) {
+        // wait_backoff's target is the parity of the phase awaited (common.cuh's page_barrier_wait_parity).
+        const EmuPageBarrier b(*reinterpret_cast<const unsigned long long*>(f.what));
+        std::snprintf(buf, sizeof buf,
+                      " to complete its phase of parity %u (the current one: %u of %u arrivals and %d bytes to come)",
+                      f.target, b.pending, b.expected, b.tx);
+        return "for page barrier " + emu_where(f.what, 8, *f.home) + buf;
     }
     std::snprintf(buf, sizeof buf, " to reach %u (it is %u)", f.target, *f.what);
-    return "for " + where + buf;
+    return "for " + emu_where(f.what, 4, *f.home) + buf;
 }
 
 // No fiber can go on: every live one waits, at a barrier or for a value, and the last pass (every
@@ -638,8 +739,9 @@ inline std::string emu_wait_text(const EmuFiber& f) {
 // one has returned: each pass resumes every live fiber once, in a new random order, so a read of
 // another thread's write with no barrier (or wait) between them gets the old value in some pass,
 // whichever thread comes first. With `stalls`, some passes leave a random quarter of the blocks
-// out (a slow SM), only after a pass that made progress. A pass with every fiber resumed in which
-// none made progress is a deadlock: the same pass would repeat for ever (emu_deadlock).
+// out (a slow SM), only after a pass that made progress. Bulk copies in flight land between
+// resumes, at random. A pass with every fiber resumed in which none made progress (and no copy
+// was left to land) is a deadlock: the same pass would repeat for ever (emu_deadlock).
 inline void emu_run(EmuCluster& c, const std::vector<emu_dim3>& blocks, unsigned int threads, std::minstd_rand& rng,
                     bool stalls) {
     const size_t n = blocks.size() * threads;
@@ -652,6 +754,10 @@ inline void emu_run(EmuCluster& c, const std::vector<emu_dim3>& blocks, unsigned
         c.blocks.back()->rank = c.resident ? 0 : q;
     }
     c.bar = std::make_unique<EmuBarrier>((unsigned int)n);
+    // Copies still in flight when the last launch's threads had all ended (a kernel that never
+    // waited for them) are dropped with it.
+    c.bulk.clear();
+    c.page_barriers.clear();
     for (size_t i = 0; i < n; i++) {
         EmuFiber& f = c.fibers[i];
         f.thread = {(unsigned int)(i % threads), 0, 0};
@@ -684,6 +790,9 @@ inline void emu_run(EmuCluster& c, const std::vector<emu_dim3>& blocks, unsigned
                 skipped = true;
                 continue;
             }
+            // Before a quarter of the resumes, a bulk copy in flight (any of them: the copy engine
+            // keeps no order) lands, so a copy lands some resumes after its issue, or passes.
+            if (!c.bulk.empty() && rng() % 4 == 0) emu_bulk_land(c, rng() % c.bulk.size());
             threadIdx = f.thread;
             blockIdx = f.block;
             emu_block = f.home;
@@ -695,6 +804,9 @@ inline void emu_run(EmuCluster& c, const std::vector<emu_dim3>& blocks, unsigned
                 setcontext(&f.start);
             }
         }
+        // The copies in flight after a pass that changed nothing else land: a copy always lands
+        // before the waits for it can be a deadlock.
+        while (!c.progress && !c.bulk.empty()) emu_bulk_land(c, 0);
         if (live && !c.progress && !skipped) emu_deadlock(c);
         stall = stalls && c.progress;
     }

@@ -277,6 +277,70 @@ __device__ __forceinline__ void warp_page_flag_release_add(unsigned* f, unsigned
     if (threadIdx.x % WARP == 0) page_flag_release_add(f, v);
 }
 
+// A page ring filled by bulk copies (sm_90; tools/gpu/stream_ring.py and ring_chain.py measured
+// it faster than a loader's lane stores): each page has a "full" and an "empty" page barrier (an
+// mbarrier, an unsigned long long in shared memory). Use u of a page (u = 0, 1, ...) is its
+// barriers' phase u, awaited with parity u & 1:
+//  - the loader, for use u >= 1, waits for phase u - 1 of "empty" (every compute warp's release of
+//    the page's previous use); then one lane arrives on "full" expecting the tile's bytes
+//    (page_barrier_arrive_expect_bytes) and its lanes issue a bulk copy each (page_bulk_load, one
+//    tile row a lane), whose bytes complete on "full" (in either order: bytes may complete before
+//    they are expected, the arrival still to come holds the phase open);
+//  - a compute warp waits for phase u of "full" (the arrival and every expected byte), reads the
+//    page, and after its last read (__syncwarp(), then lane 0) arrives on "empty".
+// "full" counts 1 arrival a phase, "empty" one per compute warp (page_barrier_init, by one thread
+// before the block's first barrier). The expected bytes must be exactly those the copies bring:
+// more and the phase never completes (a hang; the emulator reports it as a deadlock naming the
+// barrier), fewer and it completes before the last copy lands. An arrival past a phase's count
+// is undefined (the emulator aborts on it). The PTX is replaced by host versions in
+// tools/emu/shim.h, which land each bulk copy at a random later point, so a read of a page before
+// its wait sees stale data there too.
+__device__ __forceinline__ void page_barrier_init(unsigned long long* bar, unsigned count) {
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" : : "r"(b), "r"(count) : "memory");
+    // The async proxy (the bulk copies' complete_tx) must see the initialised barrier.
+    asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
+}
+// One arrival on `bar`, and `bytes` more for its current phase to wait for (page_bulk_load's).
+__device__ __forceinline__ void page_barrier_arrive_expect_bytes(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 : : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+// One arrival on `bar`, with release semantics at CTA scope: the thread's earlier reads and writes
+// (and its warp's, ordered before it by a __syncwarp) come before whatever the waiter does next.
+__device__ __forceinline__ void page_barrier_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" : : "r"((unsigned)__cvta_generic_to_shared(bar))
+                 : "memory");
+}
+// Whether the phase of `bar` with parity `parity` has completed (acquire at CTA scope: then the
+// page's bytes and the arriving threads' accesses are seen). The hardware suspends the thread for
+// a while before answering no.
+__device__ __forceinline__ bool page_barrier_try_wait_parity(unsigned long long* bar, unsigned parity) {
+    unsigned done;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(parity)
+                 : "memory");
+    return done;
+}
+// Waits, in the calling thread, until the phase of `bar` with parity `parity` has completed
+// (wait_backoff between tries, given the barrier and the parity: the emulator yields there).
+__device__ __forceinline__ void page_barrier_wait_parity(unsigned long long* bar, unsigned parity) {
+    unsigned ns = 8;
+    while (!page_barrier_try_wait_parity(bar, parity))
+        wait_backoff(reinterpret_cast<const unsigned*>(bar), parity, parity, ns);
+}
+// `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte aligned) by the copy
+// engine, completing those bytes on `bar` (whose phase must expect them). The issuing thread goes
+// on at once; the data is there only once a wait on `bar` has seen the phase complete.
+__device__ __forceinline__ void page_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :
+                 : "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes),
+                   "r"((unsigned)__cvta_generic_to_shared(bar))
+                 : "memory");
+}
+
 // d += a·b for one m16n8k16 tile: a = 16×16 bf16 (row), b = 16×8 bf16 (col), d 16×8 f32.
 // Fragments (g = lane / 4, t = lane % 4): a0 = (row g, k 2t..2t+1), a1 = (row g+8, k 2t..),
 // a2 = (row g, k 2t+8..), a3 = (row g+8, k 2t+8..); b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., col g);
