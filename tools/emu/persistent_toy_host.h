@@ -25,7 +25,7 @@ struct ToyLayout {
             const int in = width[i], out = width[i + 1], tiles = (out + rows[i] - 1) / rows[i];
             shape.insert(shape.end(), {in, out, rows[i], tiles});
             w_off.push_back(w_total);
-            w_total += in * out;
+            w_total += toy_row_words(in) * out;
             x_off.push_back(x_total);
             x_total += out;
             for (int t = 0; t < tiles; t++) queues[deal(i, t) % grid].push_back(i << 16 | t);
@@ -50,7 +50,7 @@ struct ToyLayout {
             std::vector<unsigned> xo(n_out);
             for (int j = 0; j < n_out; j++) {
                 unsigned acc = 0;
-                for (int k = 0; k < n_in; k++) acc += weights[w_off[i] + (size_t)j * n_in + k] * xi[k];
+                for (int k = 0; k < n_in; k++) acc += weights[w_off[i] + (size_t)j * toy_row_words(n_in) + k] * xi[k];
                 xo[j] = acc + (unsigned)(j + i);
                 ok &= x[x_off[i + 1] + j] == xo[j];
             }
@@ -65,5 +65,5 @@ inline void toy_random_shape(std::mt19937& rng, int ops, std::vector<int>& width
     width.resize(ops + 1);
     rows.resize(ops);
     for (int& w : width) w = 1 + rng() % 80;
-    for (int i = 0; i < ops; i++) rows[i] = 1 + rng() % std::min(width[i + 1], TOY_PAGE_WORDS / width[i]);
+    for (int i = 0; i < ops; i++) rows[i] = 1 + rng() % std::min(width[i + 1], TOY_PAGE_WORDS / toy_row_words(width[i]));
 }

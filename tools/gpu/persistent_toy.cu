@@ -1,10 +1,12 @@
 // The persistent toy (tools/emu/persistent_toy.cu) on a real GPU: what the emulator cannot check.
 // The emulator runs the toy's own code grid-resident in random orders, but every load there sees
-// every store at once; here the same kernel runs on the GPU, where a missing acquire, a release
-// before the writes or a stale L1 line would give a wrong output. Then it times chains of
-// hand-offs: ops of one tile each, consecutive ops on different SMs (every hand-off a release on
-// one SM and an acquire-poll on another) or all on one block, so the cost of one hand-off of the
-// counters the persistent step will wait on is measured, not assumed.
+// every store at once; here the same kernel runs on the GPU, with either ring (page flags and the
+// loader's stores, or page barriers and bulk copies), where a missing acquire, a release before
+// the writes, a stale L1 line or a wrong expected byte count would give a wrong output (or a
+// hang). Then it times chains of hand-offs: ops of one tile each, consecutive ops on different
+// SMs (every hand-off a release on one SM and an acquire-poll on another) or all on one block, so
+// the cost of one hand-off of the counters the persistent step will wait on is measured, not
+// assumed.
 //
 // On the GPU machine (nvcc there, no cargo):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/toy tools/gpu/persistent_toy.cu && /tmp/toy
@@ -39,15 +41,17 @@ T* upload(const std::vector<T>& v) {
     return d;
 }
 
-// A toy (persistent_toy_host.h's layout and answer) and its device copies.
+// A toy (persistent_toy_host.h's layout and answer), its ring and its device copies.
 struct Toy : ToyLayout {
+    int bulk;           // the ring: bulk copies on page barriers (1) or page flags (0)
     int next_step = 0;  // counters are never reset: each launch is the next step
     unsigned *d_weights = nullptr, *d_x = nullptr, *d_done = nullptr;
     int *d_shape = nullptr, *d_w_off = nullptr, *d_x_off = nullptr, *d_queue = nullptr, *d_queue_start = nullptr;
 
     template <typename Deal>
-    Toy(std::mt19937& rng, int grid_, const std::vector<int>& width, const std::vector<int>& rows, Deal deal)
-        : ToyLayout(rng, grid_, width, rows, deal) {
+    Toy(std::mt19937& rng, int grid_, const std::vector<int>& width, const std::vector<int>& rows, Deal deal,
+        int bulk_)
+        : ToyLayout(rng, grid_, width, rows, deal), bulk(bulk_) {
         d_weights = upload(weights), d_x = upload(x), d_done = upload(std::vector<unsigned>(ops, base));
         d_shape = upload(shape), d_w_off = upload(w_off), d_x_off = upload(x_off);
         d_queue = upload(queue), d_queue_start = upload(queue_start);
@@ -56,7 +60,7 @@ struct Toy : ToyLayout {
     void launch() {
         toy_persistent_step<<<grid, 32 * (1 + TOY_COMPUTE_WARPS)>>>(d_weights, d_shape, d_w_off, d_x_off, d_x, d_done,
                                                                      d_queue, d_queue_start, next_step++, base,
-                                                                     TOY_BUG_NONE);
+                                                                     TOY_BUG_NONE, bulk);
     }
 
     // The next step on input `in`: whether every op's output is the host's.
@@ -99,50 +103,58 @@ double step_us(Toy& toy, int reps) {
 int main() {
     int failures = 0, sms = 0;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    // Random shapes on grids up to every SM: every step's output the host's.
-    int items = 0, steps = 0;
-    for (int seed = 0; seed < 200; seed++) {
-        std::mt19937 rng(seed);
-        const int grid = 1 + rng() % sms, ops = 2 + rng() % 6;
-        std::vector<int> width, rows;
-        toy_random_shape(rng, ops, width, rows);
-        Toy toy(rng, grid, width, rows, [&](int, int) { return (int)(rng() % 65536); });
-        if (!resident(grid)) continue;
-        for (int s = 0; s < 4; s++) {
-            std::vector<unsigned> in(width[0]);
-            for (auto& v : in) v = rng();
-            if (!toy.step(in)) {
-                std::printf("FAIL seed %d step %d (grid %d, %d ops)\n", seed, s, grid, ops);
-                failures++;
+    // Random shapes on grids up to every SM, with either ring: every step's output the host's.
+    for (int bulk = 0; bulk < 2; bulk++) {
+        int items = 0, steps = 0, wrong = 0;
+        for (int seed = 0; seed < 200; seed++) {
+            std::mt19937 rng(seed);
+            const int grid = 1 + rng() % sms, ops = 2 + rng() % 6;
+            std::vector<int> width, rows;
+            toy_random_shape(rng, ops, width, rows);
+            Toy toy(rng, grid, width, rows, [&](int, int) { return (int)(rng() % 65536); }, bulk);
+            if (!resident(grid)) continue;
+            for (int s = 0; s < 4; s++) {
+                std::vector<unsigned> in(width[0]);
+                for (auto& v : in) v = rng();
+                if (!toy.step(in)) {
+                    std::printf("FAIL %s ring seed %d step %d (grid %d, %d ops)\n", bulk ? "bulk" : "flag", seed, s,
+                                grid, ops);
+                    wrong++;
+                }
+                steps++;
             }
-            steps++;
+            items += (int)toy.queue.size();
         }
-        items += (int)toy.queue.size();
+        std::printf("random toys, %s ring: %d steps, %d items a step summed, %d wrong\n", bulk ? "bulk" : "flag", steps,
+                    items, wrong);
+        failures += wrong;
     }
-    std::printf("random toys: %d steps, %d items a step summed, %d wrong\n", steps, items, failures);
 
     // Chains of one-tile ops: each op's tile on the next SM's block, or all on block 0. The
     // difference over the ops is what one hand-off between SMs adds to a chain; the one-block
     // figure is the op itself. 16 wide: each compute warp walks 5-6 rows, an L2 read of x each;
     // 3 wide: one row a compute warp, the least an op does (wait, one L2 read, store, release).
+    // Each with either ring (the keys of the bulk ring's end in _bulk).
     const int chain = 256;
     std::printf("{");
-    for (int wide : {16, 3}) {
-        std::vector<int> width(chain + 1, wide), rows(chain, wide);
-        std::mt19937 rng(1);
-        Toy across(rng, std::min(sms, chain), width, rows, [](int op, int) { return op; });
-        Toy within(rng, 1, width, rows, [](int, int) { return 0; });
-        for (Toy* t : {&across, &within}) {
-            std::vector<unsigned> in(wide, 3);
-            if (!t->step(in)) {
-                std::printf("FAIL chain %d wide on %d blocks\n", wide, t->grid);
-                failures++;
+    for (int bulk = 0; bulk < 2; bulk++) {
+        for (int wide : {16, 3}) {
+            std::vector<int> width(chain + 1, wide), rows(chain, wide);
+            std::mt19937 rng(1);
+            Toy across(rng, std::min(sms, chain), width, rows, [](int op, int) { return op; }, bulk);
+            Toy within(rng, 1, width, rows, [](int, int) { return 0; }, bulk);
+            for (Toy* t : {&across, &within}) {
+                std::vector<unsigned> in(wide, 3);
+                if (!t->step(in)) {
+                    std::printf("FAIL chain %d wide on %d blocks, %s ring\n", wide, t->grid, bulk ? "bulk" : "flag");
+                    failures++;
+                }
             }
+            const double us_across = step_us(across, 51), us_within = step_us(within, 51);
+            std::printf("\"wide_%d%s\": {\"chain_ops\": %d, \"across_us\": %.2f, \"within_us\": %.2f, "
+                        "\"per_op_across_us\": %.3f, \"per_op_within_us\": %.3f}, ",
+                        wide, bulk ? "_bulk" : "", chain, us_across, us_within, us_across / chain, us_within / chain);
         }
-        const double us_across = step_us(across, 51), us_within = step_us(within, 51);
-        std::printf("\"wide_%d\": {\"chain_ops\": %d, \"across_us\": %.2f, \"within_us\": %.2f, "
-                    "\"per_op_across_us\": %.3f, \"per_op_within_us\": %.3f}, ",
-                    wide, chain, us_across, us_within, us_across / chain, us_within / chain);
     }
     std::printf("\"failures\": %d}\n", failures);
     return failures ? 1 : 0;
