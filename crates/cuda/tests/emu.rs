@@ -47,7 +47,7 @@ fn the_emulator_catches_a_missing_barrier_one_never_reached_and_a_stack_overflow
 }
 
 #[test]
-fn persistent_kernel_counters_and_page_flags_work_and_their_misuse_is_caught_run_on_the_cpu() {
+fn persistent_kernel_counters_and_page_rings_work_and_their_misuse_is_caught_run_on_the_cpu() {
     let text = emulate("tools/emu/persistent_toy.cu", "tools/emu/persistent.cpp");
     assert_says(
         &text,
@@ -60,6 +60,11 @@ fn persistent_kernel_counters_and_page_flags_work_and_their_misuse_is_caught_run
             "a target one short: wrong output in",
             "a page read before it is full: wrong output in",
             "a page refilled before it is empty: wrong output in",
+            "a bulk copy: a read without the wait stale in",
+            "persistent toy, bulk ring: 30 shapes x 3 steps right",
+            "bulk ring, 16 bytes too many expected: deadlock reported",
+            "bulk ring, a page read before its copies land: wrong output in",
+            "bulk ring, a page refilled before it is empty: wrong output in",
         ],
     );
 }
