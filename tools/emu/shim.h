@@ -551,9 +551,9 @@ inline bool page_barrier_try_wait_parity(unsigned long long* bar, unsigned int p
     if (b.expected == 0) emu_page_barrier_misuse(bar, "a wait before its initialisation");
     return b.parity != (parity & 1);
 }
-// Queued, not performed: emu_run lands it at a random later pass (reading src then), so a read of
-// the page before a wait on the barrier has seen its phase complete gets stale bytes in some
-// schedules. The GPU's alignment rules are checked here.
+// Queued, not performed: emu_run lands it before a random later resume of a fiber (reading src
+// then), so a read of the page before a wait on the barrier has seen its phase complete gets
+// stale bytes in some schedules. The GPU's alignment rules are checked here.
 inline void page_bulk_load(void* dst, const void* src, unsigned int bytes, unsigned long long* bar) {
     if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) % 16 != 0 || bytes == 0)
         emu_page_barrier_misuse(bar, "a bulk copy not of 16-byte aligned addresses and a multiple of 16 bytes");
