@@ -760,11 +760,8 @@ fn the_clock_sees_a_sandboxed_worker() {
     // (its run time, from schedstat, in nanoseconds) unless hundreds of threads are runnable
     // (CFS serves each of N within about N × 3 ms). At 0.2 s it fired in a CI run where the
     // other lane's builds and pricings shared the cores with two spinners (the worker had a
-    // quarter of a core). The worker shares its one core with the spinner, which never
-    // sleeps: CFS gives it at most half of it, so a window takes at least twice its time
-    // alone. Windows of 1200 tokens took 1.69-1.75 s here beside the spinner (about 0.85 s
-    // alone), longer than the guard on any machine up to 1.7 times faster than this one; more
-    // load only lengthens them. The 2400-token windows this had cost 78 s of a core.
+    // quarter of a core). A window of 2400 tokens takes 2 s alone (0.86 ms a token), so it
+    // runs longer than the guard whatever the load.
     let (_, r) = price_on(
         Some(cpu),
         wrapper.to_str().unwrap(),
@@ -773,7 +770,7 @@ fn the_clock_sees_a_sandboxed_worker() {
             "--pairs",
             "4",
             "--decode-tokens",
-            "1200",
+            "2400",
             "--stall",
             "1",
             "--noise-windows",
