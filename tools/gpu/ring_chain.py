@@ -27,7 +27,9 @@ copies of each matrix so none is read from L2, the median of several timings):
 
 The programmatic pair and the fused kernels are timed again with the rest of a layer's chain
 stood in for by a spin of 4, 8 and 16 µs between the hand-off and the norm: a ring that streams
-through the chain hides it until its pages are full.
+through the chain hides it until its pages are full. Last, the best fused configuration with
+q|k|v|g's dot products off, the norm off, and both (diagnose()): where its time after the
+chain goes.
 
 y2 of `fused` and `wait` must equal `plain`'s bits: the same per-lane summation order, the same
 norm function. Counters are never reset: step i waits for (i + 1) · blocks releases.
@@ -152,7 +154,7 @@ __device__ void load_op(const Op& op, unsigned char* pages_base, unsigned page_b
 
 __device__ void compute_op(const Op& op, const float* xs, const unsigned char* pages_base, unsigned page_bytes,
                            int pages, unsigned long long* full, unsigned long long* empty, int cw, int compute,
-                           int& k) {
+                           int& k, bool work = true) {
     const int lane = threadIdx.x % WARP, groups = (op.rows + op.group - 1) / op.group, tiles = op.cols / TILE_COLS;
     for (int g = blockIdx.x; g < groups; g += gridDim.x) {
         const int n = min(op.group, op.rows - g * op.group);
@@ -161,7 +163,7 @@ __device__ void compute_op(const Op& op, const float* xs, const unsigned char* p
             const int p = k % pages;
             mbar_wait(&full[p], (k / pages) & 1);
             const uint4* page = reinterpret_cast<const uint4*>(pages_base + (size_t)p * page_bytes);
-            for (int j = lane; j < TILE_COLS / 8; j += WARP) {
+            for (int j = lane; work && j < TILE_COLS / 8; j += WARP) {
                 float xv[8];
                 const float4* x4 = reinterpret_cast<const float4*>(xs + t * TILE_COLS + j * 8);
                 const float4 a = x4[0], b = x4[1];
@@ -196,11 +198,18 @@ __device__ void wait_counter(const unsigned* c, unsigned target) {
     }
 }
 
+// What a diagnostic run leaves out (y2 is then not checked): q|k|v|g's dot products (its pages
+// are only waited for and released: the ring's own drain after the chain), or the norm (x of
+// q|k|v|g is left as o_proj's x).
+#define SKIP_DOTS 1
+#define SKIP_NORM 2
+
 // mode 0: no dependency (free); 1: compute waits for every block's o_proj, the loader streams
 // on (fused); 2: the loader waits as well (wait). Dynamic shared memory: the pages, then x.
 extern "C" __global__ void fused(const unsigned short* w1, const float* x, float* y1, const float* resid,
                                  const unsigned short* w2, float* y2, unsigned* counter, unsigned target,
-                                 int group1, int group2, int pages, int solo, int mode, unsigned chain_ns) {
+                                 int group1, int group2, int pages, int solo, int mode, unsigned chain_ns,
+                                 int skip) {
     extern __shared__ __align__(128) unsigned char dyn[];
     __shared__ unsigned long long full[16], empty[16];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
@@ -238,10 +247,10 @@ extern "C" __global__ void fused(const unsigned short* w1, const float* x, float
         }
         if (lane == 0) spin(chain_ns);
         __syncwarp();
-        norm_warp(xs, y1, resid, 2048);
+        if (!(skip & SKIP_NORM)) norm_warp(xs, y1, resid, 2048);
     }
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
-    compute_op(op2, xs, dyn, page_bytes, pages, full, empty, cw, compute, k);
+    compute_op(op2, xs, dyn, page_bytes, pages, full, empty, cw, compute, k, !(skip & SKIP_DOTS));
 }
 """
 
@@ -250,6 +259,7 @@ O_PROJ, QKVG = (2048, 8192), (10240, 2048)
 # tile configurations of each op, and the two together.
 FUSED = [(16, 16, 12, 9, 0), (24, 16, 8, 16, 1), (16, 16, 12, 16, 1), (24, 24, 8, 16, 1)]
 MODES = {0: "free", 1: "fused", 2: "wait"}
+DIAGNOSED = (24, 24, 8, 16, 1)  # the configuration diagnose() takes apart
 COPIES, STEPS = 8, 16
 # The rest of a layer's chain stood in for by a spin between the hand-off and the norm: how much
 # of it the ring hides (its pages hold ~25 MB across the SMs, ~8 µs of streaming).
@@ -274,6 +284,25 @@ def launch_pdl(gpu, f, grid, block, args):
     cfg = LaunchConfig((grid, 1, 1), (block, 1, 1), 0, None, ctypes.pointer(attr), 1)
     ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
     cuprobe.check(gpu.cu.cuLaunchKernelEx(ctypes.byref(cfg), f, ptrs, None), "cuLaunchKernelEx")
+
+
+def diagnose(gpu, mod, timed, record, most_shared, sms, releases, w1s, x, y1, resid, w2s, y2, counter, nbytes):
+    """Where `fused`'s time after a chain goes: the best configuration again with q|k|v|g's dot
+    products off (the ring's drain alone), the norm off, and both."""
+    g1, g2, pages, warps, solo = DIAGNOSED
+    pages = min(pages, (most_shared - 1024 - 8192 * 4) // (max(g1, g2) * 512 * 2))
+    shared = pages * max(g1, g2) * 512 * 2 + 8192 * 4
+    f = gpu.function(mod, "fused", shared)
+    for chain_ns in [0, 8000, 16000]:
+        for skip, what in [(1, "no q|k|v|g dots"), (2, "no norm"), (3, "neither")]:
+            def step(i):
+                releases[0] += sms
+                a = [w1s[i], x, y1, resid, w2s[i], y2, counter, ctypes.c_uint(releases[0]), ctypes.c_int(g1),
+                     ctypes.c_int(g2), ctypes.c_int(pages), ctypes.c_int(solo), ctypes.c_int(1),
+                     ctypes.c_uint(chain_ns), ctypes.c_int(skip)]
+                stream_ring.launch_async(gpu, f, sms, 32 * warps, a, shared)
+
+            record(f"fused, {what} ({g1}/{g2} x {pages}, {warps}w)", timed(step), nbytes, chain_ns=chain_ns)
 
 
 def main():
@@ -362,12 +391,14 @@ def main():
                     if mode:
                         releases[0] += sms
                     a = [w1s[i], x, y1, resid, w2s[i], y2, counter, ctypes.c_uint(releases[0]), ctypes.c_int(g1),
-                         ctypes.c_int(g2), ctypes.c_int(pages), ctypes.c_int(solo), ctypes.c_int(mode), ns]
+                         ctypes.c_int(g2), ctypes.c_int(pages), ctypes.c_int(solo), ctypes.c_int(mode), ns,
+                         ctypes.c_int(0)]
                     launch(f, sms, 32 * warps, a, shared)
 
                 us = timed(step)
                 record(f"{name} ({g1}/{g2} rows x 512 x {pages}, {warps}w{' solo' if solo else ''})", us, b1 + b2,
                        chain_ns=chain_ns, **(check({}) if mode else {}))
+    diagnose(gpu, mod, timed, record, most_shared, sms, releases, w1s, x, y1, resid, w2s, y2, counter, b1 + b2)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sms": sms, "results": results, "wrong": wrong}, f, indent=1)
