@@ -29,7 +29,8 @@ The programmatic pair and the fused kernels are timed again with the rest of a l
 stood in for by a spin of 4, 8 and 16 µs between the hand-off and the norm: a ring that streams
 through the chain hides it until its pages are full. Last, the best fused configuration with
 q|k|v|g's dot products off, the norm off, and both (diagnose()): where its time after the
-chain goes.
+chain goes; and the norm from the blocks' partial sums of squares, each written beside its
+release (checked against a reference of the same order).
 
 y2 of `fused` and `wait` must equal `plain`'s bits: the same per-lane summation order, the same
 norm function. Counters are never reset: step i waits for (i + 1) · blocks releases.
@@ -42,6 +43,7 @@ import json
 import os
 import statistics
 import sys
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuprobe  # noqa: E402
@@ -203,13 +205,49 @@ __device__ void wait_counter(const unsigned* c, unsigned target) {
 // q|k|v|g is left as o_proj's x).
 #define SKIP_DOTS 1
 #define SKIP_NORM 2
+// Not a diagnostic: the norm from the blocks' partial sums (below), y2 checked against
+// reference_partials_norm's.
+#define NORM_FROM_PARTIALS 4
+
+// A block's sum of squares of h = y1 + resid over its o_proj rows, by one thread in its groups'
+// order: written before its release, so that after the hand-off each block sums the grid's
+// partials (a warp, lane-strided, then warp_sum) and all its compute threads scale their share
+// of h, instead of one warp's two passes over the vector (6.4 us of the step, diagnose()).
+__device__ float rows_square_sum(const float* y1, const float* resid, int rows, int group, int block,
+                                 int blocks) {
+    float ss = 0.f;
+    for (int g = block; g * group < rows; g += blocks)
+        for (int r = g * group; r < min(rows, (g + 1) * group); r++) {
+            const float h = __ldcg(y1 + r) + resid[r];
+            ss = fmaf(h, h, ss);
+        }
+    return ss;
+}
+
+// Warp-wide: 1 / rms of h from the blocks' partial sums, the same bits in every block.
+__device__ float partials_scale(const float* partials, int blocks, int n) {
+    float s = 0.f;
+    for (int b = threadIdx.x % WARP; b < blocks; b += WARP) s += __ldcg(partials + b);
+    return rsqrtf(warp_sum(s) / n + 1e-6f);
+}
+
+// The reference of that norm (one warp): the partials as the fused kernel's blocks make them,
+// summed in its order; x of q|k|v|g into global memory for plain_2048.
+extern "C" __global__ void reference_partials_norm(const float* y1, const float* resid, float* partials,
+                                                   float* xn, int group, int blocks) {
+    for (int b = threadIdx.x; b < blocks; b += WARP) partials[b] = rows_square_sum(y1, resid, 2048, group, b, blocks);
+    __syncwarp();
+    const float scale = partials_scale(partials, blocks, 2048);
+    for (int i = threadIdx.x; i < 2048; i += WARP) xn[i] = (y1[i] + resid[i]) * scale;
+}
 
 // mode 0: no dependency (free); 1: compute waits for every block's o_proj, the loader streams
 // on (fused); 2: the loader waits as well (wait). Dynamic shared memory: the pages, then x.
 extern "C" __global__ void fused(const unsigned short* w1, const float* x, float* y1, const float* resid,
                                  const unsigned short* w2, float* y2, unsigned* counter, unsigned target,
                                  int group1, int group2, int pages, int solo, int mode, unsigned chain_ns,
-                                 int skip) {
+                                 int skip, float* partials) {
+    __shared__ float scale;
     extern __shared__ __align__(128) unsigned char dyn[];
     __shared__ unsigned long long full[16], empty[16];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
@@ -240,16 +278,28 @@ extern "C" __global__ void fused(const unsigned short* w1, const float* x, float
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
     compute_op(op1, xs, dyn, page_bytes, pages, full, empty, cw, compute, k);
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");  // the block's y1 rows are written
+    const bool from_partials = skip & NORM_FROM_PARTIALS;
     if (cw == 0) {
+        if (lane == 0 && from_partials)
+            partials[blockIdx.x] = rows_square_sum(y1, resid, 2048, group1, blockIdx.x, gridDim.x);
         if (lane == 0 && mode != 0) {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
             wait_counter(counter, target);
         }
         if (lane == 0) spin(chain_ns);
         __syncwarp();
-        if (!(skip & SKIP_NORM)) norm_warp(xs, y1, resid, 2048);
+        if (from_partials) {
+            const float sc = partials_scale(partials, gridDim.x, 2048);
+            if (lane == 0) scale = sc;
+        } else if (!(skip & SKIP_NORM)) {
+            norm_warp(xs, y1, resid, 2048);
+        }
     }
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+    if (from_partials) {
+        for (int i = cw * WARP + lane; i < 2048; i += threads) xs[i] = (__ldcg(y1 + i) + resid[i]) * scale;
+        asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+    }
     compute_op(op2, xs, dyn, page_bytes, pages, full, empty, cw, compute, k, !(skip & SKIP_DOTS));
 }
 """
@@ -286,23 +336,41 @@ def launch_pdl(gpu, f, grid, block, args):
     cuprobe.check(gpu.cu.cuLaunchKernelEx(ctypes.byref(cfg), f, ptrs, None), "cuLaunchKernelEx")
 
 
-def diagnose(gpu, mod, timed, record, most_shared, sms, releases, w1s, x, y1, resid, w2s, y2, counter, nbytes):
-    """Where `fused`'s time after a chain goes: the best configuration again with q|k|v|g's dot
-    products off (the ring's drain alone), the norm off, and both."""
+def diagnose(p):
+    """Where `fused`'s time after a chain goes, in its best configuration: q|k|v|g's dot
+    products off (the ring's drain alone), the norm off, both; and the norm from the blocks'
+    partial sums (the loader streaming on, and waiting), checked against
+    reference_partials_norm's y2. `p`: what main() set up. Returns how many were wrong."""
     g1, g2, pages, warps, solo = DIAGNOSED
-    pages = min(pages, (most_shared - 1024 - 8192 * 4) // (max(g1, g2) * 512 * 2))
+    pages = min(pages, (p.most_shared - 1024 - 8192 * 4) // (max(g1, g2) * 512 * 2))
     shared = pages * max(g1, g2) * 512 * 2 + 8192 * 4
-    f = gpu.function(mod, "fused", shared)
+    f = p.gpu.function(p.mod, "fused", shared)
+    last = (STEPS - 1) % COPIES
+    xn, ref = p.gpu.alloc(2048 * 4), p.gpu.alloc(10240 * 4)
+    p.launch(p.gpu.function(p.mod, "plain_8192"), 8 * p.sms, 256, [p.w1s[last], p.x, p.y1, ctypes.c_int(2048)])
+    p.launch(p.gpu.function(p.mod, "reference_partials_norm"), 1, 32,
+             [p.y1, p.resid, p.partials, xn, ctypes.c_int(g1), ctypes.c_int(p.sms)])
+    p.launch(p.gpu.function(p.mod, "plain_2048"), 8 * p.sms, 256, [p.w2s[last], xn, ref, ctypes.c_int(10240)])
+    want = p.gpu.read(ref, ctypes.c_float, 10240)
+    wrong = 0
+    cases = [(1, 1, "no q|k|v|g dots"), (2, 1, "no norm"), (3, 1, "neither"),
+             (4, 1, "norm from partials"), (4, 2, "norm from partials, loader waits")]
     for chain_ns in [0, 8000, 16000]:
-        for skip, what in [(1, "no q|k|v|g dots"), (2, "no norm"), (3, "neither")]:
+        for skip, mode, what in cases:
             def step(i):
-                releases[0] += sms
-                a = [w1s[i], x, y1, resid, w2s[i], y2, counter, ctypes.c_uint(releases[0]), ctypes.c_int(g1),
-                     ctypes.c_int(g2), ctypes.c_int(pages), ctypes.c_int(solo), ctypes.c_int(1),
-                     ctypes.c_uint(chain_ns), ctypes.c_int(skip)]
-                stream_ring.launch_async(gpu, f, sms, 32 * warps, a, shared)
+                p.releases[0] += p.sms
+                a = [p.w1s[i], p.x, p.y1, p.resid, p.w2s[i], p.y2, p.counter, ctypes.c_uint(p.releases[0]),
+                     ctypes.c_int(g1), ctypes.c_int(g2), ctypes.c_int(pages), ctypes.c_int(solo), ctypes.c_int(mode),
+                     ctypes.c_uint(chain_ns), ctypes.c_int(skip), p.partials]
+                p.launch(f, p.sms, 32 * warps, a, shared)
 
-            record(f"fused, {what} ({g1}/{g2} x {pages}, {warps}w)", timed(step), nbytes, chain_ns=chain_ns)
+            us = p.timed(step)
+            extra = {}
+            if skip == 4:
+                extra["same_bits"] = p.gpu.read(p.y2, ctypes.c_float, 10240) == want
+                wrong += not extra["same_bits"]
+            p.record(f"fused, {what} ({g1}/{g2} x {pages}, {warps}w)", us, p.nbytes, chain_ns=chain_ns, **extra)
+    return wrong
 
 
 def main():
@@ -325,6 +393,7 @@ def main():
     gpu.launch(fill, 4, 256, [resid, ctypes.c_uint64(2048), ctypes.c_uint(98)])
     y1, y2, y2_ref = gpu.alloc(2048 * 4), gpu.alloc(10240 * 4), gpu.alloc(10240 * 4)
     counter = gpu.alloc(4)  # zeroed
+    partials = gpu.alloc(sms * 4)  # a block's sum of squares of its o_proj rows of h
     releases = [0]  # the counter's value after every launch of `fused` so far
     plain1, plain2 = gpu.function(mod, "plain_8192"), gpu.function(mod, "plain_norm_2048")
     rows = lambda n: ctypes.c_int(n)
@@ -392,13 +461,16 @@ def main():
                         releases[0] += sms
                     a = [w1s[i], x, y1, resid, w2s[i], y2, counter, ctypes.c_uint(releases[0]), ctypes.c_int(g1),
                          ctypes.c_int(g2), ctypes.c_int(pages), ctypes.c_int(solo), ctypes.c_int(mode), ns,
-                         ctypes.c_int(0)]
+                         ctypes.c_int(0), partials]
                     launch(f, sms, 32 * warps, a, shared)
 
                 us = timed(step)
                 record(f"{name} ({g1}/{g2} rows x 512 x {pages}, {warps}w{' solo' if solo else ''})", us, b1 + b2,
                        chain_ns=chain_ns, **(check({}) if mode else {}))
-    diagnose(gpu, mod, timed, record, most_shared, sms, releases, w1s, x, y1, resid, w2s, y2, counter, b1 + b2)
+    wrong += diagnose(types.SimpleNamespace(gpu=gpu, mod=mod, launch=launch, timed=timed, record=record,
+                                            most_shared=most_shared, sms=sms, releases=releases, w1s=w1s, x=x,
+                                            y1=y1, resid=resid, w2s=w2s, y2=y2, counter=counter,
+                                            partials=partials, nbytes=b1 + b2))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sms": sms, "results": results, "wrong": wrong}, f, indent=1)
