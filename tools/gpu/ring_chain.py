@@ -128,67 +128,9 @@ extern "C" __global__ void __launch_bounds__(256) plain_norm_2048_pdl(const unsi
     }
 }
 
-// One op's share of the ring: `group`-row groups dealt over the blocks, 512-column tiles. The
-// compute side of stream_ring.py's tile_rows, its page index k carried across ops.
-struct Op {
-    const unsigned short* w;
-    float* y;
-    int rows, cols, group;
-};
+// The ring's tiles are 512 columns wide (stream_ring.py's load_op and compute_op, its page index
+// k carried from o_proj to q|k|v|g).
 constexpr int TILE_COLS = 512;
-
-__device__ void load_op(const Op& op, unsigned char* pages_base, unsigned page_bytes, int pages,
-                        unsigned long long* full, unsigned long long* empty, int& k) {
-    const int lane = threadIdx.x % WARP, groups = (op.rows + op.group - 1) / op.group, tiles = op.cols / TILE_COLS;
-    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-        const int n = min(op.group, op.rows - g * op.group);
-        for (int t = 0; t < tiles; t++, k++) {
-            const int p = k % pages;
-            if (k >= pages) mbar_wait(&empty[p], (k / pages - 1) & 1);
-            if (lane == 0) mbar_expect(&full[p], n * TILE_COLS * 2);
-            __syncwarp();
-            if (lane < n)
-                bulk_copy(pages_base + (size_t)p * page_bytes + lane * TILE_COLS * 2,
-                          op.w + (size_t)(g * op.group + lane) * op.cols + t * TILE_COLS, TILE_COLS * 2, &full[p]);
-        }
-    }
-}
-
-__device__ void compute_op(const Op& op, const float* xs, const unsigned char* pages_base, unsigned page_bytes,
-                           int pages, unsigned long long* full, unsigned long long* empty, int cw, int compute,
-                           int& k, bool work = true) {
-    const int lane = threadIdx.x % WARP, groups = (op.rows + op.group - 1) / op.group, tiles = op.cols / TILE_COLS;
-    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-        const int n = min(op.group, op.rows - g * op.group);
-        float acc[MOST_ROWS_A_WARP] = {};
-        for (int t = 0; t < tiles; t++, k++) {
-            const int p = k % pages;
-            mbar_wait(&full[p], (k / pages) & 1);
-            const uint4* page = reinterpret_cast<const uint4*>(pages_base + (size_t)p * page_bytes);
-            for (int j = lane; work && j < TILE_COLS / 8; j += WARP) {
-                float xv[8];
-                const float4* x4 = reinterpret_cast<const float4*>(xs + t * TILE_COLS + j * 8);
-                const float4 a = x4[0], b = x4[1];
-                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-#pragma unroll
-                for (int q = 0; q < MOST_ROWS_A_WARP; q++) {
-                    const int r = cw + q * compute;
-                    if (r < n) acc[q] += dot8(page[r * (TILE_COLS / 8) + j], xv);
-                }
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[p]);
-        }
-#pragma unroll
-        for (int q = 0; q < MOST_ROWS_A_WARP; q++) {
-            const int r = cw + q * compute;
-            if (r < n) {
-                const float s = warp_sum(acc[q]);
-                if (lane == 0) op.y[g * op.group + r] = s;
-            }
-        }
-    }
-}
 
 __device__ void wait_counter(const unsigned* c, unsigned target) {
     unsigned v, ns = 32;
@@ -256,7 +198,7 @@ extern "C" __global__ void fused(const unsigned short* w1, const float* x, float
     const int cw = solo ? warp - warp / 4 - 1 : warp - 1;
     const unsigned page_bytes = max(group1, group2) * TILE_COLS * 2;
     float* xs = reinterpret_cast<float*>(dyn + (size_t)pages * page_bytes);
-    const Op op1 = {w1, y1, 2048, 8192, group1}, op2 = {w2, y2, 10240, 2048, group2};
+    const Op op1 = {w1, y1, 2048, 8192, group1, TILE_COLS}, op2 = {w2, y2, 10240, 2048, group2, TILE_COLS};
     if (threadIdx.x == 0) {
         for (int p = 0; p < pages; p++) mbar_init(&full[p], 1), mbar_init(&empty[p], compute);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -276,7 +218,7 @@ extern "C" __global__ void fused(const unsigned short* w1, const float* x, float
     const int threads = compute * WARP;
     for (int i = cw * WARP + lane; i < 8192; i += threads) xs[i] = x[i];
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
-    compute_op(op1, xs, dyn, page_bytes, pages, full, empty, cw, compute, k);
+    compute_op(op1, xs, dyn, page_bytes, pages, full, empty, cw, compute, k, true);
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");  // the block's y1 rows are written
     const bool from_partials = skip & NORM_FROM_PARTIALS;
     if (cw == 0) {

@@ -134,15 +134,84 @@ __device__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned l
 
 constexpr int MOST_ROWS_A_WARP = 4;
 
-// One block per SM, a loader warp (warp 0) and compute warps. The work is groups of `group`
-// rows (dealt round-robin over the blocks), each streamed as COLS / `cols` tiles of `group` rows
-// by `cols` columns: a page, filled by one bulk copy a row, issued by the loader's lanes at once.
-// A compute warp owns the rows cw, cw + compute, ... of a group and keeps their sums in registers
-// across the group's tiles (no barrier between compute warps: each only arrives on the page's
-// `empty` barrier when its reads are done); lane l's words of a tile row are l, l + 32, ..., and
-// x's eight values for a word are read once for all the warp's rows. `solo`: warps 4, 8, 12 stay
-// idle, so the loader has its scheduler (warp % 4) alone; `work` 0: the compute warps only
-// release each page (the ring's own streaming rate). Dynamic shared memory: the pages, then x.
+// One op's share of a ring of tiles: `group`-row groups of a rows x cols matrix dealt
+// round-robin over the blocks, each streamed as cols / tile_cols tiles of `group` rows by
+// `tile_cols` columns: a page. `k` counts the pages a block's ring has used, carried from op to
+// op (tools/gpu/ring_chain.py streams two through one ring).
+struct Op {
+    const unsigned short* w;
+    float* y;
+    int rows, cols, group, tile_cols;
+};
+
+// The loader warp's part: each page filled by one bulk copy a row, issued by the loader's lanes
+// at once, completing on the page's `full` barrier once the compute warps have released its
+// previous use on `empty`.
+__device__ void load_op(const Op& op, unsigned char* pages_base, unsigned page_bytes, int pages,
+                        unsigned long long* full, unsigned long long* empty, int& k) {
+    const int lane = threadIdx.x % WARP, groups = (op.rows + op.group - 1) / op.group;
+    const int tiles = op.cols / op.tile_cols;
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        const int n = min(op.group, op.rows - g * op.group);
+        for (int t = 0; t < tiles; t++, k++) {
+            const int p = k % pages;
+            if (k >= pages) mbar_wait(&empty[p], (k / pages - 1) & 1);
+            if (lane == 0) mbar_expect(&full[p], n * op.tile_cols * 2);
+            __syncwarp();
+            if (lane < n)
+                bulk_copy(pages_base + (size_t)p * page_bytes + lane * op.tile_cols * 2,
+                          op.w + (size_t)(g * op.group + lane) * op.cols + t * op.tile_cols, op.tile_cols * 2,
+                          &full[p]);
+        }
+    }
+}
+
+// A compute warp's part: it owns the rows cw, cw + compute, ... of a group and keeps their sums
+// in registers across the group's tiles (no barrier between compute warps: each only arrives on
+// the page's `empty` barrier when its reads are done); lane l's words of a tile row are l,
+// l + 32, ..., and x's eight values for a word are read once for all the warp's rows. `work`
+// false: the pages are only waited for and released (the ring's own streaming rate).
+__device__ void compute_op(const Op& op, const float* xs, const unsigned char* pages_base, unsigned page_bytes,
+                           int pages, unsigned long long* full, unsigned long long* empty, int cw, int compute,
+                           int& k, bool work) {
+    const int lane = threadIdx.x % WARP, groups = (op.rows + op.group - 1) / op.group;
+    const int tiles = op.cols / op.tile_cols, words = op.tile_cols / 8;
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        const int n = min(op.group, op.rows - g * op.group);
+        float acc[MOST_ROWS_A_WARP] = {};
+        for (int t = 0; t < tiles; t++, k++) {
+            const int p = k % pages;
+            mbar_wait(&full[p], (k / pages) & 1);
+            const uint4* page = reinterpret_cast<const uint4*>(pages_base + (size_t)p * page_bytes);
+            for (int j = lane; work && j < words; j += WARP) {
+                float xv[8];
+                const float4* x4 = reinterpret_cast<const float4*>(xs + t * op.tile_cols + j * 8);
+                const float4 a = x4[0], b = x4[1];
+                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+#pragma unroll
+                for (int q = 0; q < MOST_ROWS_A_WARP; q++) {
+                    const int r = cw + q * compute;
+                    if (r < n) acc[q] += dot8(page[r * words + j], xv);
+                }
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[p]);  // its reads of the page are done
+        }
+#pragma unroll
+        for (int q = 0; q < MOST_ROWS_A_WARP; q++) {
+            const int r = cw + q * compute;
+            if (r < n) {
+                const float s = warp_sum(acc[q]);
+                if (lane == 0) op.y[g * op.group + r] = s;
+            }
+        }
+    }
+}
+
+// One block per SM, a loader warp (warp 0) and compute warps on a ring of `pages` pages of
+// `group` x `cols` tiles (load_op, compute_op). `solo`: warps 4, 8, 12 stay idle, so the loader
+// has its scheduler (warp % 4) alone; `work` 0: the compute warps only release each page.
+// Dynamic shared memory: the pages, then x.
 template <int COLS>
 __device__ void tile_rows(const unsigned short* w, const float* x, float* y, int rows, int group, int cols,
                           int pages, int solo, int work, unsigned char* dyn) {
@@ -159,56 +228,15 @@ __device__ void tile_rows(const unsigned short* w, const float* x, float* y, int
     }
     __syncthreads();
     if (idle) return;
-    const int groups = (rows + group - 1) / group, tiles = COLS / cols;
+    const Op op = {w, y, rows, COLS, group, cols};
+    int k = 0;
     if (warp == 0) {
-        int k = 0;
-        for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-            const int n = min(group, rows - g * group);
-            for (int t = 0; t < tiles; t++, k++) {
-                const int p = k % pages;
-                if (k >= pages) mbar_wait(&empty[p], (k / pages - 1) & 1);
-                if (lane == 0) mbar_expect(&full[p], n * cols * 2);
-                __syncwarp();
-                if (lane < n)
-                    bulk_copy(dyn + (size_t)p * page_bytes + lane * cols * 2,
-                              w + (size_t)(g * group + lane) * COLS + t * cols, cols * 2, &full[p]);
-            }
-        }
+        load_op(op, dyn, page_bytes, pages, full, empty, k);
         return;
     }
     for (int i = cw * WARP + lane; i < COLS; i += compute * WARP) xs[i] = x[i];
     asm volatile("bar.sync 1, %0;" ::"r"(compute * WARP) : "memory");  // the compute warps only
-    int k = 0;
-    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-        const int n = min(group, rows - g * group);
-        float acc[MOST_ROWS_A_WARP] = {};
-        for (int t = 0; t < tiles; t++, k++) {
-            const int p = k % pages;
-            mbar_wait(&full[p], (k / pages) & 1);
-            const uint4* page = reinterpret_cast<const uint4*>(dyn + (size_t)p * page_bytes);
-            for (int j = lane; work && j < cols / 8; j += WARP) {
-                float xv[8];
-                const float4* x4 = reinterpret_cast<const float4*>(xs + t * cols + j * 8);
-                const float4 a = x4[0], b = x4[1];
-                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-#pragma unroll
-                for (int q = 0; q < MOST_ROWS_A_WARP; q++) {
-                    const int r = cw + q * compute;
-                    if (r < n) acc[q] += dot8(page[r * (cols / 8) + j], xv);
-                }
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[p]);  // its reads of the page are done
-        }
-#pragma unroll
-        for (int q = 0; q < MOST_ROWS_A_WARP; q++) {
-            const int r = cw + q * compute;
-            if (r < n) {
-                const float s = warp_sum(acc[q]);
-                if (lane == 0) y[g * group + r] = s;
-            }
-        }
-    }
+    compute_op(op, xs, dyn, page_bytes, pages, full, empty, cw, compute, k, work);
 }
 
 #define TILES(COLS)                                                                                           \
